@@ -1,0 +1,32 @@
+"""Fused attention kernels in Triton, from flash attention to Multi-Token Attention.
+
+``mta.runtime`` is imported first: it switches Triton to its interpreter when
+no CUDA device is present, before any kernel is defined.
+"""
+
+from . import runtime  # noqa: F401  (must come before any Triton kernel)
+from .online_softmax import (
+    AttentionState,
+    attention_state,
+    blocked_attention,
+    blocked_softmax,
+    empty_state,
+    finalize_state,
+    merge_states,
+)
+from .reference import conv_attention_reference, naive_attention
+
+__all__ = [
+    "AttentionState",
+    "attention_state",
+    "blocked_attention",
+    "blocked_softmax",
+    "conv_attention_reference",
+    "empty_state",
+    "finalize_state",
+    "merge_states",
+    "naive_attention",
+    "runtime",
+]
+
+__version__ = "0.1.0"

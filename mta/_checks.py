@@ -1,0 +1,79 @@
+"""Input validation shared by every public function of ``mta``.
+
+Each check raises ``TypeError`` (wrong kind of object or dtype) or
+``ValueError`` (wrong shape or value) with a message that names the argument
+and the problem, so that a caller never sees a wrong answer or an error from
+deep inside Triton.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_tensor(name: str, x, *, ndim: int) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a floating-point tensor (fp16, bf16, fp32, fp64), got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+
+
+def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
+    """Check ``q [B, Hq, Nq, D]``, ``k, v [B, Hkv, Nk, D]``; return (B, Hq, Hkv, Nq, Nk, D)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x, ndim=4)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, Hq, Nq, D = q.shape
+    Bk, Hkv, Nk, Dk = k.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if Bk != B:
+        raise ValueError(f"batch sizes differ: q has {B}, k and v have {Bk}")
+    if Dk != D:
+        raise ValueError(f"head dims differ: q has D={D}, k and v have D={Dk}")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"query heads must be a multiple of kv heads (GQA), got Hq={Hq}, Hkv={Hkv}")
+    if D == 0:
+        raise ValueError("head dim D must be at least 1")
+    return B, Hq, Hkv, Nq, Nk, D
+
+
+def check_weight(weight, *, num_heads: int, device: torch.device) -> tuple[int, int]:
+    """Check an MTA kernel ``weight [Hq, cq, ck]``; return (cq, ck)."""
+    check_tensor("weight", weight, ndim=3)
+    Hw, cq, ck = weight.shape
+    if Hw != num_heads:
+        raise ValueError(f"weight must have one kernel per query head: shape[0]={Hw}, but Hq={num_heads}")
+    if cq < 1 or ck < 1:
+        raise ValueError(f"weight kernel must be at least 1 x 1, got {cq} x {ck}")
+    if ck % 2 == 0:
+        raise ValueError(f"the key-axis kernel size ck must be odd (it is centred on the key), got ck={ck}")
+    if weight.device != device:
+        raise ValueError(f"weight is on {weight.device} but q, k, v are on {device}")
+    return cq, ck
+
+
+def resolve_scale(scale, head_dim: int) -> float:
+    """``scale`` or its default ``head_dim ** -0.5``, checked to be a finite number."""
+    if scale is None:
+        return head_dim ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python number or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def check_block_size(block_size) -> int:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    return block_size

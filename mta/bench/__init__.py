@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m mta.bench <name>`` (see README)."""

@@ -1,0 +1,111 @@
+"""Exact references in plain PyTorch: ordinary attention and MTA's conv attention.
+
+They materialize the full score matrix (memory O(N^2) by design), compute the
+softmax in fp32 (fp64 for fp64 inputs) and are differentiable by autograd.
+Every Triton kernel in ``mta`` is checked against them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import check_qkv, check_weight, resolve_scale
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """fp64 if any input is fp64, else fp32: the precision references compute in."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def expand_kv(x: torch.Tensor, num_q_heads: int) -> torch.Tensor:
+    """``[B, Hkv, N, D] -> [B, Hq, N, D]``: query head h reads kv head ``h // (Hq // Hkv)``."""
+    return x.repeat_interleave(num_q_heads // x.shape[1], dim=1)
+
+
+def causal_future(n_q: int, n_k: int, device) -> torch.Tensor:
+    """Boolean ``[Nq, Nk]``, True where key j lies in query i's future.
+
+    Bottom-right alignment, as in flash-attn: the last query sees every key,
+    so query i sees keys ``j <= i + (Nk - Nq)``. With ``Nq > Nk`` the first
+    ``Nq - Nk`` queries see no key at all.
+    """
+    i = torch.arange(n_q, device=device)[:, None]
+    j = torch.arange(n_k, device=device)[None, :]
+    return j > i + (n_k - n_q)
+
+
+def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):
+    """Softmax attention straight from the formula ``softmax(scale * q k^T) v``.
+
+    Args:
+        q: ``[B, Hq, Nq, D]``.
+        k, v: ``[B, Hkv, Nk, D]`` with ``Hq % Hkv == 0`` (grouped-query attention).
+        causal: mask keys in each query's future, aligned bottom-right
+            (see :func:`causal_future`). A query that sees no key outputs 0.
+        scale: score scale, default ``D ** -0.5``.
+        return_lse: also return the log-sum-exp of each score row.
+
+    Returns:
+        ``o [B, Hq, Nq, D]`` in q's dtype; with ``return_lse`` also
+        ``lse [B, Hq, Nq]`` in fp32 (fp64 for fp64 inputs), ``-inf`` for a
+        query that sees no key.
+    """
+    _, Hq, _, Nq, Nk, D = check_qkv(q, k, v)
+    scale = resolve_scale(scale, D)
+    ct = compute_dtype(q)
+    k, v = expand_kv(k, Hq).to(ct), expand_kv(v, Hq).to(ct)
+    s = scale * (q.to(ct) @ k.transpose(-1, -2))
+    if causal:
+        s = s.masked_fill(causal_future(Nq, Nk, q.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    seen_nothing = torch.isneginf(lse)[..., None]
+    # Rows with no visible key would give 0/0; give them a finite dummy row and
+    # zero their probabilities, so that forward and autograd stay finite.
+    p = torch.softmax(torch.where(seen_nothing, torch.zeros_like(s), s), dim=-1)
+    p = torch.where(seen_nothing, torch.zeros_like(p), p)
+    o = (p @ v).to(q.dtype)
+    return (o, lse) if return_lse else o
+
+
+def conv_attention_reference(q, k, v, weight, *, causal: bool = True, scale: float | None = None,
+                             return_lse: bool = False):
+    """Multi-Token Attention's key-query convolution, materialized.
+
+    Exactly ``shared/mta-semantics.md``: ``S = scale * q k^T``; causal: zero
+    the future; depthwise 2D cross-correlation with ``weight[h]``, the query
+    axis padded on top with ``cq - 1`` rows and the key axis with
+    ``(ck - 1) / 2`` columns each side; causal: ``-inf`` in the future;
+    fp32 softmax; ``P @ v``.
+
+    Args:
+        q: ``[B, Hq, N, D]``.
+        k, v: ``[B, Hkv, N, D]``, ``Hq % Hkv == 0``.
+        weight: ``[Hq, cq, ck]``, ``cq >= 1``, ``ck`` odd. Any float dtype:
+            an fp32 weight with fp16/bf16 activations is the normal case.
+        causal: the MTA case (default). Non-causal keeps only the padding.
+        scale: default ``D ** -0.5``, applied before the convolution.
+        return_lse: also return the log-sum-exp of each row of the convolved scores.
+
+    Returns:
+        ``o [B, Hq, N, D]`` in q's dtype; with ``return_lse`` also ``lse [B, Hq, N]``
+        in fp32 (fp64 for fp64 inputs).
+    """
+    _, Hq, _, Nq, Nk, D = check_qkv(q, k, v)
+    if Nq != Nk:
+        raise ValueError(f"conv attention needs as many queries as keys, got Nq={Nq}, Nk={Nk}")
+    cq, ck = check_weight(weight, num_heads=Hq, device=q.device)
+    scale = resolve_scale(scale, D)
+    ct = compute_dtype(q, weight)
+    k, v = expand_kv(k, Hq).to(ct), expand_kv(v, Hq).to(ct)
+    s = scale * (q.to(ct) @ k.transpose(-1, -2))  # [B, Hq, N, N]
+    future = causal_future(Nq, Nk, q.device)
+    if causal:
+        s = s.masked_fill(future, 0.0)
+    pad_k = (ck - 1) // 2
+    c = F.conv2d(F.pad(s, (pad_k, pad_k, cq - 1, 0)), weight.to(ct)[:, None], groups=Hq)
+    if causal:
+        c = c.masked_fill(future, float("-inf"))
+    lse = torch.logsumexp(c, dim=-1)
+    o = (torch.softmax(c, dim=-1) @ v).to(q.dtype)
+    return (o, lse) if return_lse else o
