@@ -5,6 +5,7 @@ no CUDA device is present, before any kernel is defined.
 """
 
 from . import runtime  # noqa: F401  (must come before any Triton kernel)
+from .flash import flash_attention
 from .online_softmax import (
     AttentionState,
     attention_state,
@@ -24,6 +25,7 @@ __all__ = [
     "conv_attention_reference",
     "empty_state",
     "finalize_state",
+    "flash_attention",
     "merge_states",
     "naive_attention",
     "runtime",

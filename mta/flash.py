@@ -1,0 +1,135 @@
+"""``mta.flash_attention``: a differentiable FlashAttention-2 in Triton.
+
+The kernels live in :mod:`mta.flash_forward` and :mod:`mta.flash_backward`;
+this module checks inputs, launches them and ties them together with
+``torch.autograd.Function``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from . import runtime
+from ._checks import check_qkv, resolve_scale
+from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
+from .flash_forward import flash_forward_kernel
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+def check_kernel_inputs(q, k, v) -> tuple[int, int, int, int, int, int]:
+    """Shapes as :func:`mta._checks.check_qkv`, plus what the Triton kernels need."""
+    dims = check_qkv(q, k, v)
+    if q.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"Triton kernels take fp16, bf16 or fp32 inputs, got {q.dtype}")
+    if runtime.INTERPRET:
+        if q.device.type != "cpu":
+            raise ValueError(f"Triton runs in interpreter mode (TRITON_INTERPRET=1): inputs must be on the cpu, got {q.device}")
+        if q.dtype == torch.bfloat16:
+            raise TypeError("bf16 is not supported in Triton's interpreter (its tl.dot gives wrong bf16 results); "
+                            "use fp16 or fp32 on the CPU, or bf16 on a GPU")
+    elif q.device.type != "cuda":
+        raise ValueError(f"Triton kernels run on the GPU: inputs must be cuda tensors, got {q.device}")
+    if dims[5] > MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={dims[5]} is not supported (at most {MAX_HEAD_DIM})")
+    return dims
+
+
+def head_dim_block(d: int) -> int:
+    """Tile width for head dim ``d``: a power of two >= 16 (tl.dot needs K >= 16)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def size_bucket(n: int) -> int:
+    """Autotuning key for a sequence length: its power-of-two ceiling."""
+    return triton.next_power_of_2(max(n, 1))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get true fp32 products ("ieee"), not TF32, so fp32 stays exact."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def flash_forward(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel: ``o [B, Hq, Nq, D]`` (q's dtype) and ``lse [B, Hq, Nq]`` (fp32)."""
+    B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    if Nq == 0:
+        return o, lse
+    grid = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)  # noqa: E731
+    flash_forward_kernel[grid](
+        q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        Nq, Nk, Hq, Hq // Hkv, scale, size_bucket(max(Nq, Nk)),
+        CAUSAL=causal, D=D, BLOCK_D=head_dim_block(D), PRECISION=dot_precision(q.dtype))
+    return o, lse
+
+
+def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+    """Launch the ``D`` pre-pass, the dK/dV kernel and the dQ kernel; return ``dq, dk, dv``."""
+    B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
+    block_d = head_dim_block(D)
+    precision = dot_precision(q.dtype)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    if Nq == 0 or Nk == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    delta = torch.empty_like(lse)
+    rowsum_block = 64
+    rowsum_do_o_kernel[(triton.cdiv(Nq, rowsum_block), B * Hq)](
+        o, do, delta, *o.stride(), *do.stride(), Nq, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
+    bucket = size_bucket(max(Nq, Nk))
+    flash_dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
+        q, k, v, do, lse, delta, dk, dv,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        Nq, Nk, Hkv, Hq // Hkv, scale, bucket,
+        CAUSAL=causal, D=D, BLOCK_D=block_d, PRECISION=precision)
+    flash_dq_kernel[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
+        q, k, v, do, lse, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        Nq, Nk, Hq, Hq // Hkv, scale, bucket,
+        CAUSAL=causal, D=D, BLOCK_D=block_d, PRECISION=precision)
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """Forward saves ``q, k, v, o`` and the fp32 ``lse``; backward recomputes P from them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        o, lse = flash_forward(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale = causal, scale
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):
+    """Exact softmax attention, fused and tiled in Triton (FlashAttention-2), differentiable.
+
+    Same semantics as :func:`mta.naive_attention`, in O(N) memory.
+
+    Args:
+        q: ``[B, Hq, Nq, D]``; fp16, bf16 or fp32; any strides.
+        k, v: ``[B, Hkv, Nk, D]``, ``Hq % Hkv == 0`` (grouped-query attention).
+        causal: query i sees keys ``j <= i + Nk - Nq`` (bottom-right alignment);
+            a query that sees no key outputs 0.
+        scale: default ``D ** -0.5``.
+        return_lse: also return the fp32 log-sum-exp ``[B, Hq, Nq]`` (not differentiable).
+
+    Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only.
+    fp32 inputs use fp32 products on the tensor cores' slow path; fp16/bf16 are fast.
+    """
+    D = check_kernel_inputs(q, k, v)[5]
+    scale = resolve_scale(scale, D)
+    o, lse = FlashAttention.apply(q, k, v, bool(causal), scale)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,133 @@
+"""``mta.flash_attention`` against the float64 reference, forward and backward.
+
+On the CPU the kernels run in Triton's interpreter (fp32, fp16, small shapes);
+on a GPU the same tests add bf16 and larger shapes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import mta
+from conftest import DEVICE, ON_GPU, rand_qkv
+
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+# ||out - ref|| <= tol * ||ref|| + ATOL * sqrt(numel); fp32 on a GPU still multiplies in full fp32 ("ieee").
+TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+ATOL = 1e-6
+
+SHAPES = [  # B, Hq, Hkv, Nq, Nk, D
+    (1, 1, 1, 1, 1, 16),
+    (2, 2, 1, 7, 7, 64),
+    (1, 4, 2, 100, 100, 96),
+    (1, 2, 2, 129, 129, 128),
+    (1, 2, 1, 37, 100, 64),     # Nq < Nk: decode-like, bottom-right causal
+    (1, 3, 1, 100, 29, 16),     # Nq > Nk: the first queries see no key when causal
+]
+if ON_GPU:
+    SHAPES += [(2, 8, 2, 1000, 1000, 128), (1, 4, 4, 2048, 2048, 64), (1, 2, 1, 300, 1111, 256), (2, 4, 1, 513, 513, 80)]
+
+
+def close(out: torch.Tensor, ref: torch.Tensor, tol: float) -> bool:
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return bool(torch.isfinite(out).all()) and \
+        (out - ref).norm().item() <= tol * ref.norm().item() + ATOL * math.sqrt(ref.numel())
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Every buffer the kernels allocate starts as NaN, so an element they never write fails the check."""
+    empty_like, empty = torch.empty_like, torch.empty
+
+    def nan_empty_like(*args, **kwargs):
+        return empty_like(*args, **kwargs).fill_(float("nan"))
+
+    def nan_empty(*args, **kwargs):
+        x = empty(*args, **kwargs)
+        return x.fill_(float("nan")) if x.is_floating_point() else x
+
+    monkeypatch.setattr(torch, "empty_like", nan_empty_like)
+    monkeypatch.setattr(torch, "empty", nan_empty)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_forward_and_backward_match_reference(shape, causal, dtype, poisoned_outputs):
+    B, Hq, Hkv, Nq, Nk, D = shape
+    q, k, v = (x.requires_grad_() for x in rand_qkv(B, Hq, Hkv, Nq, Nk, D, dtype=dtype))
+    out, lse = mta.flash_attention(q, k, v, causal=causal, return_lse=True)
+    assert out.dtype == dtype and out.shape == q.shape and lse.shape == (B, Hq, Nq)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+
+    q64, k64, v64 = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
+    ref, ref_lse = mta.naive_attention(q64, k64, v64, causal=causal, return_lse=True)
+    ref.backward(dout.cpu().double())
+
+    tol = TOL[dtype]
+    assert close(out, ref, tol)
+    finite = torch.isfinite(ref_lse)  # -inf marks queries that see no key
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    assert torch.allclose(lse.cpu().double()[finite], ref_lse[finite], rtol=1e-4, atol=1e-4)
+    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        assert got.dtype == dtype and got.shape == want.shape, name
+        assert close(got, want, 2 * tol), name
+
+
+def test_non_contiguous_inputs():
+    # [B, N, H, D] memory viewed as [B, H, N, D], as a model's projections produce it.
+    B, H, N, D = 1, 2, 45, 32
+    q, k, v = (torch.randn(B, N, H, D, device=DEVICE).transpose(1, 2).requires_grad_() for _ in range(3))
+    assert not q.is_contiguous()
+    out = mta.flash_attention(q, k, v, causal=True, scale=0.3)
+    out.square().sum().backward()
+    q64, k64, v64 = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
+    ref = mta.naive_attention(q64, k64, v64, causal=True, scale=0.3)
+    ref.square().sum().backward()
+    assert close(out, ref, 2e-5)
+    for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert close(got, want, 4e-5)
+
+
+def test_gqa_gradients_sum_over_the_group():
+    # With one kv head shared by 4 query heads, dk equals the sum of the dk of 4 separate MHA problems.
+    q, k, v = (x.requires_grad_() for x in rand_qkv(1, 4, 1, 33, 33, 16))
+    mta.flash_attention(q, k, v, causal=True).sum().backward()
+    k4, v4 = (x.detach().expand(1, 4, 33, 16).clone().requires_grad_() for x in (k, v))
+    mta.flash_attention(q.detach(), k4, v4, causal=True).sum().backward()
+    assert torch.allclose(k.grad, k4.grad.sum(1, keepdim=True), rtol=1e-4, atol=1e-5)
+    assert torch.allclose(v.grad, v4.grad.sum(1, keepdim=True), rtol=1e-4, atol=1e-5)
+
+
+def test_causality():
+    q, k, v = rand_qkv(1, 2, 1, 50, 50, 32)
+    before = mta.flash_attention(q, k, v, causal=True)
+    t = 21
+    k[:, :, t] += 1.0
+    v[:, :, t] -= 1.0
+    after = mta.flash_attention(q, k, v, causal=True)
+    assert torch.equal(after[:, :, :t], before[:, :, :t])
+    assert not torch.allclose(after[:, :, t:], before[:, :, t:])
+
+
+def test_bad_inputs_raise_clear_errors():
+    q, k, v = rand_qkv(1, 2, 1, 8, 8, 16)
+    with pytest.raises(TypeError, match="fp16, bf16 or fp32"):
+        mta.flash_attention(q.double(), k.double(), v.double())
+    with pytest.raises(ValueError, match="at most 256"):
+        mta.flash_attention(*rand_qkv(1, 1, 1, 4, 4, 272))
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        mta.flash_attention(q, rand_qkv(1, 3, 3, 8, 8, 16)[1], rand_qkv(1, 3, 3, 8, 8, 16)[2])
+    with pytest.raises(ValueError, match="must be"):
+        mta.flash_attention(q.to("meta"), k.to("meta"), v.to("meta"))
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's bf16 limitation")
+def test_bf16_in_interpreter_is_refused():
+    q, k, v = rand_qkv(1, 1, 1, 8, 8, 16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="bf16 is not supported in Triton's interpreter"):
+        mta.flash_attention(q, k, v)
