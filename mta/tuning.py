@@ -10,11 +10,21 @@ one small tile keeps the NumPy emulation quick.
 
 from __future__ import annotations
 
+import os
+
 import triton
 
 from .runtime import INTERPRET
 
 INTERPRETER_TILE = 16
+
+#: ``MTA_AUTOTUNE=0`` skips the timing and takes the first candidate left after
+#: pruning (tests on a GPU use it: they check results, not speed).
+AUTOTUNE = os.environ.get("MTA_AUTOTUNE", "1") != "0"
+
+
+def _first_unless_autotuning(keep: list) -> list:
+    return keep if AUTOTUNE else keep[:1]
 
 
 def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
@@ -42,7 +52,7 @@ def prune_forward(configs, named_args, **kwargs):
         if d >= 256 and (bm * bn > 64 * 64 or c.num_stages > 2):
             continue
         keep.append(c)
-    return keep or configs[:1]
+    return _first_unless_autotuning(keep or configs[:1])
 
 
 def backward_configs() -> list[triton.Config]:
@@ -59,4 +69,4 @@ def prune_backward(configs, named_args, **kwargs):
     keep = [c for c in configs
             if not (d >= 256 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 64 * 64)
             and not (d >= 256 and c.num_stages > 2)]
-    return keep or configs[:1]
+    return _first_unless_autotuning(keep or configs[:1])

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import zlib
 
-import pytest
-import torch
+# Tests check results, not speed: on a GPU, skip autotuning (set before mta is imported).
+os.environ.setdefault("MTA_AUTOTUNE", "0")
 
-import mta
-from mta import runtime
+import pytest
+import torch  # noqa: E402
+
+import mta  # noqa: E402
+from mta import runtime  # noqa: E402
 
 DEVICE = runtime.DEVICE
 ON_GPU = not runtime.INTERPRET
