@@ -60,24 +60,23 @@ class FlashShape:
     head_dim: int
     causal: bool
     seq_len: int
-
-    @property
-    def batch(self) -> int:
-        return TOTAL_TOKENS // self.seq_len
-
-    @property
-    def heads(self) -> int:
-        return MODEL_DIM // self.head_dim
+    batch: int
+    heads: int
 
     def label(self) -> str:
-        return f"{self.dtype} d={self.head_dim} {'causal' if self.causal else 'full'} N={self.seq_len}"
+        return (f"{self.dtype} d={self.head_dim} {'causal' if self.causal else 'full'} "
+                f"N={self.seq_len} B={self.batch} H={self.heads}")
 
 
 def flash_shapes(quick: bool = False) -> list[FlashShape]:
-    """All benchmarked shapes, grouped by (dtype, head dim, causal), N increasing."""
+    """All benchmarked shapes, grouped by (dtype, head dim, causal), N increasing.
+
+    ``batch = TOTAL_TOKENS // N`` and ``heads = MODEL_DIM // d``: the same
+    tokens and model width at every point, so only the attention pattern changes.
+    """
     dtypes = QUICK_DTYPES if quick else tuple(DTYPES)
     seq_lens = QUICK_SEQ_LENS if quick else SEQ_LENS
-    return [FlashShape(dtype, d, causal, n)
+    return [FlashShape(dtype, d, causal, n, batch=TOTAL_TOKENS // n, heads=MODEL_DIM // d)
             for dtype in dtypes for d in HEAD_DIMS for causal in (False, True) for n in seq_lens]
 
 
@@ -103,12 +102,9 @@ def tflops(flops: float, ms: Optional[float]) -> Optional[float]:
 
 
 def mta_flash(q, k, v, causal):
-    """``mta.flash_attention``, imported on first use (the kernel may not exist yet)."""
-    import mta
-    fn = getattr(mta, "flash_attention", None)
-    if fn is None:
-        from mta.flash import flash_attention as fn
-    return fn(q, k, v, causal=causal)
+    """``mta.flash_attention``, imported on first use so that this module imports without it."""
+    from mta.flash import flash_attention
+    return flash_attention(q, k, v, causal=causal)
 
 
 def sdpa_with(backend_name: str) -> Attention:
@@ -121,8 +117,13 @@ def sdpa_with(backend_name: str) -> Attention:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         with sdpa_kernel(getattr(SDPBackend, backend_name)):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    sdpa.__name__ = f"sdpa_{backend_name.lower()}"
+    sdpa.__name__ = sdpa_name(backend_name)
     return sdpa
+
+
+def sdpa_name(backend_name: str) -> str:
+    """``"FLASH_ATTENTION"`` -> ``"sdpa_flash"``, the name used in results."""
+    return "sdpa_" + backend_name.lower().removesuffix("_attention")
 
 
 def default_impls() -> dict[str, Attention]:
@@ -167,7 +168,7 @@ def reference_output(q, k, v, dout, causal):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a refusing backend warns before it raises
                 out, grads = _forward_backward(sdpa_with(backend), q, k, v, dout, causal)
-            return f"sdpa_{backend.lower()}", out, grads
+            return sdpa_name(backend), out, grads
         except Exception as exc:  # noqa: BLE001  (any refusal: try the next backend)
             failures.append(f"{backend}: {describe_error(exc)}")
     raise RuntimeError("no SDPA backend could compute the reference: " + "; ".join(failures))
@@ -218,10 +219,11 @@ def measure(fn: Attention, q, k, v, dout, causal: bool, timer) -> dict:
             timing["error"] = describe_error(exc, caught)
             _free_cuda_cache()
             return timing
+        already_seen = len(caught)  # the forward's warnings say nothing about the backward
         try:
             timing["fwd_bwd_ms"] = timer(lambda: fn(q, k, v, causal).backward(dout), before_each=clear_grads)
         except Exception as exc:  # noqa: BLE001
-            timing["bwd_error"] = describe_error(exc, caught)
+            timing["bwd_error"] = describe_error(exc, caught[already_seen:])
             _free_cuda_cache()
         finally:
             clear_grads()
@@ -246,8 +248,7 @@ def benchmark_shape(shape: FlashShape, impls: dict[str, Attention], timer, devic
     """
     q, k, v, dout = random_inputs(shape, device)
     size = (shape.batch, shape.heads, shape.seq_len, shape.head_dim, shape.causal)
-    base = {**asdict(shape), "batch": shape.batch, "heads": shape.heads,
-            "fwd_flops": forward_flops(*size), "bwd_flops": backward_flops(*size)}
+    base = {**asdict(shape), "fwd_flops": forward_flops(*size), "bwd_flops": backward_flops(*size)}
     # Checked before anything is timed, so a wrong kernel is reported even if timing then crashes.
     check = (check_against_reference(impls[TESTED_IMPL], q, k, v, dout, shape.causal, shape.dtype)
              if TESTED_IMPL in impls else None)
@@ -321,7 +322,8 @@ def median_ratios(results: list[dict], min_seq_len: int = SUMMARY_MIN_SEQ_LEN) -
 
 
 def _cell(x: Optional[float], fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
+    """``x`` formatted, or a dash as wide as ``fmt`` (e.g. ``"7.1f"``) for a missing value."""
+    return "-".rjust(int(fmt.split(".")[0])) if x is None else format(x, fmt)
 
 
 def format_table(results: list[dict]) -> str:

@@ -7,7 +7,9 @@ the field is then None (or "cpu" for the GPU name), never an exception.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib.metadata
+import os
 import platform
 import subprocess
 import sys
@@ -50,10 +52,24 @@ def gpu_info() -> dict:
 
 
 def git_info(root: Path = REPO_ROOT) -> dict:
-    """Commit of the checkout and whether ``mta/`` differs from it (None without git)."""
+    """Commit of the checkout and whether ``mta/`` differs from it.
+
+    A copy of the tree without ``.git`` (as on a rented GPU machine) has no
+    commit: then ``MTA_GIT_COMMIT`` is used if set (dirty unknown), else None.
+    """
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
-    status = _run(["git", "status", "--porcelain", "--", "mta"], cwd=root) if commit else None
+    if commit is None:
+        return {"git_commit": os.environ.get("MTA_GIT_COMMIT") or None, "git_dirty": None}
+    status = _run(["git", "status", "--porcelain", "--", "mta"], cwd=root)
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def source_hash(root: Path = REPO_ROOT) -> str:
+    """sha256 over ``mta/**/*.py`` (paths and contents): identifies the code even without git."""
+    digest = hashlib.sha256()
+    for path in sorted((root / "mta").rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def provenance() -> dict:
@@ -64,6 +80,7 @@ def provenance() -> dict:
         "triton": _package_version("triton"),
         "python": platform.python_version(),
         **git_info(),
+        "mta_source_sha256": source_hash(),
         "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "argv": list(sys.argv),
     }

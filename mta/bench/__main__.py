@@ -1,0 +1,75 @@
+"""python -m mta.bench BENCHMARK: run a benchmark on a CUDA GPU, write JSON and a PNG.
+
+Each benchmark is one subcommand; to add one (``conv`` is next), give it an
+``add_<name>_parser`` and a ``run_<name>`` below and list it in ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mta.figures import FIGURES_DIR
+
+REPO_ROOT = FIGURES_DIR.parent
+
+#: Exit status when no CUDA device is present: the benchmarks only produce real GPU numbers.
+EXIT_NO_CUDA = 2
+
+
+def repo_path(path: str) -> Path:
+    """``path`` as given if absolute, else relative to the repository root (not the working directory)."""
+    p = Path(path)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def add_timing_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--warmup", type=int, default=10, help="untimed calls before timing (default 10)")
+    parser.add_argument("--rep", type=int, default=30, help="timed calls; the median is reported (default 30)")
+
+
+def add_flash_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "flash", help="mta.flash_attention vs SDPA flash and cuDNN backends",
+        description="Forward and backward TFLOPS of mta.flash_attention, SDPA's flash backend and SDPA's cuDNN "
+                    "backend, after checking mta against SDPA. Writes JSON and a PNG next to it. Exit status: "
+                    f"0 ok, 1 mta failed a correctness check, {EXIT_NO_CUDA} no CUDA device.")
+    p.add_argument("--quick", action="store_true", help="reduced set for development: bf16, N in {2048, 8192}")
+    p.add_argument("--out", default="figures/bench_flash.json",
+                   help="JSON path, relative to the repository root (default figures/bench_flash.json); "
+                        "the PNG goes next to it")
+    add_timing_args(p)
+    p.set_defaults(run=run_flash)
+
+
+def run_flash(args) -> int:
+    from .flash import run
+    return run(quick=args.quick, out=repo_path(args.out), warmup=args.warmup, rep=args.rep)
+
+
+# def add_conv_parser(subparsers) -> None: ...   (issue 4: conv attention benchmark, uses peak_extra_memory_bytes)
+COMMANDS = (add_flash_parser,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mta.bench", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    for add_parser in COMMANDS:
+        add_parser(subparsers)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print(f"python -m mta.bench {args.benchmark}: no CUDA device (torch.cuda.is_available() is False). "
+              "The benchmarks time GPU kernels and only run on a CUDA GPU (H100/H200); "
+              "to plot committed results on this machine, use mta.bench.plots.", file=sys.stderr)
+        return EXIT_NO_CUDA
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Figures from benchmark JSON files; no GPU needed.
+
+The benchmarks draw their PNGs with these functions, and notebooks call them
+to plot the committed results on any machine. Each benchmark gets one
+``plot_<name>`` function; the helpers above them (loading, filtering, line
+styles, titles) are shared.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Union
+
+#: How each implementation is drawn in every figure, so colours mean the same thing everywhere.
+IMPL_STYLES = {
+    "mta": {"label": "mta (Triton)", "color": "C3", "marker": "o"},
+    "sdpa_flash": {"label": "SDPA flash", "color": "C0", "marker": "s"},
+    "sdpa_cudnn": {"label": "SDPA cuDNN", "color": "C2", "marker": "^"},
+}
+
+
+def load_results(source: Union[str, Path, dict]) -> dict:
+    """A benchmark's ``{"provenance", "config", "results"}``, from a JSON path or an already loaded dict."""
+    data = source if isinstance(source, dict) else json.loads(Path(source).read_text())
+    missing = {"provenance", "config", "results"} - set(data)
+    if missing:
+        raise ValueError(f"not a benchmark result: missing {sorted(missing)}")
+    return data
+
+
+def select(results: list[dict], **where) -> list[dict]:
+    """The records whose fields equal every ``where`` item."""
+    return [r for r in results if all(r.get(k) == v for k, v in where.items())]
+
+
+def impl_style(impl: str) -> dict:
+    """Line style for ``impl``; an unknown one gets a neutral style and its own name."""
+    return IMPL_STYLES.get(impl, {"label": impl, "color": "C7", "marker": "."})
+
+
+def ordered_impls(results: list[dict]) -> list[str]:
+    """Implementations in the records, the known ones first, in :data:`IMPL_STYLES` order."""
+    present = list(dict.fromkeys(r["impl"] for r in results))
+    return [i for i in IMPL_STYLES if i in present] + [i for i in present if i not in IMPL_STYLES]
+
+
+def provenance_line(prov: dict) -> str:
+    """``GPU · torch x · triton y · commit`` for a figure title."""
+    commit = prov.get("git_commit")
+    commit = "commit ?" if not commit else commit[:8] + ("+dirty" if prov.get("git_dirty") else "")
+    return f"{prov.get('gpu', '?')} · torch {prov.get('torch', '?')} · triton {prov.get('triton', '?')} · {commit}"
+
+
+def seq_len_label(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def plot_flash(source: Union[str, Path, dict], dtype: str = "bfloat16", *, ax_size: tuple = (3.4, 2.8)):
+    """TFLOPS against sequence length from the flash benchmark.
+
+    Rows: forward, backward. Columns: (head dim, causal). One line per
+    implementation; mta points whose correctness check failed are crossed out
+    in red. Returns the matplotlib Figure (nothing is written).
+    """
+    import matplotlib.pyplot as plt
+
+    data = load_results(source)
+    records = select(data["results"], dtype=dtype)
+    if not records:
+        raise ValueError(f"no flash results for dtype {dtype!r}")
+    columns = sorted({(r["head_dim"], r["causal"]) for r in records})
+    rows = (("fwd_tflops", "forward"), ("bwd_tflops", "backward"))
+    seq_lens = sorted({r["seq_len"] for r in records})
+
+    fig, axes = plt.subplots(len(rows), len(columns), squeeze=False, sharex=True, sharey="row",
+                             figsize=(ax_size[0] * len(columns), ax_size[1] * len(rows)))
+    for col, (head_dim, causal) in enumerate(columns):
+        for row, (key, pass_name) in enumerate(rows):
+            ax = axes[row][col]
+            for impl in ordered_impls(records):
+                line = _points(select(records, impl=impl, head_dim=head_dim, causal=causal), key)
+                if line:
+                    ax.plot(*zip(*line), **impl_style(impl))
+            failed = _points(select(records, impl="mta", head_dim=head_dim, causal=causal), key,
+                             only_failed_checks=True)
+            if failed:
+                ax.plot(*zip(*failed), linestyle="none", marker="x", markersize=12, color="red",
+                        label="mta check failed")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(seq_lens, [seq_len_label(n) for n in seq_lens])
+            ax.minorticks_off()
+            ax.grid(alpha=0.3)
+            ax.set_title(f"{pass_name}, d={head_dim}, {'causal' if causal else 'non-causal'}", fontsize=9)
+            if row == len(rows) - 1:
+                ax.set_xlabel("sequence length N")
+            if col == 0:
+                ax.set_ylabel("TFLOPS")
+    for row, (key, _) in enumerate(rows):
+        # Set once per row, after all columns are drawn: the row shares its y axis, and
+        # a limit set while drawing would freeze it before the later columns' data exist.
+        values = [r[key] for r in records if r.get(key) is not None]
+        axes[row][0].set_ylim(0, 1.08 * max(values, default=1.0))
+    handles, labels = _unique_legend(axes)
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, -0.02), frameon=False)
+    cfg = data["config"]
+    workload = f"{cfg.get('total_tokens', '?')} tokens per batch, model width {cfg.get('model_dim', '?')}"
+    fig.suptitle(f"Flash attention, {dtype}, {workload}\n{provenance_line(data['provenance'])}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+def _points(records: list[dict], key: str, only_failed_checks: bool = False) -> list[tuple[int, float]]:
+    """``(seq_len, value)`` pairs sorted by seq_len, skipping missing values."""
+    points = []
+    for r in records:
+        if r.get(key) is None:
+            continue
+        if only_failed_checks and (r.get("check") is None or r["check"].get("ok", True)):
+            continue
+        points.append((r["seq_len"], r[key]))
+    return sorted(points)
+
+
+def _unique_legend(axes) -> tuple[list, list[str]]:
+    """Every labelled artist of the figure once, in first-seen order."""
+    seen: dict[str, object] = {}
+    for ax in (a for row in axes for a in row):
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    return list(seen.values()), list(seen)
+
+
+__all__ = ["IMPL_STYLES", "impl_style", "load_results", "ordered_impls", "plot_flash", "provenance_line",
+           "select", "seq_len_label"]

@@ -1,0 +1,320 @@
+"""The benchmark harness, on the CPU: FLOP counts, shapes, provenance, the measuring loop
+with a fake timer, the tables, the figure, and the command line without a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mta
+from mta.bench import flash as fb
+from mta.bench import plots
+from mta.bench.provenance import git_info, provenance, source_hash
+from mta.figures import FIGURES_DIR
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NO_CUDA = not torch.cuda.is_available()
+
+
+# --- FLOPs and shapes ------------------------------------------------------------------------
+
+
+def test_forward_flops_is_two_matmuls_and_causal_halves_it():
+    B, H, N, D = 3, 5, 256, 64
+    full = fb.forward_flops(B, H, N, D, causal=False)
+    assert full == 2 * (2 * B * H * N * N * D)  # q k^T and P v, 2 flops per multiply-add
+    assert fb.forward_flops(B, H, N, D, causal=True) == full / 2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_flops_are_two_and_a_half_forwards(causal):
+    assert fb.backward_flops(2, 4, 512, 128, causal) == 2.5 * fb.forward_flops(2, 4, 512, 128, causal)
+
+
+def test_tflops():
+    assert fb.tflops(3e12, 1000.0) == pytest.approx(3.0)  # 3e12 flops in one second
+    assert fb.tflops(1e12, 0.5) == pytest.approx(2000.0)
+    assert fb.tflops(1e12, None) is None and fb.tflops(1e12, 0.0) is None and fb.tflops(1e12, -1.0) is None
+
+
+def test_full_shape_list_matches_the_spec():
+    shapes = fb.flash_shapes()
+    keys = {(s.dtype, s.head_dim, s.causal, s.seq_len) for s in shapes}
+    expected = {(dt, d, c, n) for dt in ("bfloat16", "float16") for d in (64, 128) for c in (False, True)
+                for n in (1024, 2048, 4096, 8192, 16384)}
+    assert keys == expected and len(shapes) == len(expected)
+    for s in shapes:
+        assert s.batch * s.seq_len == 16384  # 16k tokens in total at every N
+        assert s.heads * s.head_dim == 2048  # heads = 2048 // d
+    # Grouped by (dtype, d, causal) with N increasing, so the progress bar and table read in order.
+    groups = [(s.dtype, s.head_dim, s.causal) for s in shapes]
+    assert [s.seq_len for s in shapes[:5]] == [1024, 2048, 4096, 8192, 16384]
+    assert len(set(groups)) == 8 and groups == sorted(groups, key=groups.index)
+
+
+def test_quick_shapes_are_a_bf16_subset():
+    quick = fb.flash_shapes(quick=True)
+    assert set(quick) < set(fb.flash_shapes())
+    assert {s.dtype for s in quick} == {"bfloat16"}
+    assert {s.seq_len for s in quick} == {2048, 8192}
+    assert {(s.head_dim, s.causal) for s in quick} == {(64, False), (64, True), (128, False), (128, True)}
+
+
+# --- provenance and timing -------------------------------------------------------------------
+
+
+def test_provenance_has_the_required_keys_and_is_json():
+    prov = provenance()
+    for key in ("gpu", "cuda", "driver", "torch", "triton", "python", "git_commit", "git_dirty", "utc_time", "argv"):
+        assert key in prov, key
+    assert prov["torch"] == torch.__version__
+    assert prov["argv"] == sys.argv
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", prov["python"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", prov["utc_time"])
+    assert re.fullmatch(r"[0-9a-f]{40}", prov["git_commit"])  # the tests run in the git checkout
+    assert isinstance(prov["git_dirty"], bool)
+    if NO_CUDA:
+        assert prov["gpu"] == "cpu" and prov["driver"] is None
+    json.dumps(prov, allow_nan=False)
+
+
+def test_git_info_tolerates_a_directory_without_git(tmp_path, monkeypatch):
+    monkeypatch.delenv("MTA_GIT_COMMIT", raising=False)
+    assert git_info(tmp_path) == {"git_commit": None, "git_dirty": None}
+    # A copy of the tree without .git (a rented GPU machine) can be told its commit.
+    monkeypatch.setenv("MTA_GIT_COMMIT", "f" * 40)
+    assert git_info(tmp_path) == {"git_commit": "f" * 40, "git_dirty": None}
+
+
+def test_source_hash_follows_the_code(tmp_path):
+    (tmp_path / "mta").mkdir()
+    module = tmp_path / "mta" / "kernel.py"
+    module.write_text("x = 1\n")
+    first = source_hash(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{64}", first) and source_hash(tmp_path) == first
+    module.write_text("x = 2\n")
+    assert source_hash(tmp_path) != first
+    assert provenance()["mta_source_sha256"] == source_hash()
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the no-GPU error")
+def test_timing_refuses_to_run_without_cuda():
+    from mta.bench.timing import peak_extra_memory_bytes, time_ms
+    with pytest.raises(RuntimeError, match="CUDA"):
+        time_ms(lambda: None)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        peak_extra_memory_bytes(lambda: None)
+
+
+# --- the measuring loop, on the CPU with a fake timer -----------------------------------------
+
+FWD_MS, FWD_BWD_MS = 2.0, 5.0
+
+
+def fake_timer(fn, before_each=None):
+    """Runs ``fn`` once, as a real timer would, and reports fixed times: forward, or forward+backward."""
+    if before_each is not None:
+        before_each()
+    fn()
+    return FWD_MS if before_each is None else FWD_BWD_MS
+
+
+def exact(q, k, v, causal):
+    return mta.naive_attention(q, k, v, causal=causal)
+
+
+def wrong(q, k, v, causal):
+    return mta.naive_attention(q, k, v, causal=not causal)  # the other mask: a plausible bug
+
+
+def unavailable(q, k, v, causal):
+    raise RuntimeError("No available kernel")
+
+
+def forward_only(q, k, v, causal):
+    return exact(q, k, v, causal).detach()  # forward works, backward cannot
+
+
+TINY = [fb.FlashShape("float16", 16, causal, 64, batch=2, heads=3) for causal in (False, True)]
+
+
+def run_tiny(impls, shapes=TINY):
+    torch.manual_seed(0)
+    return fb.run_shapes(shapes, timer=fake_timer, impls=impls, device="cpu", progress=False)
+
+
+def test_records_carry_times_tflops_and_a_passing_check():
+    results = run_tiny({"mta": exact, "sdpa_flash": exact})
+    assert len(results) == 2 * len(TINY)
+    for r in results:
+        flops = fb.forward_flops(r["batch"], r["heads"], r["seq_len"], r["head_dim"], r["causal"])
+        assert (r["fwd_ms"], r["fwd_bwd_ms"], r["bwd_ms"]) == (FWD_MS, FWD_BWD_MS, FWD_BWD_MS - FWD_MS)
+        assert r["fwd_tflops"] == pytest.approx(flops / (FWD_MS * 1e-3) / 1e12)
+        assert r["bwd_tflops"] == pytest.approx(2.5 * flops / ((FWD_BWD_MS - FWD_MS) * 1e-3) / 1e12)
+        assert r["error"] is None and r["bwd_error"] is None
+        assert ("check" in r) == (r["impl"] == "mta")
+    for r in plots.select(results, impl="mta"):
+        check = r["check"]
+        assert check["ok"], check
+        assert check["reference"].startswith("sdpa_")
+        assert check["out_rel_err"] < 1e-2 and max(check["grad_rel_err"].values()) < 2e-2
+
+
+def test_a_wrong_kernel_fails_its_check_and_is_reported(capsys):
+    results = run_tiny({"mta": wrong})
+    assert [r["check"]["ok"] for r in results] == [False, False]
+    assert all(r["check"]["out_rel_err"] > 0.05 for r in results)
+    assert capsys.readouterr().out.count("!!! mta FAILS ITS CHECK") == 2
+    assert all(line.rstrip().endswith("!") for line in fb.format_table(results).splitlines()[4:])
+
+
+def test_an_unavailable_backend_is_recorded_not_fatal():
+    results = run_tiny({"mta": exact, "sdpa_flash": unavailable, "sdpa_cudnn": forward_only}, shapes=TINY[:1])
+    by_impl = {r["impl"]: r for r in results}
+    dead = by_impl["sdpa_flash"]
+    assert dead["fwd_ms"] is dead["fwd_tflops"] is dead["bwd_ms"] is dead["bwd_tflops"] is None
+    assert "No available kernel" in dead["error"]
+    half = by_impl["sdpa_cudnn"]
+    assert half["fwd_ms"] == FWD_MS and half["error"] is None
+    assert half["bwd_ms"] is None and half["bwd_error"]
+    assert by_impl["mta"]["bwd_ms"] == FWD_BWD_MS - FWD_MS
+    json.dumps(fb.json_safe(results), allow_nan=False)
+
+
+def test_a_crashing_kernel_fails_its_check_with_the_error():
+    (record,) = run_tiny({"mta": unavailable}, shapes=TINY[:1])
+    assert record["check"]["ok"] is False and "No available kernel" in record["check"]["error"]
+
+
+def test_json_safe_replaces_non_finite_floats():
+    assert fb.json_safe({"a": [1.0, float("inf")], "b": {"c": float("nan")}, "d": "x"}) == \
+        {"a": [1.0, None], "b": {"c": None}, "d": "x"}
+
+
+# --- tables, summary and figure from synthetic results ---------------------------------------
+
+
+def synthetic_results(dtype="bfloat16"):
+    """mta at 300 (fwd) / 200 (bwd) TFLOPS, flash at 250 / 160, cudnn at 400 / 250; mta wrong at d=64 causal N=8192."""
+    speeds = {"mta": (300.0, 200.0), "sdpa_flash": (250.0, 160.0), "sdpa_cudnn": (400.0, 250.0)}
+    results = []
+    for d in (64, 128):
+        for causal in (False, True):
+            for n in (1024, 2048, 8192):
+                for impl, (fwd, bwd) in speeds.items():
+                    r = {"impl": impl, "dtype": dtype, "head_dim": d, "causal": causal, "seq_len": n,
+                         "batch": 16384 // n, "heads": 2048 // d, "fwd_tflops": fwd + n / 1024, "bwd_tflops": bwd}
+                    if impl == "sdpa_cudnn" and n == 1024:
+                        r["fwd_tflops"] = r["bwd_tflops"] = None  # as if cuDNN refused the shape
+                    if impl == "mta":
+                        r["check"] = {"ok": not (d == 64 and causal and n == 8192)}
+                    results.append(r)
+    prov = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.x", "triton": "3.x", "git_commit": "ab" * 20,
+            "git_dirty": True}
+    return {"provenance": prov, "config": {"total_tokens": 16384, "model_dim": 2048}, "results": results}
+
+
+def test_median_ratios_skip_short_sequences():
+    summary = fb.median_ratios(synthetic_results()["results"])
+    assert len(summary) == 4
+    for s in summary:
+        # Only N in {2048, 8192} count: fwd ratios (302/252, 308/258) and (302/402, 308/408).
+        assert s["fwd_vs_sdpa_flash"] == pytest.approx((302 / 252 + 308 / 258) / 2)
+        assert s["bwd_vs_sdpa_flash"] == pytest.approx(200 / 160)
+        assert s["fwd_vs_sdpa_cudnn"] == pytest.approx((302 / 402 + 308 / 408) / 2)
+        assert s["bwd_vs_sdpa_cudnn"] == pytest.approx(200 / 250)
+    assert "1.25" in fb.format_summary(summary)
+
+
+def test_table_has_one_row_per_shape_with_ratios():
+    lines = fb.format_table(synthetic_results()["results"]).splitlines()
+    rows = lines[4:]
+    assert len(rows) == 12
+    row = next(line for line in rows if re.match(r"bfloat16\s+128 True\s+2048 ", line))
+    assert "302.0" in row and f"{302 / 252:.2f}" in row and f"{200 / 250:.2f}" in row
+    short = next(line for line in rows if re.match(r"bfloat16\s+64 False\s+1024 ", line))
+    assert short.count("-") >= 4  # cuDNN missing: its two cells and both mta/cudnn ratios
+
+
+def files_under(*dirs):
+    return {p for d in dirs if d.exists() for p in d.rglob("*")}
+
+
+def test_plot_flash_draws_the_grid_and_writes_nothing(tmp_path, monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.chdir(tmp_path)
+    before = files_under(FIGURES_DIR, tmp_path)
+    data = synthetic_results()
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    before.add(path)
+    fig = plots.plot_flash(path)
+    try:
+        assert files_under(FIGURES_DIR, tmp_path) == before
+        axes = fig.axes
+        assert len(axes) == 8  # rows fwd/bwd x columns (d, causal)
+        titles = [ax.get_title() for ax in axes]
+        assert titles[0] == "forward, d=64, non-causal" and titles[-1] == "backward, d=128, causal"
+        fwd_d128 = axes[2]
+        lines = {line.get_label(): line for line in fwd_d128.get_lines()}
+        assert set(lines) == {"mta (Triton)", "SDPA flash", "SDPA cuDNN"}
+        assert list(lines["mta (Triton)"].get_xdata()) == [1024, 2048, 8192]
+        assert list(lines["mta (Triton)"].get_ydata()) == [301.0, 302.0, 308.0]
+        assert list(lines["SDPA cuDNN"].get_xdata()) == [2048, 8192]  # the missing point is left out
+        # The failed check (d=64, causal, N=8192) is crossed out on both rows of its column.
+        for ax in (axes[1], axes[5]):
+            (cross,) = [line for line in ax.get_lines() if line.get_label() == "mta check failed"]
+            assert list(cross.get_xdata()) == [8192]
+        assert not any(line.get_label() == "mta check failed" for line in axes[0].get_lines())
+        # Each row starts at 0 and shows its highest point (cuDNN's 408 forward, 250 backward).
+        for ax, highest in ((axes[0], 408.0), (axes[7], 250.0)):
+            bottom, top = ax.get_ylim()
+            assert bottom == 0 and highest < top < 1.2 * highest
+        assert "NVIDIA H100" in fig._suptitle.get_text() and "abababab+dirty" in fig._suptitle.get_text()
+    finally:
+        plt.close(fig)
+
+
+def test_plot_flash_rejects_a_missing_dtype():
+    with pytest.raises(ValueError, match="float16"):
+        plots.plot_flash(synthetic_results("bfloat16"), dtype="float16")
+    with pytest.raises(ValueError, match="missing"):
+        plots.load_results({"results": []})
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def test_cli_without_cuda_exits_2_with_a_clear_message(tmp_path):
+    out = tmp_path / "never.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "mta.bench", "flash", "--quick", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "no CUDA device" in done.stderr and "flash" in done.stderr
+    assert not out.exists() and not out.with_suffix(".png").exists()
+
+
+def test_cli_help_lists_flash(capsys):
+    from mta.bench.__main__ import build_parser
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--help"])
+    assert exit_info.value.code == 0
+    assert "flash" in capsys.readouterr().out
+
+
+def test_cli_resolves_relative_out_against_the_repository_root():
+    from mta.bench.__main__ import build_parser, repo_path
+    args = build_parser().parse_args(["flash"])
+    assert repo_path(args.out) == ROOT / "figures" / "bench_flash.json"
+    assert repo_path("/abs/x.json") == pathlib.Path("/abs/x.json")
