@@ -74,8 +74,8 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
     return dk, dv
 
 
-@triton.autotune(configs=tuning.backward_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
-                 prune_configs_by={"early_config_prune": tuning.prune_backward})
+@triton.autotune(configs=tuning.dkdv_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
+                 prune_configs_by={"early_config_prune": tuning.prune_dkdv})
 @triton.jit
 def flash_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                       stride_qb, stride_qh, stride_qm, stride_qd,
@@ -157,8 +157,8 @@ def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, 
     return dq
 
 
-@triton.autotune(configs=tuning.backward_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
-                 prune_configs_by={"early_config_prune": tuning.prune_backward})
+@triton.autotune(configs=tuning.dq_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
+                 prune_configs_by={"early_config_prune": tuning.prune_dq})
 @triton.jit
 def flash_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                     stride_qb, stride_qh, stride_qm, stride_qd,
