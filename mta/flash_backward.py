@@ -76,7 +76,7 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
 
 @triton.autotune(configs=tuning.dkdv_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
                  prune_configs_by={"early_config_prune": tuning.prune_dkdv})
-@triton.jit
+@triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
 def flash_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                       stride_qb, stride_qh, stride_qm, stride_qd,
                       stride_kb, stride_kh, stride_kn, stride_kd,
@@ -159,7 +159,7 @@ def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, 
 
 @triton.autotune(configs=tuning.dq_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
                  prune_configs_by={"early_config_prune": tuning.prune_dq})
-@triton.jit
+@triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
 def flash_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,

@@ -69,7 +69,7 @@ def _attend_key_tiles(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride
 
 @triton.autotune(configs=tuning.forward_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
                  prune_configs_by={"early_config_prune": tuning.prune_forward})
-@triton.jit
+@triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
 def flash_forward_kernel(Q, K, V, O, LSE,
                          stride_qb, stride_qh, stride_qm, stride_qd,
                          stride_kb, stride_kh, stride_kn, stride_kd,

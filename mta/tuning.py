@@ -21,6 +21,12 @@ from .runtime import INTERPRET
 INTERPRETER_TILE = 16
 AUTOTUNE = os.environ.get("MTA_AUTOTUNE", "1") != "0"
 
+# Triton turns an int argument equal to 1 into a constant. With n_q = n_k = 1
+# that specialization made ptxas (CUDA 13.0, Triton 3.6, H200) segfault on the
+# causal fp16/bf16 kernels; sequence lengths stay run-time values.
+#: Kernel arguments passed to ``triton.jit(do_not_specialize=...)``.
+NO_SPECIALIZE = ["n_q", "n_k"]
+
 
 def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
     return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
