@@ -5,6 +5,7 @@ no CUDA device is present, before any kernel is defined.
 """
 
 from . import runtime  # noqa: F401  (must come before any Triton kernel)
+from .conv import conv_attention
 from .flash import flash_attention
 from .online_softmax import (
     AttentionState,
@@ -22,6 +23,7 @@ __all__ = [
     "attention_state",
     "blocked_attention",
     "blocked_softmax",
+    "conv_attention",
     "conv_attention_reference",
     "empty_state",
     "finalize_state",

@@ -93,3 +93,19 @@ def dq_configs() -> list[triton.Config]:
 prune_forward = _pruner(FORWARD)
 prune_dkdv = _pruner(DKDV)
 prune_dq = _pruner(DQ)
+
+
+# MTA forward (chapter 04): not yet tuned on a GPU; BLOCK_N >= 32 bounds the key kernel at ck <= 33.
+CONV_FORWARD = [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 2), (64, 64, 8, 3)]
+
+
+def conv_forward_configs() -> list[triton.Config]:
+    if INTERPRET:
+        return [_config(INTERPRETER_TILE, INTERPRETER_TILE, 4, 1)]
+    if not AUTOTUNE:
+        return [_config(*CONV_FORWARD[0])]
+    return [_config(*c) for c in CONV_FORWARD]
+
+
+#: The largest key-axis kernel every candidate tile supports (the halo is 2 * BLOCK_N keys wide).
+CONV_MAX_CK = (INTERPRETER_TILE if INTERPRET else 32) + 1

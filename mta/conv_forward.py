@@ -1,0 +1,177 @@
+"""MTA forward in Triton: the key-query convolution fused into flash attention.
+
+``C[i, j] = sum_{a, b} w[a, b] * S0[i - (cq-1) + a, j - pk + b]`` with
+``pk = (ck-1)/2``, ``S = scale * Q K^T`` and ``S0`` its causal version (future
+zeroed *before* the convolution). One program owns ``BLOCK_M`` query rows, as
+in chapter 03, and walks the key tiles with the online softmax. What changes
+is how a tile of ``C`` is made, in two stages:
+
+* **Folded tiles** (left of the diagonal band, and every tile when not causal):
+  no pre-convolution mask touches them, so ``S0 = S`` and the key axis of the
+  convolution folds into the keys,
+
+      C[i, j] = scale * sum_a q_{i-(cq-1)+a} . Kf_a[j],    Kf_a[j] = sum_b w[a, b] k_{j-pk+b},
+
+  with ``Kf`` precomputed once per query head (``cq`` weighted, shifted copies
+  of K; O(N) memory). A tile of C is ``cq`` matrix products of depth ``D``:
+  queries shifted by loading rows ``i-(cq-1)+a``, the halo of the seed's
+  algorithm read straight from memory.
+* **Band tiles** (within ``cq - 1 + pk`` of the diagonal): the pre-mask zeroes
+  some of the terms, so the scores are recomputed on a halo tile of
+  ``BLOCK_W >= BLOCK_N + ck - 1`` keys, masked, and convolved along the key
+  axis by a product with a banded (Toeplitz) matrix ``T_a[u, c] = w[a, u - c]``
+  on the tensor cores; the query axis is again a sum over shifted query loads.
+
+Key tiles right of the diagonal are never loaded.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import tuning
+
+
+@triton.jit
+def _online_softmax_step(acc, m, l, c, v, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold a tile of convolved scores ``c`` (base-2 units, -inf = masked) and its values ``v``."""
+    m_new = tl.maximum(m, tl.max(c, 1))
+    if MASKED:
+        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new_safe = m_new
+    p = tl.math.exp2(c - m_new_safe[:, None])
+    alpha = tl.math.exp2(m - m_new_safe)
+    l = l * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+    return acc, m_new, l
+
+
+@triton.jit
+def _folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd,
+                  stride_vn, stride_vd, offs_m, offs_d, start, stop, n, qk_scale,
+                  MASKED: tl.constexpr, CQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """Key tiles ``[start, stop)`` whose scores need no pre-convolution mask. ``MASKED``: the key tail ``j >= n``."""
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < D
+    for start_n in range(start, stop, BLOCK_N):
+        offs_k = start_n + offs_n
+        k_ok = offs_k < n
+        c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for a in tl.static_range(CQ):
+            rows = offs_m - (CQ - 1) + a  # query i-(cq-1)+a; rows before 0 are the zero padding
+            q_a = tl.load(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                          mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
+            kf_t = tl.load(kf_base + a * stride_kfa + offs_k[None, :] * stride_kfn + offs_d[:, None] * stride_kfd,
+                           mask=d_ok[:, None] & k_ok[None, :], other=0.0)
+            c = tl.dot(q_a, kf_t, c, input_precision=PRECISION)
+        c = c * qk_scale
+        if MASKED:
+            c = tl.where(k_ok[None, :], c, float("-inf"))
+        v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        acc, m, l = _online_softmax_step(acc, m, l, c, v, MASKED, PRECISION)
+    return acc, m, l
+
+
+@triton.jit
+def _band_tiles(acc, m, l, q_base, k_base, v_base, w_base, stride_qm, stride_qd, stride_kn, stride_kd,
+                stride_vn, stride_vd, offs_m, offs_d, start, stop, n, qk_scale,
+                CQ: tl.constexpr, CK: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_W: tl.constexpr, PRECISION: tl.constexpr, CONV_PRECISION: tl.constexpr):
+    """Causal key tiles ``[start, stop)`` near the diagonal: halo scores, pre-mask, Toeplitz convolution, post-mask."""
+    PK: tl.constexpr = (CK - 1) // 2
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_w = tl.arange(0, BLOCK_W)
+    d_ok = offs_d < D
+    shift = offs_w[:, None] - offs_n[None, :]  # T[u, c] = w[u - c] for 0 <= u - c < ck
+    in_band = (shift >= 0) & (shift < CK)
+    for start_n in range(start, stop, BLOCK_N):
+        halo = start_n - PK + offs_w  # keys j - pk .. j + pk of the tile's columns
+        halo_ok = (halo >= 0) & (halo < n)
+        kh_t = tl.load(k_base + halo[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                       mask=d_ok[:, None] & halo_ok[None, :], other=0.0)  # K^T halo [BLOCK_D, BLOCK_W]
+        c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for a in tl.static_range(CQ):
+            rows = offs_m - (CQ - 1) + a
+            q_a = tl.load(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                          mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
+            s0 = tl.dot(q_a, kh_t, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_W]
+            s0 = tl.where(halo[None, :] <= rows[:, None], s0, 0.0)  # zero the future before the convolution
+            t_a = tl.load(w_base + a * CK + shift, mask=in_band, other=0.0)  # [BLOCK_W, BLOCK_N], fp32
+            c = tl.dot(s0, t_a, c, input_precision=CONV_PRECISION)
+        offs_k = start_n + offs_n
+        keep = (offs_k[None, :] <= offs_m[:, None]) & (offs_k[None, :] < n)
+        c = tl.where(keep, c, float("-inf"))  # and mask it after
+        v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=(offs_k < n)[:, None] & d_ok[None, :], other=0.0)
+        acc, m, l = _online_softmax_step(acc, m, l, c, v, True, PRECISION)
+    return acc, m, l
+
+
+@triton.autotune(configs=tuning.conv_forward_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"])
+@triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
+def conv_forward_kernel(Q, K, V, KF, W, O, LSE,
+                        stride_qb, stride_qh, stride_qm, stride_qd,
+                        stride_kb, stride_kh, stride_kn, stride_kd,
+                        stride_vb, stride_vh, stride_vn, stride_vd,
+                        stride_kfb, stride_kfh, stride_kfa, stride_kfn, stride_kfd,
+                        stride_ob, stride_oh, stride_om, stride_od,
+                        n_q, n_k, num_heads, group_size, scale, N_BUCKET,
+                        CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr,
+                        D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                        CONV_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``O = softmax(conv(S0, W)) V`` and ``LSE`` (natural log, fp32, ``[B * Hq, n]``), ``n = n_q = n_k``.
+
+    ``KF [B, Hq, CQ, n, D]`` holds the folded keys; ``W [Hq, CQ, CK]`` fp32.
+    Grid: ``(cdiv(n, BLOCK_M), B * Hq)``.
+    """
+    BLOCK_W: tl.constexpr = 2 * BLOCK_N  # the halo tile: BLOCK_N + ck - 1 keys fit when ck <= BLOCK_N + 1
+    PK: tl.constexpr = (CK - 1) // 2
+    n = n_q
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    kv_h = h // group_size
+    i0 = tl.program_id(0) * BLOCK_M
+    offs_m = i0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_base = Q + b * stride_qb + h * stride_qh
+    k_base = K + b * stride_kb + kv_h * stride_kh
+    v_base = V + b * stride_vb + kv_h * stride_vh
+    kf_base = KF + b * stride_kfb + h * stride_kfh
+
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    qk_scale = scale * 1.4426950408889634  # the convolution is linear: convolve in base-2 units
+
+    if CAUSAL:
+        # A tile needs no pre-mask when its smallest i - j is >= cq - 1 + pk:
+        # i0 - (start_n + BLOCK_N - 1) >= CQ - 1 + PK.
+        fold_stop = tl.maximum(i0 - CQ - PK + 2, 0) // BLOCK_N * BLOCK_N
+        acc, m, l = _folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd,
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd,
+                                  offs_m, offs_d, 0, fold_stop, n, qk_scale, False, CQ, D, BLOCK_M, BLOCK_N, PRECISION)
+        band_stop = tl.minimum(i0 + BLOCK_M, n)
+        acc, m, l = _band_tiles(acc, m, l, q_base, k_base, v_base, W + h * CQ * CK, stride_qm, stride_qd,
+                                stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, fold_stop, band_stop,
+                                n, qk_scale, CQ, CK, D, BLOCK_M, BLOCK_N, BLOCK_W, PRECISION, CONV_PRECISION)
+    else:
+        full_stop = n // BLOCK_N * BLOCK_N
+        acc, m, l = _folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd,
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd,
+                                  offs_m, offs_d, 0, full_stop, n, qk_scale, False, CQ, D, BLOCK_M, BLOCK_N, PRECISION)
+        acc, m, l = _folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd,
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd,
+                                  offs_m, offs_d, full_stop, n, n, qk_scale, True, CQ, D, BLOCK_M, BLOCK_N, PRECISION)
+
+    row_ok = offs_m < n
+    d_ok = offs_d < D
+    o = acc / l[:, None]  # every row sees at least its own key: l > 0
+    lse = (m + tl.math.log2(l)) * 0.6931471805599453
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + pid_bh * n + offs_m, lse, mask=row_ok)
