@@ -1,0 +1,101 @@
+"""``mta.conv_attention`` (the fused MTA forward) against the float64 reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import mta
+from conftest import DEVICE, ON_GPU, rand, rand_qkv
+
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+KERNELS = [(1, 1), (2, 9), (3, 3), (6, 11), (11, 15)]
+LENGTHS = [1, 5, 37, 100, 200] + ([1000, 2049] if ON_GPU else [])
+
+
+def check(out, ref, tol):
+    out, ref = out.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(out).all()
+    assert (out - ref).norm().item() <= tol * ref.norm().item() + 1e-6 * math.sqrt(ref.numel())
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Buffers the kernel allocates start as NaN: an element it never writes fails the check."""
+    empty_like, empty = torch.empty_like, torch.empty
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: empty_like(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+
+
+def run_case(N, cq, ck, causal, dtype, Hq=2, Hkv=1, D=32, B=1):
+    q, k, v = rand_qkv(B, Hq, Hkv, N, N, D, dtype=dtype)
+    weight = rand(Hq, cq, ck, scale=0.2)  # fp32 weight, as a model keeps it
+    out, lse = mta.conv_attention(q, k, v, weight, causal=causal, return_lse=True)
+    ref, ref_lse = mta.conv_attention_reference(*(x.cpu().double() for x in (q, k, v, weight)),
+                                                causal=causal, return_lse=True)
+    assert out.dtype == dtype and out.shape == q.shape
+    check(out, ref, TOL[dtype])
+    assert torch.allclose(lse.cpu().double(), ref_lse, rtol=1e-4, atol=1e-4 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("N", LENGTHS)
+@pytest.mark.parametrize("cq,ck", KERNELS, ids=lambda x: str(x))
+def test_causal_lengths_and_kernels(N, cq, ck, poisoned_outputs):
+    run_case(N, cq, ck, True, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("N,cq,ck", [(37, 6, 11), (100, 2, 9), (5, 11, 15)])
+def test_dtypes_and_noncausal(N, cq, ck, causal, dtype, poisoned_outputs):
+    run_case(N, cq, ck, causal, dtype)
+
+
+def test_gqa_and_head_dim_96(poisoned_outputs):
+    run_case(70, 6, 11, True, torch.float32, Hq=4, Hkv=2, D=96, B=2)
+
+
+def test_identity_kernel_equals_flash_attention():
+    q, k, v = rand_qkv(1, 2, 1, 50, 50, 32)
+    weight = torch.zeros(2, 6, 11, device=DEVICE)
+    weight[:, 5, 5] = 1.0
+    torch.testing.assert_close(mta.conv_attention(q, k, v, weight), mta.flash_attention(q, k, v, causal=True),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_causality():
+    q, k, v = rand_qkv(1, 2, 1, 60, 60, 32)
+    weight = rand(2, 6, 11, scale=0.2)
+    before = mta.conv_attention(q, k, v, weight)
+    t = 29
+    q[:, :, t] += 1.0
+    k[:, :, t] -= 1.0
+    v[:, :, t] *= 2.0
+    after = mta.conv_attention(q, k, v, weight)
+    assert torch.equal(after[:, :, :t], before[:, :, :t])
+    assert not torch.allclose(after[:, :, t], before[:, :, t])
+
+
+def test_backward_is_not_implemented_yet():
+    q, k, v = (x.requires_grad_() for x in rand_qkv(1, 1, 1, 8, 8, 16))
+    out = mta.conv_attention(q, k, v, torch.ones(1, 1, 1, device=DEVICE))
+    with pytest.raises(NotImplementedError, match="conv_attention_reference"):
+        out.sum().backward()
+
+
+def test_bad_inputs_raise_clear_errors():
+    q, k, v = rand_qkv(1, 2, 1, 8, 8, 16)
+    with pytest.raises(ValueError, match="must be odd"):
+        mta.conv_attention(q, k, v, torch.ones(2, 2, 4, device=DEVICE))
+    with pytest.raises(ValueError, match="one kernel per query head"):
+        mta.conv_attention(q, k, v, torch.ones(3, 2, 3, device=DEVICE))
+    with pytest.raises(ValueError, match="not supported"):
+        mta.conv_attention(q, k, v, torch.ones(2, 40, 3, device=DEVICE))
+    with pytest.raises(ValueError, match="as many queries as keys"):
+        mta.conv_attention(q[:, :, :5], k, v, torch.ones(2, 1, 1, device=DEVICE))
+    with pytest.raises(TypeError, match="fp16, bf16 or fp32"):
+        mta.conv_attention(q.double(), k.double(), v.double(), torch.ones(2, 1, 1, device=DEVICE))
