@@ -7,12 +7,11 @@ the key axis of the convolution into the keys, and launches it.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 
-from . import tuning
+from . import runtime, tuning
 from ._checks import check_weight, resolve_scale
-from .conv_forward import conv_forward_kernel
+from .conv_forward import conv_forward_kernel, fold_keys_kernel
 from .flash import check_kernel_inputs, dot_precision, head_dim_block, size_bucket
 
 MAX_CQ = 32
@@ -21,6 +20,8 @@ MAX_CQ = 32
 def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int) -> torch.Tensor:
     """``Kf[b, h, a, j] = sum_b' w[h, a, b'] * k[b, h // G, j - pk + b']`` (zero outside ``[0, N)``).
 
+    The key axis of the convolution, applied to the keys once (O(N) memory).
+
     Args:
         k: ``[B, Hkv, N, D]``.
         weight: ``[Hq, cq, ck]``.
@@ -28,12 +29,14 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int) -> torch.
         ``[B, Hq, cq, N, D]`` in k's dtype (accumulated in fp32).
     """
     B, Hkv, N, D = k.shape
-    Hq, cq, ck = weight.shape
-    pk = (ck - 1) // 2
-    windows = F.pad(k.float(), (0, 0, pk, pk)).unfold(2, ck, 1)  # [B, Hkv, N, D, ck], a view
-    w = weight.float().view(Hkv, Hq // Hkv, cq, ck)
-    folded = torch.einsum("bgnde,gsae->bgsand", windows, w)  # [B, Hkv, G, cq, N, D]
-    return folded.reshape(B, Hq, cq, N, D).to(k.dtype)
+    _, cq, ck = weight.shape
+    w = weight.detach().float().contiguous()
+    kf = torch.empty((B, num_q_heads, cq, N, D), device=k.device, dtype=k.dtype)
+    block_n = 128 if runtime.INTERPRET else 64  # the interpreter pays per operation, not per element
+    fold_keys_kernel[(triton.cdiv(N, block_n), B * num_q_heads)](
+        k, w, kf, *k.stride(), *kf.stride(), N, num_q_heads, num_q_heads // Hkv,
+        CQ=cq, CK=ck, D=D, BLOCK_D=head_dim_block(D), BLOCK_N=block_n)
+    return kf
 
 
 def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):

@@ -111,6 +111,36 @@ def _band_tiles(acc, m, l, q_base, k_base, v_base, w_base, stride_qm, stride_qd,
     return acc, m, l
 
 
+@triton.jit(do_not_specialize=["n"])
+def fold_keys_kernel(K, W, KF, stride_kb, stride_kh, stride_kn, stride_kd,
+                     stride_fb, stride_fh, stride_fa, stride_fn, stride_fd,
+                     n, num_heads, group_size, CQ: tl.constexpr, CK: tl.constexpr,
+                     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``KF[b, h, a, j] = sum_b' W[h, a, b'] * K[b, h // G, j - pk + b']``, zero outside ``[0, n)``.
+
+    Grid: ``(cdiv(n, BLOCK_N), B * Hq)``. Memory-bound: K is read ``ck`` times
+    (from cache), each folded row written once.
+    """
+    PK: tl.constexpr = (CK - 1) // 2
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    k_base = K + b * stride_kb + (h // group_size) * stride_kh
+    out_mask = (offs_n < n)[:, None] & d_ok[None, :]
+    for a in tl.static_range(CQ):
+        acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        for t in tl.static_range(CK):
+            rows = offs_n - PK + t
+            k = tl.load(k_base + rows[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                        mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
+            acc += tl.load(W + (h * CQ + a) * CK + t) * k.to(tl.float32)
+        tl.store(KF + b * stride_fb + h * stride_fh + a * stride_fa + offs_n[:, None] * stride_fn
+                 + offs_d[None, :] * stride_fd, acc.to(KF.dtype.element_ty), mask=out_mask)
+
+
 @triton.autotune(configs=tuning.conv_forward_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"])
 @triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
 def conv_forward_kernel(Q, K, V, KF, W, O, LSE,

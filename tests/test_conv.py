@@ -100,3 +100,19 @@ def test_bad_inputs_raise_clear_errors():
         mta.conv_attention(q[:, :, :5], k, v, torch.ones(2, 1, 1, device=DEVICE))
     with pytest.raises(TypeError, match="fp16, bf16 or fp32"):
         mta.conv_attention(q.double(), k.double(), v.double(), torch.ones(2, 1, 1, device=DEVICE))
+
+
+def test_fold_keys_matches_its_definition():
+    B, Hq, Hkv, N, D, cq, ck = 2, 4, 2, 21, 24, 3, 5
+    k = rand(B, Hkv, N, D)
+    w = rand(Hq, cq, ck, scale=0.3)
+    kf = mta.conv.fold_keys(k, w, Hq).cpu().double()
+    kd, wd, pk = k.cpu().double(), w.cpu().double(), (ck - 1) // 2
+    want = torch.zeros(B, Hq, cq, N, D, dtype=torch.float64)
+    for h in range(Hq):
+        for a in range(cq):
+            for j in range(N):
+                for t in range(ck):
+                    if 0 <= j - pk + t < N:
+                        want[:, h, a, j] += wd[h, a, t] * kd[:, h // (Hq // Hkv), j - pk + t]
+    torch.testing.assert_close(kf, want, rtol=1e-6, atol=1e-6)
