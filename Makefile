@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 lab: setup
-	$(BIN)/python -m jupyter lab notebooks/
+	$(BIN)/python -m jupyter lab $(LAB_ARGS) notebooks/
 
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
