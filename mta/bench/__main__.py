@@ -1,6 +1,6 @@
 """python -m mta.bench BENCHMARK: run a benchmark on a CUDA GPU, write JSON and a PNG.
 
-Each benchmark is one subcommand; to add one (``conv`` is next), give it an
+Each benchmark is one subcommand (``flash``, ``conv``); to add one, give it an
 ``add_<name>_parser`` and a ``run_<name>`` below and list it in ``COMMANDS``.
 """
 
@@ -48,8 +48,31 @@ def run_flash(args) -> int:
     return run(quick=args.quick, out=repo_path(args.out), warmup=args.warmup, rep=args.rep)
 
 
-# def add_conv_parser(subparsers) -> None: ...   (issue 4: conv attention benchmark, uses peak_extra_memory_bytes)
-COMMANDS = (add_flash_parser,)
+def add_conv_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "conv", help="mta.conv_attention vs the materialized reference, torch.compile of it, mta.flash_attention, SDPA",
+        description="Forward time and peak extra memory of mta.conv_attention (MTA), the materialized "
+                    "conv_attention_reference (where it fits in memory), torch.compile of it, mta.flash_attention "
+                    "and SDPA, causal bf16, after checking mta.conv_attention against the reference. Prints a table "
+                    "and the bars at N=8192, kernel 6x11; writes JSON and a PNG next to it. Exit status: "
+                    f"0 ok, 1 mta.conv_attention failed a correctness check, {EXIT_NO_CUDA} no CUDA device.")
+    p.add_argument("--quick", action="store_true", help="reduced set for development: kernel 6x11, N in {2048, 8192}")
+    p.add_argument("--out", default="figures/bench_conv.json",
+                   help="JSON path, relative to the repository root (default figures/bench_conv.json); "
+                        "the PNG goes next to it")
+    p.add_argument("--no-compile", dest="compile_reference", action="store_false",
+                   help="leave out torch.compile of the reference (it recompiles for every shape)")
+    add_timing_args(p)
+    p.set_defaults(run=run_conv)
+
+
+def run_conv(args) -> int:
+    from .conv import run
+    return run(quick=args.quick, out=repo_path(args.out), warmup=args.warmup, rep=args.rep,
+               compile_reference=args.compile_reference)
+
+
+COMMANDS = (add_flash_parser, add_conv_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

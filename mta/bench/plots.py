@@ -17,6 +17,13 @@ IMPL_STYLES = {
     "mta": {"label": "mta (Triton)", "color": "C3", "marker": "o"},
     "sdpa_flash": {"label": "SDPA flash", "color": "C0", "marker": "s"},
     "sdpa_cudnn": {"label": "SDPA cuDNN", "color": "C2", "marker": "^"},
+    # The conv benchmark: mta.conv_attention against the materialized reference and plain attention.
+    "mta_conv": {"label": "mta.conv_attention", "color": "C3", "marker": "o"},
+    "conv_reference": {"label": "reference (materialized)", "color": "C4", "marker": "v"},
+    "conv_reference_compiled": {"label": "reference, torch.compile", "color": "C5", "marker": "P",
+                                "linestyle": "--"},
+    "mta_flash": {"label": "mta.flash_attention (no conv)", "color": "C1", "marker": "D", "linestyle": ":"},
+    "sdpa": {"label": "SDPA (no conv)", "color": "C0", "marker": "s", "linestyle": ":"},
 }
 
 
@@ -110,6 +117,70 @@ def plot_flash(source: Union[str, Path, dict], dtype: str = "bfloat16", *, ax_si
     return fig
 
 
+def plot_conv(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
+    """Forward time and peak extra memory against sequence length from the conv benchmark, log-log.
+
+    Rows: time (ms), memory (MiB). Columns: (configuration, kernel). One line
+    per implementation; a point that was skipped (the reference does not fit),
+    ran out of memory or failed is left out, and mta.conv_attention points whose
+    correctness check failed are crossed out in red. Works from the committed
+    JSON on any machine. Returns the matplotlib Figure (nothing is written).
+    """
+    import matplotlib.pyplot as plt
+
+    data = load_results(source)
+    records = [r for r in data["results"] if "cq" in r and "ck" in r]
+    if not records:
+        raise ValueError("no conv results (records with cq and ck)")
+    column_keys = ("batch", "heads", "kv_heads", "head_dim", "cq", "ck")
+    columns = sorted({tuple(r[k] for k in column_keys) for r in records})
+    rows = (("fwd_ms", "forward time (ms)", 1.0), ("peak_extra_bytes", "peak extra memory (MiB)", 2.0 ** -20))
+    seq_lens = sorted({r["seq_len"] for r in records})
+
+    fig, axes = plt.subplots(len(rows), len(columns), squeeze=False, sharex=True, sharey="row",
+                             figsize=(ax_size[0] * len(columns), ax_size[1] * len(rows)))
+    for col, column in enumerate(columns):
+        where = dict(zip(column_keys, column))
+        batch, heads, kv_heads, head_dim, cq, ck = column
+        config = f"B={batch} H={heads}" + (f" Hkv={kv_heads}" if kv_heads != heads else "") + f" D={head_dim}"
+        for row, (key, what, scale) in enumerate(rows):
+            ax = axes[row][col]
+            for impl in ordered_impls(records):
+                line = _positive(_points(select(records, impl=impl, **where), key), scale)
+                if line:
+                    ax.plot(*zip(*line), **impl_style(impl))
+            failed = _positive(_points(select(records, impl="mta_conv", **where), key, only_failed_checks=True), scale)
+            if failed:
+                ax.plot(*zip(*failed), linestyle="none", marker="x", markersize=12, color="red",
+                        label="mta.conv_attention check failed")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(seq_lens, [seq_len_label(n) for n in seq_lens])
+            ax.xaxis.set_minor_locator(plt.NullLocator())
+            ax.grid(alpha=0.3, which="both")
+            ax.set_title(f"{what.split(' (')[0]}, {config}, {cq}x{ck}", fontsize=9)
+            if row == len(rows) - 1:
+                ax.set_xlabel("sequence length N")
+            if col == 0:
+                ax.set_ylabel(what)
+    handles, labels = _unique_legend(axes)
+    if labels:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), bbox_to_anchor=(0.5, -0.04),
+                   frameon=False)
+    cfg = data["config"]
+    dtype = cfg.get("dtype") or records[0].get("dtype", "?")
+    causal = cfg.get("causal", records[0].get("causal"))
+    fig.suptitle(f"MTA conv attention forward, {dtype}{', causal' if causal else ''}; missing points: "
+                 f"reference skipped or out of memory\n{provenance_line(data['provenance'])}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def _positive(points: list[tuple[int, float]], scale: float) -> list[tuple[int, float]]:
+    """``points`` with values scaled, keeping only positive ones (a log axis cannot show the rest)."""
+    return [(n, y * scale) for n, y in points if y > 0]
+
+
 def _points(records: list[dict], key: str, only_failed_checks: bool = False) -> list[tuple[int, float]]:
     """``(seq_len, value)`` pairs sorted by seq_len, skipping missing values."""
     points = []
@@ -131,5 +202,5 @@ def _unique_legend(axes) -> tuple[list, list[str]]:
     return list(seen.values()), list(seen)
 
 
-__all__ = ["IMPL_STYLES", "impl_style", "load_results", "ordered_impls", "plot_flash", "provenance_line",
-           "select", "seq_len_label"]
+__all__ = ["IMPL_STYLES", "impl_style", "load_results", "ordered_impls", "plot_conv", "plot_flash",
+           "provenance_line", "select", "seq_len_label"]

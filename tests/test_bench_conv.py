@@ -1,0 +1,477 @@
+"""The conv benchmark on the CPU: shapes, the reference's memory fit, the measuring loop with
+fake timers (OOM, skips, failed checks), ratios and bars, the table, the figure, the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mta.bench import conv as cb
+from mta.bench import plots
+from mta.figures import FIGURES_DIR
+from mta.reference import conv_attention_reference
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+GIB = 2 ** 30
+
+
+# --- shapes ----------------------------------------------------------------------------------
+
+
+def test_full_shape_list_matches_the_spec():
+    shapes = cb.conv_shapes()
+    keys = {(s.batch, s.heads, s.kv_heads, s.head_dim, s.cq, s.ck, s.seq_len) for s in shapes}
+    expected = {(1, h, h, d, cq, ck, n) for (h, d) in ((8, 64), (16, 128)) for (cq, ck) in ((6, 11), (11, 11))
+                for n in (1024, 2048, 4096, 8192, 16384)}
+    assert keys == expected and len(shapes) == len(expected) == 20
+    assert {s.dtype for s in shapes} == {"bfloat16"} and all(s.causal for s in shapes)
+    # Grouped by (configuration, kernel), N increasing, so the progress bar and table read in order.
+    assert [s.seq_len for s in shapes[:5]] == [1024, 2048, 4096, 8192, 16384]
+    groups = [(s.heads, s.cq) for s in shapes]
+    assert len(set(groups)) == 4 and groups == sorted(groups, key=groups.index)
+
+
+def test_quick_shapes():
+    quick = cb.conv_shapes(quick=True)
+    assert set(quick) < set(cb.conv_shapes())
+    assert {(s.heads, s.head_dim, s.cq, s.ck, s.seq_len) for s in quick} == \
+        {(h, d, 6, 11, n) for (h, d) in ((8, 64), (16, 128)) for n in (2048, 8192)}
+    # The bars' shape (N=8192, 6x11, both configurations) is in the quick set.
+    assert sum(s.seq_len == cb.BAR_SEQ_LEN and (s.cq, s.ck) == cb.BAR_KERNEL for s in quick) == 2
+
+
+def test_random_inputs_are_bf16_activations_and_per_head_fp32_weights():
+    shape = cb.ConvShape("bfloat16", 1, 4, 2, 16, 6, 11, 32)
+    q, k, v, w = cb.random_inputs(shape, "cpu")
+    assert q.shape == (1, 4, 32, 16) and k.shape == v.shape == (1, 2, 32, 16)
+    assert q.dtype == k.dtype == v.dtype == torch.bfloat16 and not q.requires_grad
+    assert w.shape == (4, 6, 11) and w.dtype == torch.float32
+    assert (w != 0).all() and 0.1 < w.std().item() < 0.3
+    assert not torch.equal(w[0], w[1])  # a different kernel per head
+
+
+# --- the reference's memory fit --------------------------------------------------------------
+
+
+def test_reference_estimate_is_six_fp32_n_by_n_matrices():
+    assert cb.reference_bytes_estimate(1, 8, 8192) == 6 * 8 * 8192 * 8192 * 4
+    assert cb.reference_bytes_estimate(2, 16, 1024) == 2 * cb.reference_bytes_estimate(1, 16, 1024)
+
+
+@pytest.mark.parametrize("free_gib", [79, 139])
+def test_memory_fit_skips_big_n_only(free_gib):
+    """On an H100 (79 GiB free) or an H200 (139 GiB): what runs and what is skipped."""
+    fits = {(s.heads, s.seq_len): cb.reference_fit(s, free_gib * GIB) for s in cb.conv_shapes()}
+    for (heads, n), fit in fits.items():
+        expected = 6 * heads * n * n * 4 <= 0.6 * free_gib * GIB
+        assert fit["fits"] is expected and fit["estimate_bytes"] == 6 * heads * n * n * 4
+        assert (fit["reason"] is None) == expected
+    # Up to N=8192 the reference always fits (H=16, D=128: 6 x 4 GiB = 24 GiB).
+    assert all(fit["fits"] for (h, n), fit in fits.items() if n <= 8192)
+    # At N=16384, H=16 needs 96 GiB: skipped on both, with the numbers in the reason.
+    big = fits[(16, 16384)]
+    assert not big["fits"] and "96.0 GiB" in big["reason"] and f"{free_gib:.1f} GiB free" in big["reason"]
+    # H=8 at N=16384 (48 GiB) fits only on the H200.
+    assert fits[(8, 16384)]["fits"] is (free_gib == 139)
+    # The correctness check on a slice of heads: how many heads of the reference fit.
+    assert big["heads_that_fit"] == int(0.6 * free_gib * GIB // (6 * 16384 * 16384 * 4))
+    assert 1 <= big["heads_that_fit"] < 16
+
+
+def test_head_slice_keeps_gqa_groups_whole():
+    assert cb._head_slice(16, 16, 5) == (5, 5)
+    assert cb._head_slice(8, 2, 5) == (4, 1)  # groups of 4: one whole group
+    assert cb._head_slice(8, 2, 3) == (3, 1)  # part of the first group, all on kv head 0
+
+
+def test_oom_is_recognized_also_when_wrapped():
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+    assert cb.is_oom(oom)
+    try:
+        try:
+            raise oom
+        except Exception as inner:
+            raise RuntimeError("backend compiler failed") from inner
+    except RuntimeError as wrapped:
+        assert cb.is_oom(wrapped)
+    assert not cb.is_oom(RuntimeError("No available kernel"))
+
+
+# --- the measuring loop, on the CPU with fake timers ------------------------------------------
+
+FWD_MS = {"mta_conv": 2.0, "mta_flash": 1.0, "sdpa": 0.5, "conv_reference": 80.0, "conv_reference_compiled": 40.0}
+PEAK = {"mta_conv": 1000, "mta_flash": 500, "sdpa": 400, "conv_reference": 100_000, "conv_reference_compiled": 60_000}
+
+
+class FakeGPU:
+    """A timer and a memory probe that run the call, as real ones would (errors surface there),
+    and report the numbers of the implementation that ran last (see :func:`measured`)."""
+
+    current_ms = current_bytes = None
+
+    def timer(self, fn, before_each=None):
+        fn()
+        return self.current_ms
+
+    def memory(self, fn):
+        fn()
+        return self.current_bytes
+
+
+GPU = FakeGPU()
+
+
+def measured(name, fn):
+    """``fn`` wrapped so that the fake timer and memory probe report ``name``'s numbers."""
+    def impl(q, k, v, weight, causal):
+        GPU.current_ms, GPU.current_bytes = FWD_MS[name], PEAK[name]
+        return fn(q, k, v, weight, causal)
+    return impl
+
+
+def exact(q, k, v, weight, causal):
+    return conv_attention_reference(q, k, v, weight, causal=causal)
+
+
+def wrong(q, k, v, weight, causal):
+    return conv_attention_reference(q, k, v, weight.flip(-1), causal=causal)  # a mirrored kernel: a plausible bug
+
+
+plain = cb.sdpa  # plain attention (GQA too), ignores the weight
+
+
+def out_of_memory(q, k, v, weight, causal):
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 GiB")
+
+
+def compile_failure(q, k, v, weight, causal):
+    raise RuntimeError("BackendCompilerFailed: inductor raised")
+
+
+def impls(**override):
+    base = {"mta_conv": exact, "mta_flash": plain, "sdpa": plain, "conv_reference": exact,
+            "conv_reference_compiled": exact}
+    base.update(override)
+    return {name: measured(name, fn) for name, fn in base.items()}
+
+
+TINY = [cb.ConvShape("float32", 1, 4, 2, 8, 3, 5, n) for n in (16, 24)]
+PLENTY = 10 * GIB
+
+
+def run_tiny(impl_dict, shapes=TINY, free=PLENTY):
+    torch.manual_seed(0)
+    return cb.run_shapes(shapes, timer=GPU.timer, memory=GPU.memory, free_memory=lambda: free, impls=impl_dict,
+                         device="cpu", progress=False)
+
+
+def test_records_carry_times_memory_and_a_passing_check():
+    results = run_tiny(impls())
+    assert len(results) == 5 * len(TINY)
+    for r in results:
+        assert r["status"] == "ok" and r["error"] is None
+        assert r["fwd_ms"] == FWD_MS[r["impl"]] and r["peak_extra_bytes"] == PEAK[r["impl"]]
+        assert ("check" in r) == (r["impl"] == "mta_conv")
+    for r in plots.select(results, impl="mta_conv"):
+        check = r["check"]
+        assert check["ok"] and check["rel_err"] < 1e-6 and check["heads_checked"] == 4, check
+        assert "all heads" in check["reference"] and check["reference_fit"]["fits"]
+    json.dumps(cb.json_safe(results), allow_nan=False)
+
+
+def test_a_wrong_kernel_fails_its_check_and_is_reported(capsys):
+    results = run_tiny(impls(mta_conv=wrong))
+    checks = [r["check"] for r in results if r["impl"] == "mta_conv"]
+    assert [c["ok"] for c in checks] == [False, False] and all(c["rel_err"] > 0.05 for c in checks)
+    assert capsys.readouterr().out.count("!!! mta_conv FAILS ITS CHECK") == 2
+    rows = cb.format_table(results).splitlines()[4:]
+    assert len(rows) == 2 and all(line.endswith(" !") for line in rows)
+
+
+def test_a_crashing_kernel_fails_its_check_with_the_error():
+    results = run_tiny(impls(mta_conv=compile_failure), shapes=TINY[:1])
+    check = results[0]["check"]
+    assert check["ok"] is False and check["rel_err"] is None and "BackendCompilerFailed" in check["error"]
+
+
+def test_an_oom_is_recorded_and_the_run_goes_on():
+    results = run_tiny(impls(conv_reference=out_of_memory))
+    assert len(results) == 5 * len(TINY)  # the second shape is measured too
+    for shape in TINY:
+        by_impl = {r["impl"]: r for r in plots.select(results, seq_len=shape.seq_len)}
+        dead = by_impl["conv_reference"]
+        assert dead["status"] == "oom" and "out of memory" in dead["error"]
+        assert dead["fwd_ms"] is None and dead["peak_extra_bytes"] is None
+        after = by_impl["conv_reference_compiled"]  # measured after the OOM
+        assert after["status"] == "ok" and after["fwd_ms"] == FWD_MS["conv_reference_compiled"]
+        assert by_impl["mta_conv"]["check"]["ok"]  # the check uses the real reference, not the timed one
+
+
+def test_a_compile_failure_is_recorded_not_fatal():
+    results = run_tiny(impls(conv_reference_compiled=compile_failure))
+    failed = plots.select(results, impl="conv_reference_compiled")
+    assert len(failed) == 2 and all(r["status"] == "error" and "BackendCompilerFailed" in r["error"] for r in failed)
+    assert all(r["status"] == "ok" for r in results if r["impl"] != "conv_reference_compiled")
+
+
+def test_a_reference_that_does_not_fit_is_skipped_and_the_check_uses_a_slice():
+    per_head = cb.reference_bytes_estimate(1, 1, 24)
+    free = int(2.5 * per_head / 0.6)  # room for 2 of the 4 heads at N=24
+    results = run_tiny(impls(), shapes=TINY[1:], free=free)
+    by_impl = {r["impl"]: r for r in results}
+    for name in cb.REFERENCE_IMPLS:
+        assert by_impl[name]["status"] == "skipped" and by_impl[name]["fwd_ms"] is None
+        assert "not run" in by_impl[name]["error"]
+    assert by_impl["mta_flash"]["status"] == "ok"
+    check = by_impl["mta_conv"]["check"]
+    assert check["ok"] and check["heads_checked"] == 2 and "float32 inputs, query heads 0..1 of 4" in check["reference"]
+    # The table says why the reference is missing.
+    row = cb.format_table(results).splitlines()[4]
+    assert row.count("skip") == 4  # time and memory of both references
+
+
+def test_a_slice_check_still_catches_a_wrong_kernel():
+    free = int(1.5 * cb.reference_bytes_estimate(1, 1, 24) / 0.6)
+    (record,) = [r for r in run_tiny(impls(mta_conv=wrong), shapes=TINY[1:], free=free) if r["impl"] == "mta_conv"]
+    assert not record["check"]["ok"] and record["check"]["heads_checked"] == 1
+
+
+def test_a_failing_full_check_falls_back_to_fewer_heads():
+    calls = []
+
+    def flaky_reference(q, k, v, weight, causal):
+        calls.append((q.shape[1], q.dtype))
+        if q.shape[1] == 4:
+            raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED")  # e.g. a conv2d too large for cuDNN
+        if q.shape[1] == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+        return conv_attention_reference(q, k, v, weight, causal=causal)
+
+    shape = cb.ConvShape("float16", 1, 4, 2, 8, 3, 5, 16)
+    q, k, v, w = cb.random_inputs(shape, "cpu")
+    check = cb.check_against_reference(exact, q, k, v, w, shape, cb.reference_fit(shape, PLENTY),
+                                       reference=flaky_reference)
+    # All heads in the inputs' dtype, then fewer heads in float32.
+    assert calls == [(4, torch.float16), (2, torch.float32), (1, torch.float32)]
+    assert check["ok"] and check["heads_checked"] == 1 and check["rel_err"] < 1e-2
+    assert "CUDNN_STATUS_NOT_SUPPORTED" in check["notes"][0] and "out of memory" in check["notes"][1]
+
+
+def test_a_check_without_any_reference_fails():
+    def no_memory(q, k, v, weight, causal):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+
+    shape = TINY[0]
+    q, k, v, w = cb.random_inputs(shape, "cpu")
+    check = cb.check_against_reference(exact, q, k, v, w, shape, cb.reference_fit(shape, PLENTY), reference=no_memory)
+    assert not check["ok"] and check["rel_err"] is None and len(check["notes"]) == 3  # 4, 2, 1 heads
+    assert check["error"].startswith("no reference could run")
+    check = cb.check_against_reference(exact, q, k, v, w, shape, cb.reference_fit(shape, 0))
+    assert not check["ok"] and check["error"] == "no reference fits in memory, not even on one head"
+
+
+# --- ratios, bars, table from synthetic results ----------------------------------------------
+
+
+def synthetic_results(conv_ms=3.0, flash_ms=1.0, ref_ms=90.0, conv_bytes=10 ** 6, ref_bytes=10 ** 8, check_ok=True,
+                      skip_reference_at=()):
+    """Both configurations, 6x11 and 11x11, N in {2048, 8192, 16384}; the given numbers at every point."""
+    results = []
+    for heads, d in ((8, 64), (16, 128)):
+        for cq, ck in ((6, 11), (11, 11)):
+            for n in (2048, 8192, 16384):
+                shape = {"dtype": "bfloat16", "batch": 1, "heads": heads, "kv_heads": heads, "head_dim": d,
+                         "cq": cq, "ck": ck, "seq_len": n, "causal": True}
+                numbers = {"mta_conv": (conv_ms, conv_bytes), "mta_flash": (flash_ms, 5 * 10 ** 5),
+                           "sdpa": (flash_ms / 2, 4 * 10 ** 5), "conv_reference": (ref_ms, ref_bytes),
+                           "conv_reference_compiled": (ref_ms / 2, ref_bytes // 2)}
+                for impl, (ms, nbytes) in numbers.items():
+                    r = {"impl": impl, **shape, "fwd_ms": ms * n / 8192, "peak_extra_bytes": nbytes, "status": "ok",
+                         "error": None}
+                    if impl in cb.REFERENCE_IMPLS and (heads, n) in skip_reference_at:
+                        r.update(fwd_ms=None, peak_extra_bytes=None, status="skipped", error="not run: ...")
+                    if impl == "mta_conv":
+                        r["check"] = {"ok": check_ok, "rel_err": 3e-3 if check_ok else 0.5, "tolerance": 2e-2,
+                                      "reference": "conv_attention_reference", "error": None, "notes": []}
+                    results.append(r)
+    prov = {"gpu": "NVIDIA H200", "torch": "2.x", "triton": "3.x", "git_commit": "cd" * 20, "git_dirty": False}
+    return {"provenance": prov, "config": {"benchmark": "conv", "dtype": "bfloat16", "causal": True},
+            "results": results}
+
+
+def bar_results(bars):
+    return {(e["heads"], e["bar"]): (e["result"], e["value"]) for e in bars}
+
+
+def test_shape_ratios():
+    rows = cb.shape_ratios(synthetic_results()["results"])
+    assert len(rows) == 12
+    for row in rows:
+        assert row["conv_over_flash_time"] == pytest.approx(3.0)
+        assert row["conv_over_sdpa_time"] == pytest.approx(6.0)
+        assert row["reference_over_conv_time"] == pytest.approx(30.0)
+        assert row["reference_compiled_over_conv_time"] == pytest.approx(15.0)
+        assert row["conv_over_reference_memory"] == pytest.approx(0.01)
+        assert row["conv_over_reference_compiled_memory"] == pytest.approx(0.02)
+        assert row["check_ok"] is True
+
+
+def test_bars_pass_when_every_target_is_met():
+    bars = cb.evaluate_bars(synthetic_results()["results"])
+    assert len(bars) == 2 * 3 and {(e["seq_len"], e["cq"], e["ck"]) for e in bars} == {(8192, 6, 11)}
+    assert bar_results(bars) == {
+        (h, name): ("PASS", pytest.approx(v)) for h in (8, 16)
+        for name, v in (("conv_over_flash_time", 3.0), ("reference_over_conv_time", 30.0),
+                        ("conv_over_reference_memory", 0.01))}
+    summary = cb.format_bars(bars)
+    assert "6/6 bars pass" in summary and "3.00x <= 4x" in summary and "1.00% <= 2%" in summary
+
+
+@pytest.mark.parametrize("numbers,failing", [
+    ({"conv_ms": 4.5}, "conv_over_flash_time"),             # 4.5x plain flash: over 4x
+    ({"ref_ms": 50.0}, "reference_over_conv_time"),         # only 16.7x faster than the reference
+    ({"conv_bytes": 3 * 10 ** 6}, "conv_over_reference_memory"),  # 3% of the reference's memory
+])
+def test_each_bar_fails_on_its_own(numbers, failing):
+    bars = cb.evaluate_bars(synthetic_results(**numbers)["results"])
+    for e in bars:
+        assert e["result"] == ("FAIL" if e["bar"] == failing else "PASS"), e
+    assert "4/6 bars pass" in cb.format_bars(bars)
+
+
+def test_bars_at_the_threshold_pass():
+    bars = cb.evaluate_bars(synthetic_results(conv_ms=4.0, ref_ms=80.0, conv_bytes=2 * 10 ** 6)["results"])
+    assert all(e["result"] == "PASS" for e in bars), bars
+
+
+def test_a_failed_check_fails_its_bars_and_a_missing_reference_is_missing():
+    bars = cb.evaluate_bars(synthetic_results(check_ok=False)["results"])
+    assert all(e["result"] == "FAIL" and "check" in e["note"] for e in bars)
+    bars = bar_results(cb.evaluate_bars(synthetic_results(skip_reference_at=[(16, 8192)])["results"]))
+    assert bars[(16, "reference_over_conv_time")] == ("MISSING", None)
+    (note,) = [e["note"] for e in cb.evaluate_bars(synthetic_results(skip_reference_at=[(16, 8192)])["results"])
+               if e["heads"] == 16 and e["bar"] == "reference_over_conv_time"]
+    assert note == "conv_reference skipped"
+    assert bars[(16, "conv_over_reference_memory")] == ("MISSING", None)
+    assert bars[(16, "conv_over_flash_time")][0] == "PASS" and bars[(8, "reference_over_conv_time")][0] == "PASS"
+
+
+def test_bars_without_the_bar_shape_are_missing():
+    results = [r for r in synthetic_results()["results"] if r["seq_len"] != 8192]
+    bars = cb.evaluate_bars(results)
+    assert len(bars) == 6 and all(e["result"] == "MISSING" for e in bars)
+
+
+def test_table_has_one_row_per_shape_with_times_memory_and_ratios():
+    results = synthetic_results(skip_reference_at=[(16, 16384)])["results"]
+    lines = cb.format_table(results).splitlines()
+    rows = lines[4:]
+    assert len(rows) == 12
+    row = next(line for line in rows if line.startswith("1  16  16 128") and " 6x11  8192 " in line)
+    assert "3.000" in row and "90.000" in row and "45.000" in row  # mta_conv, ref, ref.c times at N=8192
+    assert "3.00x" in row and "30.0x" in row and "15.0x" in row and "1.00%" in row and "3.0e-03" in row
+    assert f"{10 ** 8 / 2 ** 20:.1f}" in row  # the reference's memory in MiB
+    skipped = next(line for line in rows if line.startswith("1  16  16 128") and " 6x11 16384 " in line)
+    assert skipped.count("skip") == 4 and "30.0x" not in skipped
+
+
+# --- figure ----------------------------------------------------------------------------------
+
+
+def files_under(*dirs):
+    return {p for d in dirs if d.exists() for p in d.rglob("*")}
+
+
+def test_plot_conv_draws_time_and_memory_log_log_and_writes_nothing(tmp_path, monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.chdir(tmp_path)
+    data = synthetic_results(skip_reference_at=[(16, 16384)])
+    path = tmp_path / "bench_conv.json"
+    path.write_text(json.dumps(data))
+    before = files_under(FIGURES_DIR, tmp_path)
+    fig = plots.plot_conv(path)  # from the committed JSON (a dict works too: see the next test)
+    try:
+        assert files_under(FIGURES_DIR, tmp_path) == before
+        axes = fig.axes
+        assert len(axes) == 2 * 4  # rows time / memory x columns (configuration, kernel)
+        assert all(ax.get_xscale() == "log" and ax.get_yscale() == "log" for ax in axes)
+        titles = [ax.get_title() for ax in axes]
+        assert titles[0] == "forward time, B=1 H=8 D=64, 6x11"
+        assert titles[-1] == "peak extra memory, B=1 H=16 D=128, 11x11"
+        lines = {line.get_label(): line for line in axes[0].get_lines()}
+        assert set(lines) == {"mta.conv_attention", "reference (materialized)", "reference, torch.compile",
+                              "mta.flash_attention (no conv)", "SDPA (no conv)"}
+        assert list(lines["mta.conv_attention"].get_xdata()) == [2048, 8192, 16384]
+        assert list(lines["mta.conv_attention"].get_ydata()) == pytest.approx([0.75, 3.0, 6.0])
+        # Memory in MiB; the skipped reference points (H=16, N=16384) are left out.
+        mem = {line.get_label(): line for line in axes[6].get_lines()}  # memory, H=16, 6x11
+        assert list(mem["reference (materialized)"].get_xdata()) == [2048, 8192]
+        assert list(mem["reference (materialized)"].get_ydata()) == pytest.approx([10 ** 8 / 2 ** 20] * 2)
+        assert "NVIDIA H200" in fig._suptitle.get_text() and "cdcdcdcd" in fig._suptitle.get_text()
+    finally:
+        plt.close(fig)
+
+
+def test_plot_conv_crosses_out_failed_checks_and_rejects_other_results():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plots.plot_conv(synthetic_results(check_ok=False))
+    try:
+        crosses = [line for line in fig.axes[0].get_lines() if line.get_label() == "mta.conv_attention check failed"]
+        assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [2048, 8192, 16384]
+    finally:
+        plt.close(fig)
+    flash_like = {"provenance": {}, "config": {}, "results": [{"impl": "mta", "seq_len": 1024, "fwd_tflops": 1.0}]}
+    with pytest.raises(ValueError, match="no conv results"):
+        plots.plot_conv(flash_like)
+
+
+def test_config_describes_the_run():
+    full, quick = cb.config(False, 10, 30), cb.config(True, 5, 7)
+    assert full["kernels"] == [[6, 11], [11, 11]] and quick["kernels"] == [[6, 11]]
+    assert full["seq_lens"] == [1024, 2048, 4096, 8192, 16384] and quick["seq_lens"] == [2048, 8192]
+    assert full["configurations"] == [{"batch": 1, "heads": 8, "kv_heads": 8, "head_dim": 64},
+                                      {"batch": 1, "heads": 16, "kv_heads": 16, "head_dim": 128}]
+    assert full["tolerance"] == 2e-2 and full["dtype"] == "bfloat16" and full["causal"] is True
+    assert "conv_reference_compiled" not in cb.config(False, 10, 30, compile_reference=False)["impls"]
+    json.dumps(full, allow_nan=False)
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def test_cli_without_cuda_exits_2_with_a_clear_message(tmp_path):
+    out = tmp_path / "never.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "mta.bench", "conv", "--quick", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "no CUDA device" in done.stderr and "mta.bench conv" in done.stderr
+    assert not out.exists() and not out.with_suffix(".png").exists()
+
+
+def test_cli_parses_conv():
+    from mta.bench.__main__ import build_parser, repo_path
+    args = build_parser().parse_args(["conv"])
+    assert args.benchmark == "conv" and not args.quick and args.compile_reference
+    assert repo_path(args.out) == ROOT / "figures" / "bench_conv.json"
+    args = build_parser().parse_args(["conv", "--quick", "--no-compile", "--out", "x.json", "--rep", "5"])
+    assert args.quick and not args.compile_reference and args.rep == 5 and repo_path(args.out) == ROOT / "x.json"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_run_refuses_without_cuda(tmp_path):
+    with pytest.raises(RuntimeError, match="CUDA"):
+        cb.run(quick=True, out=tmp_path / "x.json")
+    assert not (tmp_path / "x.json").exists()
