@@ -60,7 +60,7 @@ def _folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stri
         offs_k = start_n + offs_n
         k_ok = offs_k < n
         c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for a in tl.static_range(CQ):
+        for a in range(CQ):  # a run-time loop: one shifted tile live at a time (shared memory)
             rows = offs_m - (CQ - 1) + a  # query i-(cq-1)+a; rows before 0 are the zero padding
             q_a = tl.load(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                           mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
@@ -94,7 +94,7 @@ def _band_tiles(acc, m, l, q_base, k_base, v_base, w_base, stride_qm, stride_qd,
         kh_t = tl.load(k_base + halo[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                        mask=d_ok[:, None] & halo_ok[None, :], other=0.0)  # K^T halo [BLOCK_D, BLOCK_W]
         c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for a in tl.static_range(CQ):
+        for a in range(CQ):  # a run-time loop: one shifted tile live at a time (shared memory)
             rows = offs_m - (CQ - 1) + a
             q_a = tl.load(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                           mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)

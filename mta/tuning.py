@@ -22,8 +22,9 @@ INTERPRETER_TILE = 16
 AUTOTUNE = os.environ.get("MTA_AUTOTUNE", "1") != "0"
 
 # Triton turns an int argument equal to 1 into a constant. With n_q = n_k = 1
-# that specialization made ptxas (CUDA 13.0, Triton 3.6, H200) segfault on the
-# causal fp16/bf16 kernels; sequence lengths stay run-time values.
+# both constant, the causal fp16/bf16 flash forward makes the ptxas bundled
+# with Triton 3.6 (CUDA 12.8; 12.9 too, 13.0 not) segfault: seen on an H200,
+# reproduced offline. Sequence lengths stay run-time values.
 #: Kernel arguments passed to ``triton.jit(do_not_specialize=...)``.
 NO_SPECIALIZE = ["n_q", "n_k"]
 
@@ -95,8 +96,11 @@ prune_dkdv = _pruner(DKDV)
 prune_dq = _pruner(DQ)
 
 
-# MTA forward (chapter 04): not yet tuned on a GPU; BLOCK_N >= 32 bounds the key kernel at ck <= 33.
-CONV_FORWARD = [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 2), (64, 64, 8, 3)]
+# MTA forward (chapter 04): not yet timed on a GPU. Each candidate was compiled
+# offline for sm_90 with Triton 3.6 (bf16, 6 x 11, d = 64 and 128): all fit in
+# shared memory; 64-key tiles spill registers on the causal band. BLOCK_N >= 32
+# bounds the key kernel at ck <= 33.
+CONV_FORWARD = [(64, 32, 4, 2), (64, 32, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3), (64, 64, 8, 3), (128, 64, 8, 2)]
 
 
 def conv_forward_configs() -> list[triton.Config]:
