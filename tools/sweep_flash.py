@@ -8,7 +8,7 @@ import torch, triton
 from torch.nn.attention import sdpa_kernel, SDPBackend
 import torch.nn.functional as F
 import mta
-from mta import flash, tuning
+from mta import flash
 from mta.flash_forward import flash_forward_kernel
 from mta.flash_backward import flash_dkdv_kernel, flash_dq_kernel
 
@@ -23,6 +23,11 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 dt = torch.bfloat16
+# The candidates swept (wider than the lists mta.tuning keeps).
+SWEEP_FORWARD = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+                 for bm, bn in ((128, 64), (128, 128), (64, 64)) for w in (4, 8) for st in (2, 3)]
+SWEEP_BACKWARD = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+                  for bm, bn in ((32, 128), (64, 128), (64, 64), (128, 64)) for w in (4, 8) for st in (2, 3)]
 for N, D, causal in itertools.product(Ns, Ds, (False, True)):
     B, H = 16384 // N, 2048 // D
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dt) for _ in range(3))
@@ -48,8 +53,7 @@ for N, D, causal in itertools.product(Ns, Ds, (False, True)):
     args_f = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), N, N, H, 1, scale, N)
     res = []
     if which == "fwd":
-        cfgs = [c for c in tuning.forward_configs() if c.num_stages in (2, 3) and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) in ((128, 64), (128, 128), (64, 64))]
-        for c in cfgs:
+        for c in SWEEP_FORWARD:
             bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
             grid = (triton.cdiv(N, bm), B * H)
             try:
@@ -66,8 +70,7 @@ for N, D, causal in itertools.product(Ns, Ds, (False, True)):
         o, lse = flash.flash_forward(q, k, v, causal, scale)
         delta = (o.float() * do.float()).sum(-1)
         dq = torch.empty_like(q); dk = torch.empty_like(k); dv = torch.empty_like(v)
-        cfgs = [c for c in tuning.backward_configs() if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) in ((32, 128), (64, 128), (64, 64), (128, 64))]
-        for c in cfgs:
+        for c in SWEEP_BACKWARD:
             bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
             try:
                 t0 = time.time()
