@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 ap = argparse.ArgumentParser()
-ap.add_argument("what", nargs="?", default="all", choices=["repro", "conv", "flash", "all"])
+ap.add_argument("what", nargs="?", default="all", choices=["repro", "conv", "conv-variants", "flash", "all"])
 ap.add_argument("--ptxas", default=None, help="ptxas binary (sets TRITON_PTXAS_PATH)")
 ap.add_argument("--out", default=None, help="where to keep PTX/cubin/SASS of interesting cases")
 ap.add_argument("--keep-cache", action="store_true", help="use the default Triton cache dir")
@@ -261,7 +261,7 @@ def run_repro():
 N_RES, B_RES, H_RES = 4096, 2, 8
 
 
-def conv_args(D, causal, cq=6, ck=11, dtype=torch.bfloat16):
+def conv_args(D, causal, cq=6, ck=11, dtype=torch.bfloat16, precision="tf32", conv_precision="tf32x3"):
     B, Hq, Hkv, N = B_RES, H_RES, H_RES, N_RES
     q = torch.empty(B, Hq, N, D, dtype=dtype)
     k = torch.empty(B, Hkv, N, D, dtype=dtype)
@@ -272,8 +272,8 @@ def conv_args(D, causal, cq=6, ck=11, dtype=torch.bfloat16):
     lse = torch.empty(B, Hq, N, dtype=torch.float32)
     args = (q, k, v, kf, w, o, lse, *q.stride(), *k.stride(), *v.stride(), *kf.stride(), *o.stride(),
             N, N, Hq, Hq // Hkv, D ** -0.5, size_bucket(N))
-    kwargs = dict(CAUSAL=causal, CQ=cq, CK=ck, D=D, BLOCK_D=head_dim_block(D), PRECISION="tf32",
-                  CONV_PRECISION="tf32x3")
+    kwargs = dict(CAUSAL=causal, CQ=cq, CK=ck, D=D, BLOCK_D=head_dim_block(D), PRECISION=precision,
+                  CONV_PRECISION=conv_precision)
     return args, kwargs
 
 
@@ -324,6 +324,23 @@ def run_conv():
     return rows
 
 
+def run_conv_variants():
+    """Every dtype, awkward head dims and kernel sizes, with the default (untuned) candidate: does it compile and fit?"""
+    print("\n=== conv_forward_kernel variants, first candidate of tuning.CONV_FORWARD ===")
+    print(HDR)
+    rows = []
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        precision = dot_precision(dtype)
+        conv_precision = "ieee" if precision == "ieee" else "tf32x3"
+        for D in (16, 96, 256):
+            for cq, ck in ((1, 1), (2, 9), (6, 11), (11, 15)):
+                for causal in (True, False):
+                    args, kwargs = conv_args(D, causal, cq, ck, dtype, precision, conv_precision)
+                    name = f"{ {torch.float16: 'f16', torch.bfloat16: 'bf16', torch.float32: 'f32'}[dtype]}:{cq}x{ck}"
+                    rows.append(report(name, D, causal, tuning.CONV_FORWARD[0], conv_forward_kernel, args, kwargs))
+    return rows
+
+
 def run_flash():
     print(f"\n=== flash_forward_kernel bf16 tuned configs (B={B_RES} H={H_RES} N={N_RES}) ===")
     print(HDR)
@@ -344,5 +361,7 @@ if __name__ == "__main__":
         run_repro()
     if cli.what in ("conv", "all"):
         run_conv()
+    if cli.what in ("conv-variants", "all"):
+        run_conv_variants()
     if cli.what in ("flash", "all"):
         run_flash()
