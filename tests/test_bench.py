@@ -295,13 +295,14 @@ def test_plot_flash_rejects_a_missing_dtype():
 # --- command line ----------------------------------------------------------------------------
 
 
-def test_cli_without_cuda_exits_2_with_a_clear_message(tmp_path):
+@pytest.mark.parametrize("name", ["flash", "conv"])
+def test_cli_without_cuda_exits_2_with_a_clear_message(name, tmp_path):
     out = tmp_path / "never.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-m", "mta.bench", "flash", "--quick", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "mta.bench", name, "--quick", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
-    assert "no CUDA device" in done.stderr and "flash" in done.stderr
+    assert "no CUDA device" in done.stderr and name in done.stderr
     assert not out.exists() and not out.with_suffix(".png").exists()
 
 
