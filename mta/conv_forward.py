@@ -49,11 +49,68 @@ def _online_softmax_step(acc, m, l, c, v, MASKED: tl.constexpr, PRECISION: tl.co
 
 
 @triton.jit
-def _folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd,
+def _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, A0: tl.constexpr, NA: tl.constexpr,
+                     CQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``[BLOCK_M, NA * BLOCK_D]``: column ``a' * BLOCK_D + d`` holds ``q[i - (cq-1) + A0 + a', d]``.
+
+    ``NA`` query shifts side by side, so one product of depth ``NA * BLOCK_D``
+    against the matching folded keys sums ``NA`` terms of the convolution.
+    Rows outside ``[0, n)`` (the zero padding) and shifts ``a >= cq`` load 0.
+    """
+    cols = tl.arange(0, NA * BLOCK_D)
+    a = A0 + cols // BLOCK_D
+    d = cols % BLOCK_D
+    rows = offs_m[:, None] - (CQ - 1) + a[None, :]
+    ok = (rows >= 0) & (rows < n) & ((a < CQ) & (d < D))[None, :]
+    return tl.load(q_base + rows * stride_qm + d[None, :] * stride_qd, mask=ok, other=0.0)
+
+
+@triton.jit
+def _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, A0: tl.constexpr, NA: tl.constexpr,
+                 CQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``[NA * BLOCK_D, BLOCK_N]``: row ``a' * BLOCK_D + d`` holds ``Kf_{A0 + a'}[j, d]``, the match of :func:`_shifted_queries`."""
+    rows = tl.arange(0, NA * BLOCK_D)
+    a = A0 + rows // BLOCK_D
+    d = rows % BLOCK_D
+    ok = ((a < CQ) & (d < D))[:, None] & (offs_k < n)[None, :]
+    return tl.load(kf_base + a[:, None] * stride_kfa + d[:, None] * stride_kfd + offs_k[None, :] * stride_kfn,
+                   mask=ok, other=0.0)
+
+
+@triton.jit
+def _resident_folded_tiles(acc, m, l, q_hi, q_lo, kf_base, v_base, stride_kfa, stride_kfn, stride_kfd,
+                           stride_vn, stride_vd, offs_d, start, stop, n, qk_scale,
+                           MASKED: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr,
+                           D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Folded key tiles with the shifted queries held for the whole walk (``q_hi``: shifts ``[0, QA)``,
+    ``q_lo``: ``[QA, QA + QB)``). A tile of C is one or two products of depth ``QA * BLOCK_D`` and
+    ``QB * BLOCK_D``: each key tile only streams its folded keys and values in."""
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < D
+    for start_n in range(start, stop, BLOCK_N):
+        offs_k = start_n + offs_n
+        k_ok = offs_k < n
+        kf_hi = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, 0, QA, CQ, D, BLOCK_D)
+        c = tl.dot(q_hi, kf_hi, input_precision=PRECISION)
+        if QB > 0:
+            kf_lo = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
+            c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
+        c = c * qk_scale
+        if MASKED:
+            c = tl.where(k_ok[None, :], c, float("-inf"))
+        v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        acc, m, l = _online_softmax_step(acc, m, l, c, v, MASKED, PRECISION)
+    return acc, m, l
+
+
+@triton.jit
+def _streamed_folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd,
                   stride_vn, stride_vd, offs_m, offs_d, start, stop, n, qk_scale,
                   MASKED: tl.constexpr, CQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   PRECISION: tl.constexpr):
-    """Key tiles ``[start, stop)`` whose scores need no pre-convolution mask. ``MASKED``: the key tail ``j >= n``."""
+    """Folded key tiles when the shifted queries are too big to hold: ``cq`` products of depth ``D``
+    per tile, each shifted query tile loaded again (from L2) for every key tile."""
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < D
     for start_n in range(start, stop, BLOCK_N):
@@ -73,6 +130,24 @@ def _folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stri
         v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)
         acc, m, l = _online_softmax_step(acc, m, l, c, v, MASKED, PRECISION)
+    return acc, m, l
+
+
+@triton.jit
+def _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa, stride_kfn,
+                  stride_kfd, stride_vn, stride_vd, offs_m, offs_d, start, stop, n, qk_scale,
+                  MASKED: tl.constexpr, RESIDENT: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr,
+                  QB: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Key tiles ``[start, stop)`` whose scores need no pre-convolution mask. ``MASKED``: the key tail ``j >= n``."""
+    if RESIDENT:
+        acc, m, l = _resident_folded_tiles(acc, m, l, q_hi, q_lo, kf_base, v_base, stride_kfa, stride_kfn,
+                                           stride_kfd, stride_vn, stride_vd, offs_d, start, stop, n, qk_scale,
+                                           MASKED, CQ, QA, QB, D, BLOCK_D, BLOCK_N, PRECISION)
+    else:
+        acc, m, l = _streamed_folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa,
+                                           stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, start,
+                                           stop, n, qk_scale, MASKED, CQ, D, BLOCK_M, BLOCK_N, PRECISION)
     return acc, m, l
 
 
@@ -130,9 +205,9 @@ def fold_keys_kernel(K, W, KF, stride_kb, stride_kh, stride_kn, stride_kd,
     d_ok = offs_d < D
     k_base = K + b * stride_kb + (h // group_size) * stride_kh
     out_mask = (offs_n < n)[:, None] & d_ok[None, :]
-    for a in tl.static_range(CQ):
+    for a in range(CQ):
         acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        for t in tl.static_range(CK):
+        for t in range(CK):  # run-time: one shifted key tile live at a time
             rows = offs_n - PK + t
             k = tl.load(k_base + rows[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                         mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
@@ -142,6 +217,7 @@ def fold_keys_kernel(K, W, KF, stride_kb, stride_kh, stride_kn, stride_kd,
 
 
 @triton.autotune(configs=tuning.conv_forward_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"])
+@triton.heuristics(tuning.conv_forward_heuristics())
 @triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
 def conv_forward_kernel(Q, K, V, KF, W, O, LSE,
                         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -152,10 +228,13 @@ def conv_forward_kernel(Q, K, V, KF, W, O, LSE,
                         n_q, n_k, num_heads, group_size, scale, N_BUCKET,
                         CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                        CONV_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                        CONV_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        QA: tl.constexpr, QB: tl.constexpr, RESIDENT: tl.constexpr):
     """``O = softmax(conv(S0, W)) V`` and ``LSE`` (natural log, fp32, ``[B * Hq, n]``), ``n = n_q = n_k``.
 
     ``KF [B, Hq, CQ, n, D]`` holds the folded keys; ``W [Hq, CQ, CK]`` fp32.
+    ``QA + QB >= CQ``: the query shifts in two power-of-two groups (``QB = 0``: one);
+    ``RESIDENT``: hold them, shifted, for the whole key walk (they fit in shared memory).
     Grid: ``(cdiv(n, BLOCK_M), B * Hq)``.
     """
     BLOCK_W: tl.constexpr = 2 * BLOCK_N  # the halo tile: BLOCK_N + ck - 1 keys fit when ck <= BLOCK_N + 1
@@ -177,26 +256,38 @@ def conv_forward_kernel(Q, K, V, KF, W, O, LSE,
     l = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     qk_scale = scale * 1.4426950408889634  # the convolution is linear: convolve in base-2 units
+    if RESIDENT:  # the cq shifted query tiles, side by side, loaded once
+        q_hi = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, 0, QA, CQ, D, BLOCK_D)
+        if QB > 0:
+            q_lo = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
+        else:
+            q_lo = q_hi
+    else:
+        q_hi = 0.0
+        q_lo = 0.0
 
     if CAUSAL:
         # A tile needs no pre-mask when its smallest i - j is >= cq - 1 + pk:
         # i0 - (start_n + BLOCK_N - 1) >= CQ - 1 + PK.
         fold_stop = tl.maximum(i0 - CQ - PK + 2, 0) // BLOCK_N * BLOCK_N
-        acc, m, l = _folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd,
-                                  offs_m, offs_d, 0, fold_stop, n, qk_scale, False, CQ, D, BLOCK_M, BLOCK_N, PRECISION)
+        acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d,
+                                  0, fold_stop, n, qk_scale, False, RESIDENT, CQ, QA, QB, D, BLOCK_D,
+                                  BLOCK_M, BLOCK_N, PRECISION)
         band_stop = tl.minimum(i0 + BLOCK_M, n)
         acc, m, l = _band_tiles(acc, m, l, q_base, k_base, v_base, W + h * CQ * CK, stride_qm, stride_qd,
                                 stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, fold_stop, band_stop,
                                 n, qk_scale, CQ, CK, D, BLOCK_M, BLOCK_N, BLOCK_W, PRECISION, CONV_PRECISION)
     else:
         full_stop = n // BLOCK_N * BLOCK_N
-        acc, m, l = _folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd,
-                                  offs_m, offs_d, 0, full_stop, n, qk_scale, False, CQ, D, BLOCK_M, BLOCK_N, PRECISION)
-        acc, m, l = _folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd,
-                                  offs_m, offs_d, full_stop, n, n, qk_scale, True, CQ, D, BLOCK_M, BLOCK_N, PRECISION)
+        acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d,
+                                  0, full_stop, n, qk_scale, False, RESIDENT, CQ, QA, QB, D, BLOCK_D,
+                                  BLOCK_M, BLOCK_N, PRECISION)
+        acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d,
+                                  full_stop, n, n, qk_scale, True, RESIDENT, CQ, QA, QB, D, BLOCK_D,
+                                  BLOCK_M, BLOCK_N, PRECISION)
 
     row_ok = offs_m < n
     d_ok = offs_d < D

@@ -96,11 +96,14 @@ prune_dkdv = _pruner(DKDV)
 prune_dq = _pruner(DQ)
 
 
-# MTA forward (chapter 04): not yet timed on a GPU. Each candidate was compiled
-# offline for sm_90 with Triton 3.6 (bf16, 6 x 11, d = 64 and 128): all fit in
-# shared memory; 64-key tiles spill registers on the causal band. BLOCK_N >= 32
-# bounds the key kernel at ck <= 33.
-CONV_FORWARD = [(64, 32, 4, 2), (64, 32, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3), (64, 64, 8, 3), (128, 64, 8, 2)]
+# MTA forward (chapter 04). Candidates for the tiles of conv_forward_kernel; the
+# first is the untimed default (MTA_AUTOTUNE=0), small enough for every head dim.
+CONV_FORWARD = [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 4, 3), (64, 64, 4, 3)]
+
+#: Largest ``BLOCK_M x cq x BLOCK_D`` tile of shifted queries held for a whole key walk, in bytes.
+#: Beyond it the kernel reloads each shifted query tile for every key tile (slower, any size).
+#: Read at every launch, so a test can lower it to exercise that path.
+CONV_RESIDENT_BYTES = 96 * 1024
 
 
 def conv_forward_configs() -> list[triton.Config]:
@@ -109,6 +112,30 @@ def conv_forward_configs() -> list[triton.Config]:
     if not AUTOTUNE:
         return [_config(*CONV_FORWARD[0])]
     return [_config(*c) for c in CONV_FORWARD]
+
+
+def query_shift_groups(cq: int) -> tuple[int, int]:
+    """``(QA, QB)``: ``cq`` query shifts covered by at most two power-of-two groups (``QB = 0``: one).
+
+    ``QA`` is the largest power of two <= cq and ``QB`` the smallest one >= the
+    rest; shifts past ``cq`` in the second group are zero padding (6 = 4 + 2,
+    11 = 8 + 4 with one padded).
+    """
+    qa = 1 << (cq.bit_length() - 1)
+    rest = cq - qa
+    return qa, (1 << (rest - 1).bit_length()) if rest else 0
+
+
+def _resident(args: dict) -> bool:
+    qa, qb = query_shift_groups(args["CQ"])
+    return args["BLOCK_M"] * (qa + qb) * args["BLOCK_D"] * args["Q"].element_size() <= CONV_RESIDENT_BYTES
+
+
+def conv_forward_heuristics() -> dict:
+    """Meta-parameters derived at launch from the chosen tile (``triton.heuristics``)."""
+    return {"QA": lambda args: query_shift_groups(args["CQ"])[0],
+            "QB": lambda args: query_shift_groups(args["CQ"])[1],
+            "RESIDENT": _resident}
 
 
 #: The largest key-axis kernel every candidate tile supports (the halo is 2 * BLOCK_N keys wide).

@@ -116,3 +116,18 @@ def test_fold_keys_matches_its_definition():
                     if 0 <= j - pk + t < N:
                         want[:, h, a, j] += wd[h, a, t] * kd[:, h // (Hq // Hkv), j - pk + t]
     torch.testing.assert_close(kf, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("cq,groups", [(1, (1, 0)), (2, (2, 0)), (3, (2, 1)), (6, (4, 2)), (7, (4, 4)),
+                                       (11, (8, 4)), (16, (16, 0)), (32, (32, 0))])
+def test_query_shift_groups_cover_cq(cq, groups):
+    qa, qb = mta.tuning.query_shift_groups(cq)
+    assert (qa, qb) == groups
+    assert qa + qb >= cq and qa & (qa - 1) == 0 and qb & (qb - 1) == 0
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_streamed_queries_path_matches(causal, monkeypatch, poisoned_outputs):
+    """With no room to hold the shifted queries, the kernel reloads them per key tile: same result."""
+    monkeypatch.setattr(mta.tuning, "CONV_RESIDENT_BYTES", 0)
+    run_case(45, 3, 5, causal, torch.float32)

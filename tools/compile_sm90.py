@@ -84,8 +84,22 @@ def ptxas_version() -> str:
 
 
 def jit_of(kernel):
-    """The JITFunction under @triton.autotune (or the kernel itself)."""
-    return getattr(kernel, "fn", kernel) if not isinstance(kernel, triton.runtime.jit.JITFunction) else kernel
+    """The JITFunction under @triton.autotune / @triton.heuristics (or the kernel itself)."""
+    while not isinstance(kernel, triton.runtime.jit.JITFunction):
+        kernel = kernel.fn
+    return kernel
+
+
+def with_heuristics(kernel, args, kwargs):
+    """``kwargs`` plus the values of every @triton.heuristics layer over the JITFunction."""
+    kwargs = dict(kwargs)
+    while not isinstance(kernel, triton.runtime.jit.JITFunction):
+        if isinstance(kernel, triton.runtime.autotuner.Heuristics):
+            named = {**dict(zip(kernel.arg_names, args)), **kwargs}
+            for name, rule in kernel.values.items():
+                kwargs[name] = rule(named)
+        kernel = kernel.fn
+    return kwargs
 
 
 def rejit(jitfn, do_not_specialize):
@@ -296,9 +310,11 @@ HDR = (f"{'kernel':6} {'D':>3} {'causal':6} {'BM':>4} {'BN':>4} {'w':>2} {'st':>
 
 def report(name, D, causal, cfg, kernel, args, kwargs):
     bm, bn, w, st = cfg
-    kw = dict(kwargs, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
+    kw = with_heuristics(kernel, args, dict(kwargs, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st))
     ck, err, _, _ = compile_kernel(jit_of(kernel), args, kw)
     head = f"{name:6} {D:>3} {causal!s:6} {bm:>4} {bn:>4} {w:>2} {st:>2} | "
+    if "RESIDENT" in kw:
+        head = head[:-2] + f"{'R' if kw['RESIDENT'] else 'S'} | "
     if err is not None:
         line = head + f"FAIL   {type(err).__name__}: {short_err(err)}"
         print(line, flush=True)
@@ -312,15 +328,16 @@ def report(name, D, causal, cfg, kernel, args, kwargs):
 
 
 def run_conv():
-    print(f"\n=== 2. conv_forward_kernel bf16 CQ=6 CK=11 PRECISION=tf32 CONV_PRECISION=tf32x3 "
+    print(f"\n=== 2. conv_forward_kernel bf16 PRECISION=tf32 CONV_PRECISION=tf32; R: resident queries, S: streamed "
           f"(B={B_RES} H={H_RES} N={N_RES}) ===")
     print(HDR)
     rows = []
-    for D in (64, 128):
-        for causal in (True, False):
-            for cfg in tuning.CONV_FORWARD:
-                args, kwargs = conv_args(D, causal)
-                rows.append(report("conv", D, causal, cfg, conv_forward_kernel, args, kwargs))
+    for cq, ck in ((6, 11), (11, 11)):
+        for D in (64, 128):
+            for causal in (True, False):
+                for cfg in tuning.CONV_FORWARD:
+                    args, kwargs = conv_args(D, causal, cq, ck, conv_precision="tf32")
+                    rows.append(report(f"{cq}x{ck}", D, causal, cfg, conv_forward_kernel, args, kwargs))
     return rows
 
 
@@ -331,7 +348,7 @@ def run_conv_variants():
     rows = []
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         precision = dot_precision(dtype)
-        conv_precision = "ieee" if precision == "ieee" else "tf32x3"
+        conv_precision = "ieee" if precision == "ieee" else "tf32"
         for D in (16, 96, 256):
             for cq, ck in ((1, 1), (2, 9), (6, 11), (11, 15)):
                 for causal in (True, False):
