@@ -32,11 +32,12 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int) -> torch.
     _, cq, ck = weight.shape
     w = weight.detach().float().contiguous()
     kf = torch.empty((B, num_q_heads, cq, N, D), device=k.device, dtype=k.dtype)
-    # The interpreter pays per operation, not per element; on a GPU, 64 x 64 fp32 accumulators at most.
-    block_n = 128 if runtime.INTERPRET else max(16, 4096 // head_dim_block(D))
-    fold_keys_kernel[(triton.cdiv(N, block_n), B * num_q_heads)](
+    block_d = head_dim_block(D)
+    # The interpreter pays per operation, not per element; on a GPU, 32 x 64 fp32 accumulators per warp.
+    block_n = 128 if runtime.INTERPRET else max(16, 8192 // block_d)
+    fold_keys_kernel[(triton.cdiv(N, block_n), cq, B * num_q_heads)](
         k, w, kf, *k.stride(), *kf.stride(), N, num_q_heads, num_q_heads // Hkv,
-        CQ=cq, CK=ck, D=D, BLOCK_D=head_dim_block(D), BLOCK_N=block_n)
+        CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=4)
     return kf
 
 

@@ -191,29 +191,29 @@ def fold_keys_kernel(K, W, KF, stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_fb, stride_fh, stride_fa, stride_fn, stride_fd,
                      n, num_heads, group_size, CQ: tl.constexpr, CK: tl.constexpr,
                      D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``KF[b, h, a, j] = sum_b' W[h, a, b'] * K[b, h // G, j - pk + b']``, zero outside ``[0, n)``.
+    """``KF[b, h, a, j] = sum_t W[h, a, t] * K[b, h // G, j - pk + t]``, zero outside ``[0, n)``.
 
-    Grid: ``(cdiv(n, BLOCK_N), B * Hq)``. Memory-bound: K is read ``ck`` times
-    (from cache), each folded row written once.
+    Grid: ``(cdiv(n, BLOCK_N), CQ, B * Hq)``, one row ``a`` of the kernel per
+    program. Memory-bound: the ``ck`` shifted reads of K mostly hit the cache,
+    each folded row is written once.
     """
     PK: tl.constexpr = (CK - 1) // 2
-    pid_bh = tl.program_id(1)
+    a = tl.program_id(1)
+    pid_bh = tl.program_id(2)
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     k_base = K + b * stride_kb + (h // group_size) * stride_kh
-    out_mask = (offs_n < n)[:, None] & d_ok[None, :]
-    for a in range(CQ):
-        acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        for t in range(CK):  # run-time: one shifted key tile live at a time
-            rows = offs_n - PK + t
-            k = tl.load(k_base + rows[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                        mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
-            acc += tl.load(W + (h * CQ + a) * CK + t) * k.to(tl.float32)
-        tl.store(KF + b * stride_fb + h * stride_fh + a * stride_fa + offs_n[:, None] * stride_fn
-                 + offs_d[None, :] * stride_fd, acc.to(KF.dtype.element_ty), mask=out_mask)
+    acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    for t in tl.static_range(CK):
+        rows = offs_n - PK + t
+        k = tl.load(k_base + rows[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                    mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
+        acc += tl.load(W + (h * CQ + a) * CK + t) * k.to(tl.float32)
+    tl.store(KF + b * stride_fb + h * stride_fh + a * stride_fa + offs_n[:, None] * stride_fn
+             + offs_d[None, :] * stride_fd, acc.to(KF.dtype.element_ty), mask=(offs_n < n)[:, None] & d_ok[None, :])
 
 
 @triton.autotune(configs=tuning.conv_forward_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"])
@@ -229,15 +229,16 @@ def conv_forward_kernel(Q, K, V, KF, W, O, LSE,
                         CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
                         CONV_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        QA: tl.constexpr, QB: tl.constexpr, RESIDENT: tl.constexpr):
+                        QA: tl.constexpr, QB: tl.constexpr, RESIDENT: tl.constexpr, BAND_N: tl.constexpr):
     """``O = softmax(conv(S0, W)) V`` and ``LSE`` (natural log, fp32, ``[B * Hq, n]``), ``n = n_q = n_k``.
 
     ``KF [B, Hq, CQ, n, D]`` holds the folded keys; ``W [Hq, CQ, CK]`` fp32.
     ``QA + QB >= CQ``: the query shifts in two power-of-two groups (``QB = 0``: one);
     ``RESIDENT``: hold them, shifted, for the whole key walk (they fit in shared memory).
+    ``BAND_N <= BLOCK_N`` (a divisor): the narrower key tiles of the band, which cost more per key.
     Grid: ``(cdiv(n, BLOCK_M), B * Hq)``.
     """
-    BLOCK_W: tl.constexpr = 2 * BLOCK_N  # the halo tile: BLOCK_N + ck - 1 keys fit when ck <= BLOCK_N + 1
+    BLOCK_W: tl.constexpr = 2 * BAND_N  # the band's halo tile: BAND_N + ck - 1 keys fit when ck <= BAND_N + 1
     PK: tl.constexpr = (CK - 1) // 2
     n = n_q
     pid_bh = tl.program_id(1)
@@ -267,17 +268,26 @@ def conv_forward_kernel(Q, K, V, KF, W, O, LSE,
         q_lo = 0.0
 
     if CAUSAL:
-        # A tile needs no pre-mask when its smallest i - j is >= cq - 1 + pk:
-        # i0 - (start_n + BLOCK_N - 1) >= CQ - 1 + PK.
-        fold_stop = tl.maximum(i0 - CQ - PK + 2, 0) // BLOCK_N * BLOCK_N
+        # Key j needs no pre-mask for any row of the block when i0 - j >= cq - 1 + pk,
+        # i.e. j < i0 - CQ - PK + 2: the safe keys, walked in folded tiles.
+        safe_stop = tl.maximum(i0 - CQ - PK + 2, 0)
+        fold_stop = safe_stop // BLOCK_N * BLOCK_N
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
                                   stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d,
                                   0, fold_stop, n, qk_scale, False, RESIDENT, CQ, QA, QB, D, BLOCK_D,
                                   BLOCK_M, BLOCK_N, PRECISION)
+        if BAND_N < BLOCK_N:  # the rest of the safe keys in narrow folded tiles: cheaper than band tiles
+            band_start = safe_stop // BAND_N * BAND_N
+            acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
+                                      stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d,
+                                      fold_stop, band_start, n, qk_scale, False, RESIDENT, CQ, QA, QB, D, BLOCK_D,
+                                      BLOCK_M, BAND_N, PRECISION)
+        else:
+            band_start = fold_stop
         band_stop = tl.minimum(i0 + BLOCK_M, n)
         acc, m, l = _band_tiles(acc, m, l, q_base, k_base, v_base, W + h * CQ * CK, stride_qm, stride_qd,
-                                stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, fold_stop, band_stop,
-                                n, qk_scale, CQ, CK, D, BLOCK_M, BLOCK_N, BLOCK_W, PRECISION, CONV_PRECISION)
+                                stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, band_start, band_stop,
+                                n, qk_scale, CQ, CK, D, BLOCK_M, BAND_N, BLOCK_W, PRECISION, CONV_PRECISION)
     else:
         full_stop = n // BLOCK_N * BLOCK_N
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,

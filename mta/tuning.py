@@ -96,14 +96,22 @@ prune_dkdv = _pruner(DKDV)
 prune_dq = _pruner(DQ)
 
 
-# MTA forward (chapter 04). Candidates for the tiles of conv_forward_kernel; the
-# first is the untimed default (MTA_AUTOTUNE=0), small enough for every head dim.
-CONV_FORWARD = [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 4, 3), (64, 64, 4, 3)]
+# MTA forward (chapter 04). Candidates for the tiles of conv_forward_kernel, from
+# timings on an H200 (bf16, N = 8192, 6 x 11; `dev` probe in notes/performance.md):
+# 128 x 64 tiles with resident shifted queries lead at d = 64, 128 x 128 tiles
+# (queries streamed) at d = 128. The first is the untimed default (MTA_AUTOTUNE=0),
+# small enough for every head dim and kernel size. Tiles that do not fit in
+# shared memory for a shape are skipped by the autotuner.
+CONV_FORWARD = [(64, 32, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 1), (128, 64, 8, 3)]
 
 #: Largest ``BLOCK_M x cq x BLOCK_D`` tile of shifted queries held for a whole key walk, in bytes.
 #: Beyond it the kernel reloads each shifted query tile for every key tile (slower, any size).
 #: Read at every launch, so a test can lower it to exercise that path.
 CONV_RESIDENT_BYTES = 96 * 1024
+
+
+#: Key tile width near the diagonal: a band tile costs ``cq`` products per key, so narrow ones waste less.
+CONV_BAND_N = 32
 
 
 def conv_forward_configs() -> list[triton.Config]:
@@ -135,8 +143,9 @@ def conv_forward_heuristics() -> dict:
     """Meta-parameters derived at launch from the chosen tile (``triton.heuristics``)."""
     return {"QA": lambda args: query_shift_groups(args["CQ"])[0],
             "QB": lambda args: query_shift_groups(args["CQ"])[1],
-            "RESIDENT": _resident}
+            "RESIDENT": _resident,
+            "BAND_N": lambda args: min(args["BLOCK_N"], CONV_BAND_N)}
 
 
-#: The largest key-axis kernel every candidate tile supports (the halo is 2 * BLOCK_N keys wide).
-CONV_MAX_CK = (INTERPRETER_TILE if INTERPRET else 32) + 1
+#: The largest key-axis kernel every candidate tile supports (the band's halo is 2 * BAND_N keys wide).
+CONV_MAX_CK = (INTERPRETER_TILE if INTERPRET else CONV_BAND_N) + 1

@@ -462,3 +462,41 @@ def test_run_refuses_without_cuda(tmp_path):
     with pytest.raises(RuntimeError, match="CUDA"):
         cb.run(quick=True, out=tmp_path / "x.json")
     assert not (tmp_path / "x.json").exists()
+
+
+# --- resuming an interrupted run -------------------------------------------------------------
+
+
+def test_an_interrupted_run_resumes_without_measuring_again(tmp_path):
+    out = tmp_path / "bench.json"
+    prov, cfg = {"gpu": "fake", "git_commit": "abc"}, cb.config(True, 1, 1)
+    saved = []
+    first = cb.run_shapes(TINY[:1], timer=GPU.timer, memory=GPU.memory, free_memory=lambda: PLENTY, impls=impls(),
+                          device="cpu", progress=False,
+                          after_each=lambda r: saved.append(cb.write_results(out, prov, cfg, r, complete=False)))
+    assert len(saved) == 1 and not json.loads(out.read_text())["complete"]
+    done = cb.resumable_results(out, prov, cfg)
+    assert done == cb.json_safe(first)
+    calls = []
+    counting = {name: (lambda f: lambda *a: calls.append(1) or f(*a))(fn) for name, fn in impls().items()}
+    results = cb.run_shapes(TINY, timer=GPU.timer, memory=GPU.memory, free_memory=lambda: PLENTY,
+                            impls=counting, device="cpu", progress=False, done=done)
+    assert len(cb.by_shape(results)) == len(TINY) and results[:len(done)] == done
+    assert all(r["seq_len"] == TINY[1].seq_len for r in results[len(done):])  # only the missing shape ran
+    assert calls
+
+
+def test_resume_refuses_results_of_other_code_or_config(tmp_path):
+    out = tmp_path / "bench.json"
+    prov, cfg = {"gpu": "fake", "git_commit": "abc"}, cb.config(True, 1, 1)
+    cb.write_results(out, prov, cfg, [], complete=False)
+    with pytest.raises(ValueError, match="git_commit"):
+        cb.resumable_results(out, {**prov, "git_commit": "def"}, cfg)
+    with pytest.raises(ValueError, match="configuration"):
+        cb.resumable_results(out, prov, cb.config(False, 1, 1))
+
+
+def test_cli_resume_flag():
+    from mta.bench.__main__ import build_parser
+    assert build_parser().parse_args(["conv", "--resume"]).resume
+    assert not build_parser().parse_args(["conv"]).resume

@@ -131,3 +131,10 @@ def test_streamed_queries_path_matches(causal, monkeypatch, poisoned_outputs):
     """With no room to hold the shifted queries, the kernel reloads them per key tile: same result."""
     monkeypatch.setattr(mta.tuning, "CONV_RESIDENT_BYTES", 0)
     run_case(45, 3, 5, causal, torch.float32)
+
+
+def test_narrow_band_tiles_match(monkeypatch, poisoned_outputs):
+    """Band tiles narrower than the folded ones (what the GPU's 64-key tiles use): same result."""
+    monkeypatch.setattr(mta.tuning, "CONV_BAND_N", 8 if mta.runtime.INTERPRET else 16)
+    for cq, ck in [(3, 5), (2, 9)]:
+        run_case(83, cq, ck, True, torch.float32)

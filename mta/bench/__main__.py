@@ -62,6 +62,8 @@ def add_conv_parser(subparsers) -> None:
                         "the PNG goes next to it")
     p.add_argument("--no-compile", dest="compile_reference", action="store_false",
                    help="leave out torch.compile of the reference (it recompiles for every shape)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on from the shapes already in --out (an interrupted run of the same code and machine)")
     add_timing_args(p)
     p.set_defaults(run=run_conv)
 
@@ -69,7 +71,7 @@ def add_conv_parser(subparsers) -> None:
 def run_conv(args) -> int:
     from .conv import run
     return run(quick=args.quick, out=repo_path(args.out), warmup=args.warmup, rep=args.rep,
-               compile_reference=args.compile_reference)
+               compile_reference=args.compile_reference, resume=args.resume)
 
 
 COMMANDS = (add_flash_parser, add_conv_parser)

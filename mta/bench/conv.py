@@ -364,20 +364,28 @@ def benchmark_shape(shape: ConvShape, impls: dict[str, ConvImpl], *, timer, memo
 
 
 def run_shapes(shapes: list[ConvShape], *, timer, memory, free_memory: Callable[[], int],
-               impls: Optional[dict[str, ConvImpl]] = None, device="cuda", progress: bool = True) -> list[dict]:
+               impls: Optional[dict[str, ConvImpl]] = None, device="cuda", progress: bool = True,
+               done: Optional[list[dict]] = None,
+               after_each: Optional[Callable[[list[dict]], None]] = None) -> list[dict]:
     """Benchmark every shape, with a progress bar; a failed check is printed as soon as it is known.
 
     ``free_memory()`` is asked before each shape, with nothing of the benchmark allocated.
+    ``done``: results of an interrupted run; their shapes are not measured again.
+    ``after_each(results so far)`` is called after every shape (to save them).
     """
     from tqdm.auto import tqdm
 
     impls = default_impls() if impls is None else impls
-    results = []
-    bar = tqdm(shapes, desc="conv", unit="shape", disable=not progress)
+    results = list(done or [])
+    measured = set(by_shape(results))
+    todo = [s for s in shapes if tuple(getattr(s, k) for k in SHAPE_KEYS) not in measured]
+    bar = tqdm(todo, desc="conv", unit="shape", disable=not progress)
     for shape in bar:
         bar.set_postfix_str(shape.label())
         results.extend(benchmark_shape(shape, impls, timer=timer, memory=memory, free_bytes=free_memory(),
                                        device=device, warn=tqdm.write))
+        if after_each is not None:
+            after_each(results)
     return results
 
 
@@ -596,9 +604,41 @@ def config(quick: bool, warmup: int, rep: int, compile_reference: bool = True) -
     }
 
 
-def run(*, quick: bool = False, out: Path, warmup: int = 10, rep: int = 30, compile_reference: bool = True) -> int:
+#: Provenance fields that must match for a run to go on from another's partial results.
+RESUME_KEYS = ("gpu", "torch", "triton", "git_commit", "mta_source_sha256")
+
+
+def resumable_results(path: Path, prov: dict, cfg: dict) -> list[dict]:
+    """The results saved in ``path`` by an interrupted run of the same benchmark, code and machine.
+
+    Raises ValueError naming the difference if the saved run is not the same
+    one (another configuration, GPU, library version or code).
+    """
+    saved = json.loads(path.read_text())
+    if saved.get("config") != json_safe(cfg):
+        raise ValueError(f"cannot resume from {path}: it was run with another configuration")
+    diff = [k for k in RESUME_KEYS if saved.get("provenance", {}).get(k) != prov.get(k)]
+    if diff:
+        raise ValueError(f"cannot resume from {path}: {', '.join(diff)} differ from this run's")
+    return saved.get("results", [])
+
+
+def write_results(out: Path, prov: dict, cfg: dict, results: list[dict], complete: bool) -> dict:
+    """Write the JSON (``complete``: False while shapes are still to run) and return what was written."""
+    data = json_safe({"provenance": prov, "config": cfg, "complete": complete, "results": results,
+                      "shapes": shape_ratios(results), "bars": evaluate_bars(results)})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    return data
+
+
+def run(*, quick: bool = False, out: Path, warmup: int = 10, rep: int = 30, compile_reference: bool = True,
+        resume: bool = False) -> int:
     """The ``conv`` command: benchmark, write ``out`` (JSON) and its PNG, print the table and the bars.
 
+    The JSON is rewritten after every shape; ``resume`` goes on from the shapes
+    it already holds (same code, machine and configuration), so a long run can
+    be split into several calls.
     Returns the exit status: 0, or 1 if mta.conv_attention failed a correctness check.
     """
     from .plots import plot_conv
@@ -607,16 +647,15 @@ def run(*, quick: bool = False, out: Path, warmup: int = 10, rep: int = 30, comp
 
     device = require_cuda("the conv benchmark")
     torch.manual_seed(0)
-    data = {"provenance": provenance(), "config": config(quick, warmup, rep, compile_reference)}
+    prov, cfg = provenance(), config(quick, warmup, rep, compile_reference)
+    done = resumable_results(out, prov, cfg) if resume and out.exists() else []
+    if done:
+        print(f"resuming from {out}: {len(by_shape(done))} shapes already measured")
     timer = functools.partial(time_ms, warmup=warmup, rep=rep)
-    data["results"] = run_shapes(conv_shapes(quick), timer=timer, memory=peak_extra_memory_bytes,
-                                 free_memory=cuda_free_bytes, impls=default_impls(compile_reference), device=device)
-    data["shapes"] = shape_ratios(data["results"])
-    data["bars"] = evaluate_bars(data["results"])
-    data = json_safe(data)
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    results = run_shapes(conv_shapes(quick), timer=timer, memory=peak_extra_memory_bytes,
+                         free_memory=cuda_free_bytes, impls=default_impls(compile_reference), device=device,
+                         done=done, after_each=lambda r: write_results(out, prov, cfg, r, complete=False))
+    data = write_results(out, prov, cfg, results, complete=True)
     try:
         png = save_png(plot_conv(data), out.with_suffix(".png"))
         wrote = f"wrote {out} and {png}"
