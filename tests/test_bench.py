@@ -319,3 +319,8 @@ def test_cli_resolves_relative_out_against_the_repository_root():
     args = build_parser().parse_args(["flash"])
     assert repo_path(args.out) == ROOT / "figures" / "bench_flash.json"
     assert repo_path("/abs/x.json") == pathlib.Path("/abs/x.json")
+
+
+def test_git_commit_from_the_environment_wins_over_a_stale_checkout(monkeypatch):
+    monkeypatch.setenv("MTA_GIT_COMMIT", "e" * 40)
+    assert git_info() == {"git_commit": "e" * 40, "git_dirty": None}

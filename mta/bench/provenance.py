@@ -54,12 +54,15 @@ def gpu_info() -> dict:
 def git_info(root: Path = REPO_ROOT) -> dict:
     """Commit of the checkout and whether ``mta/`` differs from it.
 
-    A copy of the tree without ``.git`` (as on a rented GPU machine) has no
-    commit: then ``MTA_GIT_COMMIT`` is used if set (dirty unknown), else None.
+    ``MTA_GIT_COMMIT``, when set, names the commit instead (dirty unknown): a
+    copy of the tree on a rented GPU machine may have no ``.git``, or a stale
+    one. Without either, None.
     """
+    if os.environ.get("MTA_GIT_COMMIT"):
+        return {"git_commit": os.environ["MTA_GIT_COMMIT"], "git_dirty": None}
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     if commit is None:
-        return {"git_commit": os.environ.get("MTA_GIT_COMMIT") or None, "git_dirty": None}
+        return {"git_commit": None, "git_dirty": None}
     status = _run(["git", "status", "--porcelain", "--", "mta"], cwd=root)
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
 
