@@ -13,12 +13,15 @@ is how a tile of ``C`` is made, in two stages:
       C[i, j] = scale * sum_a q_{i-(cq-1)+a} . Kf_a[j],    Kf_a[j] = sum_b w[a, b] k_{j-pk+b},
 
   with ``Kf`` precomputed once per query head (``cq`` weighted, shifted copies
-  of K; O(N) memory). A tile of C is ``cq`` matrix products of depth ``D``:
-  queries shifted by loading rows ``i-(cq-1)+a``, the halo of the seed's
-  algorithm read straight from memory.
-* **Band tiles** (within ``cq - 1 + pk`` of the diagonal): the pre-mask zeroes
-  some of the terms, so the scores are recomputed on a halo tile of
-  ``BLOCK_W >= BLOCK_N + ck - 1`` keys, masked, and convolved along the key
+  of K; O(N) memory). Queries are shifted by loading rows ``i-(cq-1)+a`` (the
+  halo of the seed's algorithm, read straight from memory). The program loads
+  its ``cq`` shifted query tiles once, side by side, and holds them for the
+  whole key walk, so a tile of C is one product of depth ``cq * D`` (two, as
+  Triton's shapes are powers of two) against streamed folded keys. When they do
+  not fit in shared memory, they are reloaded per key tile instead.
+* **Band tiles** (within ``cq - 1 + pk`` of the diagonal, ``BAND_N`` keys wide):
+  the pre-mask zeroes some of the terms, so the scores are recomputed on a halo
+  tile of ``BLOCK_W = 2 * BAND_N >= BAND_N + ck - 1`` keys, masked, and convolved along the key
   axis by a product with a banded (Toeplitz) matrix ``T_a[u, c] = w[a, u - c]``
   on the tensor cores; the query axis is again a sum over shifted query loads.
 
