@@ -588,7 +588,8 @@ def config(quick: bool, warmup: int, rep: int, compile_reference: bool = True) -
                   "a different kernel per head; no input requires grad (forward only)",
         "warmup": warmup,
         "rep": rep,
-        "timing": "forward only; median over rep of per-call CUDA event times; 256 MB L2 flush before each call",
+        "timing": "forward only; median over rep of per-call CUDA event times; 256 MB L2 flush and a ~1 ms GPU spin "
+                  "(so launch overhead is not timed) before each call",
         "memory": "peak_extra_bytes: torch.cuda.max_memory_allocated during one call minus memory_allocated "
                   "before it (inputs excluded, output and temporaries included)",
         "reference_fit": {"live_fp32_matrices": REFERENCE_LIVE_MATRICES,

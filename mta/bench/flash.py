@@ -383,7 +383,8 @@ def config(quick: bool, warmup: int, rep: int) -> dict:
         "impls": [TESTED_IMPL, *BASELINES],
         "warmup": warmup,
         "rep": rep,
-        "timing": "median over rep of per-call CUDA event times; 256 MB L2 flush before each call; "
+        "timing": "median over rep of per-call CUDA event times; 256 MB L2 flush and a ~1 ms GPU spin "
+                  "(so launch overhead is not timed) before each call; "
                   "forward timed with inputs requiring grad; bwd_ms = fwd_bwd_ms - fwd_ms",
         "flops": "fwd = 4 B H N^2 D, halved when causal; bwd = 2.5 fwd",
         "tolerance": {"out": OUT_TOLERANCE, "grad": GRAD_TOLERANCE},

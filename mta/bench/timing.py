@@ -4,9 +4,10 @@ Each repetition gets its own start/end event pair, so the result is a median
 over repetitions (robust to a stray slow launch), not a mean over a batch.
 Before every repetition, outside the timed region, a 256 MB buffer is
 written: this evicts the inputs from L2 (50 MB on an H100), so every
-repetition reads them from HBM as a real training step would, and it keeps
-the GPU busy while Python launches the timed kernels, so launch overhead is
-hidden instead of timed.
+repetition reads them from HBM as a real training step would. Then the GPU
+is told to spin for about a millisecond: while it does, Python launches the
+timed kernels, so the events time the GPU's work and not the launch overhead
+of the Python wrappers (which exceeds the kernels' own time at small sizes).
 
 Only real GPU numbers are wanted: every function here raises RuntimeError
 without CUDA. Code that must run on a CPU (tests) takes a timer argument and
@@ -24,6 +25,8 @@ import torch
 Timer = Callable[..., float]
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
+#: GPU clock cycles to spin before each timed call (about 1 ms at 1.5-2 GHz): the launch queue's lead.
+LAUNCH_LEAD_CYCLES = 2_000_000
 
 _flush_buffers: dict[torch.device, torch.Tensor] = {}
 
@@ -70,6 +73,7 @@ def time_samples_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30
             before_each()
         if flush:
             flush_l2(device)
+        torch.cuda._sleep(LAUNCH_LEAD_CYCLES)  # the GPU waits here while Python queues start, fn, end
         start.record()
         fn()
         end.record()
