@@ -500,3 +500,20 @@ def test_cli_resume_flag():
     from mta.bench.__main__ import build_parser
     assert build_parser().parse_args(["conv", "--resume"]).resume
     assert not build_parser().parse_args(["conv"]).resume
+
+
+# --- the committed results -------------------------------------------------------------------
+
+
+def test_committed_results_are_a_complete_checked_gpu_run():
+    """figures/bench_conv.json, which chapter 04 plots: a real run, every shape checked, bars as its numbers say."""
+    data = plots.load_results(FIGURES_DIR / "bench_conv.json")
+    prov = data["provenance"]
+    assert prov["gpu"] != "cpu" and prov["git_commit"] and prov["mta_source_sha256"]
+    assert data["complete"] and data["config"] == cb.json_safe(cb.config(False, data["config"]["warmup"],
+                                                                             data["config"]["rep"]))
+    assert set(cb.by_shape(data["results"])) == {tuple(getattr(s, k) for k in cb.SHAPE_KEYS)
+                                                 for s in cb.conv_shapes()}
+    assert all(r["check"]["ok"] for r in data["results"] if r["impl"] == cb.TESTED_IMPL)
+    assert data["shapes"] == cb.json_safe(cb.shape_ratios(data["results"]))
+    assert data["bars"] == cb.json_safe(cb.evaluate_bars(data["results"]))
