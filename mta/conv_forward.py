@@ -37,10 +37,17 @@ from . import tuning
 
 
 @triton.jit
-def _online_softmax_step(acc, m, l, c, v, MASKED: tl.constexpr, PRECISION: tl.constexpr):
-    """Fold a tile of convolved scores ``c`` (base-2 units, -inf = masked) and its values ``v``."""
-    m_new = tl.maximum(m, tl.max(c, 1))
+def _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
+                 MASKED: tl.constexpr, D: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold a tile of convolved scores ``c`` (base-2 units) for keys ``offs_k`` and their values into
+    the state ``(acc, m, l)``. ``MASKED``: the tile may hold keys ``>= n`` or ``-inf`` entries."""
+    k_ok = offs_k < n
     if MASKED:
+        c = tl.where(k_ok[None, :], c, float("-inf"))
+    v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=k_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+    m_new = tl.maximum(m, tl.max(c, 1))
+    if MASKED:  # a row that has seen only masked keys keeps m = -inf; subtract 0 instead
         m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_new_safe = m_new
@@ -49,6 +56,15 @@ def _online_softmax_step(acc, m, l, c, v, MASKED: tl.constexpr, PRECISION: tl.co
     l = l * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
     return acc, m_new, l
+
+
+@triton.jit
+def _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, offs_d, n, a, CQ: tl.constexpr, D: tl.constexpr):
+    """``(q[i - (cq-1) + a] for the tile's rows i, those row indices)``; rows outside ``[0, n)`` load 0."""
+    rows = offs_m - (CQ - 1) + a
+    q_a = tl.load(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                  mask=((rows >= 0) & (rows < n))[:, None] & (offs_d < D)[None, :], other=0.0)
+    return q_a, rows
 
 
 @triton.jit
@@ -89,21 +105,15 @@ def _resident_folded_tiles(acc, m, l, q_hi, q_lo, kf_base, v_base, stride_kfa, s
     ``q_lo``: ``[QA, QA + QB)``). A tile of C is one or two products of depth ``QA * BLOCK_D`` and
     ``QB * BLOCK_D``: each key tile only streams its folded keys and values in."""
     offs_n = tl.arange(0, BLOCK_N)
-    d_ok = offs_d < D
     for start_n in range(start, stop, BLOCK_N):
         offs_k = start_n + offs_n
-        k_ok = offs_k < n
         kf_hi = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, 0, QA, CQ, D, BLOCK_D)
         c = tl.dot(q_hi, kf_hi, input_precision=PRECISION)
         if QB > 0:
             kf_lo = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
             c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
-        c = c * qk_scale
-        if MASKED:
-            c = tl.where(k_ok[None, :], c, float("-inf"))
-        v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                    mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-        acc, m, l = _online_softmax_step(acc, m, l, c, v, MASKED, PRECISION)
+        acc, m, l = _attend_tile(acc, m, l, c * qk_scale, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
+                                 MASKED, D, PRECISION)
     return acc, m, l
 
 
@@ -121,18 +131,12 @@ def _streamed_folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride
         k_ok = offs_k < n
         c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for a in range(CQ):  # a run-time loop: one shifted tile live at a time (shared memory)
-            rows = offs_m - (CQ - 1) + a  # query i-(cq-1)+a; rows before 0 are the zero padding
-            q_a = tl.load(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                          mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
+            q_a, _ = _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, offs_d, n, a, CQ, D)
             kf_t = tl.load(kf_base + a * stride_kfa + offs_k[None, :] * stride_kfn + offs_d[:, None] * stride_kfd,
                            mask=d_ok[:, None] & k_ok[None, :], other=0.0)
             c = tl.dot(q_a, kf_t, c, input_precision=PRECISION)
-        c = c * qk_scale
-        if MASKED:
-            c = tl.where(k_ok[None, :], c, float("-inf"))
-        v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                    mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-        acc, m, l = _online_softmax_step(acc, m, l, c, v, MASKED, PRECISION)
+        acc, m, l = _attend_tile(acc, m, l, c * qk_scale, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
+                                 MASKED, D, PRECISION)
     return acc, m, l
 
 
@@ -173,19 +177,14 @@ def _band_tiles(acc, m, l, q_base, k_base, v_base, w_base, stride_qm, stride_qd,
                        mask=d_ok[:, None] & halo_ok[None, :], other=0.0)  # K^T halo [BLOCK_D, BLOCK_W]
         c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for a in range(CQ):  # a run-time loop: one shifted tile live at a time (shared memory)
-            rows = offs_m - (CQ - 1) + a
-            q_a = tl.load(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                          mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
+            q_a, rows = _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, offs_d, n, a, CQ, D)
             s0 = tl.dot(q_a, kh_t, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_W]
             s0 = tl.where(halo[None, :] <= rows[:, None], s0, 0.0)  # zero the future before the convolution
             t_a = tl.load(w_base + a * CK + shift, mask=in_band, other=0.0)  # [BLOCK_W, BLOCK_N], fp32
             c = tl.dot(s0, t_a, c, input_precision=CONV_PRECISION)
         offs_k = start_n + offs_n
-        keep = (offs_k[None, :] <= offs_m[:, None]) & (offs_k[None, :] < n)
-        c = tl.where(keep, c, float("-inf"))  # and mask it after
-        v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                    mask=(offs_k < n)[:, None] & d_ok[None, :], other=0.0)
-        acc, m, l = _online_softmax_step(acc, m, l, c, v, True, PRECISION)
+        c = tl.where(offs_k[None, :] <= offs_m[:, None], c, float("-inf"))  # and mask it after
+        acc, m, l = _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n, True, D, PRECISION)
     return acc, m, l
 
 
