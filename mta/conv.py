@@ -11,7 +11,7 @@ import triton
 
 from . import runtime, tuning
 from ._checks import check_weight, resolve_scale
-from .conv_forward import conv_forward_kernel, fold_keys_kernel
+from .conv_forward import conv_forward_kernel, fold_keys_kernel, past_scores_kernel
 from .flash import check_kernel_inputs, dot_precision, head_dim_block, size_bucket
 
 MAX_CQ = 32
@@ -33,12 +33,45 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int) -> torch.
     w = weight.detach().float().contiguous()
     kf = torch.empty((B, num_q_heads, cq, N, D), device=k.device, dtype=k.dtype)
     block_d = head_dim_block(D)
-    # The interpreter pays per operation, not per element; on a GPU, 32 x 64 fp32 accumulators per warp.
-    block_n = 128 if runtime.INTERPRET else max(16, 8192 // block_d)
-    fold_keys_kernel[(triton.cdiv(N, block_n), cq, B * num_q_heads)](
+    # The interpreter pays per operation, not per element. On a GPU short tiles keep the ck shifted
+    # loads of a tile in L1 across the cq kernel rows (16 rows: fastest on an H200 at d = 64 and 128).
+    block_n = 128 if runtime.INTERPRET else 16
+    fold_keys_kernel[(triton.cdiv(N, block_n), B * num_q_heads)](
         k, w, kf, *k.stride(), *kf.stride(), N, num_q_heads, num_q_heads // Hkv,
         CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=4)
     return kf
+
+
+def diagonal_reach(cq: int, ck: int) -> tuple[int, int]:
+    """``(E, E')``: the pre-convolution mask changes scores ``C[i, j]`` with ``0 <= i - j < E = cq - 1 + pk``;
+    they are made of past scores ``S[r, r - e]``, ``0 <= e <= E' = ck + cq - 3``."""
+    pk = (ck - 1) // 2
+    return cq - 1 + pk, ck + cq - 3
+
+
+def _pad16(x: int) -> int:
+    return max(16, triton.next_power_of_2(x))
+
+
+def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
+    """``P[b, h, r, e] = q[b, h, r] . k[b, h // G, r - e]`` for ``0 <= e <= reach`` (0 before key 0), unscaled.
+
+    The scores near the diagonal that the convolution's masked rows are made of.
+
+    Args:
+        q: ``[B, Hq, N, D]``; k: ``[B, Hkv, N, D]``.
+    Returns:
+        ``[B, Hq, N, max(16, next_pow2(reach + 1))]`` fp32; columns past ``reach`` are 0.
+    """
+    B, Hq, N, D = q.shape
+    Hkv = k.shape[1]
+    width = _pad16(reach + 1)
+    p = torch.empty((B, Hq, N, width), device=q.device, dtype=torch.float32)
+    block_r = 16 if runtime.INTERPRET else 32
+    past_scores_kernel[(triton.cdiv(N, block_r), B * Hq)](
+        q, k, p, *q.stride(), *k.stride(), *p.stride()[:3], N, Hq, Hq // Hkv,
+        EP=reach, EP_PAD=width, D=D, BLOCK_D=head_dim_block(D), BLOCK_R=block_r, num_warps=4)
+    return p
 
 
 def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
@@ -48,16 +81,18 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
     cq, ck = weight.shape[1:]
     w = weight.detach().float().contiguous()
     kf = fold_keys(k.detach(), w, Hq)
+    e, e_past = diagonal_reach(cq, ck)
+    if causal and e > 0:
+        p = past_scores(q.detach(), k.detach(), e_past)
+    else:  # no mask before the convolution (or a 1 x 1 kernel): the folded scores are exact
+        p = torch.zeros((1, 1, 1, 16), device=q.device, dtype=torch.float32)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
-    precision = dot_precision(q.dtype)
     conv_forward_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * Hq)](
-        q, k, v, kf, w, o, lse, *q.stride(), *k.stride(), *v.stride(), *kf.stride(), *o.stride(),
+        q, kf, v, p, w, o, lse, *q.stride(), *v.stride(), *kf.stride(), *p.stride()[:3], *o.stride(),
         N, N, Hq, Hq // Hkv, scale, size_bucket(N),
-        CAUSAL=causal, CQ=cq, CK=ck, D=D, BLOCK_D=head_dim_block(D), PRECISION=precision,
-        # The Toeplitz product multiplies fp32 scores; for 16-bit inputs tf32 (10-bit mantissa) is
-        # as fine as the folded keys' own rounding to fp16/bf16.
-        CONV_PRECISION="ieee" if precision == "ieee" else "tf32")
+        CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), EP_PAD=p.shape[-1], D=D, BLOCK_D=head_dim_block(D),
+        PRECISION=dot_precision(q.dtype))
     return o, lse
 
 
@@ -84,8 +119,7 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     Args:
         q: ``[B, Hq, N, D]``; fp16, bf16 or fp32.
         k, v: ``[B, Hkv, N, D]``, ``Hq % Hkv == 0``.
-        weight: ``[Hq, cq, ck]``, ``1 <= cq <= 32``, odd ``ck`` up to 33 on a GPU
-            (17 in the interpreter); any float dtype, used in fp32.
+        weight: ``[Hq, cq, ck]``, ``1 <= cq <= 32``, odd ``ck <= 33``; any float dtype, used in fp32.
         causal: the MTA case (default).
         scale: default ``D ** -0.5``, applied before the convolution.
         return_lse: also return the fp32 log-sum-exp of each row of the convolved scores.

@@ -19,11 +19,18 @@ is how a tile of ``C`` is made, in two stages:
   whole key walk, so a tile of C is one product of depth ``cq * D`` (two, as
   Triton's shapes are powers of two) against streamed folded keys. When they do
   not fit in shared memory, they are reloaded per key tile instead.
-* **Band tiles** (within ``cq - 1 + pk`` of the diagonal, ``BAND_N`` keys wide):
-  the pre-mask zeroes some of the terms, so the scores are recomputed on a halo
-  tile of ``BLOCK_W = 2 * BAND_N >= BAND_N + ck - 1`` keys, masked, and convolved along the key
-  axis by a product with a banded (Toeplitz) matrix ``T_a[u, c] = w[a, u - c]``
-  on the tensor cores; the query axis is again a sum over shifted query loads.
+* **Diagonal tiles** (causal, keys within ``E = cq - 1 + pk`` of the query):
+  there the pre-convolution mask matters: the folded product would also sum
+  future scores ``S[r, c]``, ``c > r``, which the mask zeroes. Those scores lie
+  on the ``E`` diagonals ``0 <= delta = i - j < E``, so the kernel replaces
+  them: with the past scores ``P[r, e] = q_r . k_{r-e}`` (a small pre-pass,
+  ``e = 0..E'``, ``E' = ck + cq - 3``),
+
+      C[i, i - delta] = sum_a sum_e w[a, a - e + delta + pk - (cq-1)] P[i - (cq-1) + a, e],
+
+  ``cq`` tiny products per program. Only past and present keys enter a row's
+  scores, so the output stays exactly causal. Then the causal mask is applied
+  after the convolution, as in flash attention's diagonal stage.
 
 Key tiles right of the diagonal are never loaded.
 """
@@ -98,9 +105,10 @@ def _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, A0: tl.
 
 @triton.jit
 def _resident_folded_tiles(acc, m, l, q_hi, q_lo, kf_base, v_base, stride_kfa, stride_kfn, stride_kfd,
-                           stride_vn, stride_vd, offs_d, start, stop, n, qk_scale,
-                           MASKED: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr,
-                           D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                           stride_vn, stride_vd, offs_m, offs_d, cd, start, stop, n, qk_scale,
+                           MASKED: tl.constexpr, DIAGONAL: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr,
+                           QB: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr,
+                           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Folded key tiles with the shifted queries held for the whole walk (``q_hi``: shifts ``[0, QA)``,
     ``q_lo``: ``[QA, QA + QB)``). A tile of C is one or two products of depth ``QA * BLOCK_D`` and
     ``QB * BLOCK_D``: each key tile only streams its folded keys and values in."""
@@ -112,16 +120,18 @@ def _resident_folded_tiles(acc, m, l, q_hi, q_lo, kf_base, v_base, stride_kfa, s
         if QB > 0:
             kf_lo = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
             c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
-        acc, m, l = _attend_tile(acc, m, l, c * qk_scale, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
-                                 MASKED, D, PRECISION)
+        c = _finish_scores(c, cd, offs_m, offs_k, qk_scale, DIAGONAL, E, E_PAD)
+        acc, m, l = _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
+                                 MASKED or DIAGONAL, D, PRECISION)
     return acc, m, l
 
 
 @triton.jit
-def _streamed_folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd,
-                  stride_vn, stride_vd, offs_m, offs_d, start, stop, n, qk_scale,
-                  MASKED: tl.constexpr, CQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  PRECISION: tl.constexpr):
+def _streamed_folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa, stride_kfn,
+                           stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd, start, stop, n, qk_scale,
+                           MASKED: tl.constexpr, DIAGONAL: tl.constexpr, CQ: tl.constexpr, E: tl.constexpr,
+                           E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           PRECISION: tl.constexpr):
     """Folded key tiles when the shifted queries are too big to hold: ``cq`` products of depth ``D``
     per tile, each shifted query tile loaded again (from L2) for every key tile."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -135,57 +145,106 @@ def _streamed_folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride
             kf_t = tl.load(kf_base + a * stride_kfa + offs_k[None, :] * stride_kfn + offs_d[:, None] * stride_kfd,
                            mask=d_ok[:, None] & k_ok[None, :], other=0.0)
             c = tl.dot(q_a, kf_t, c, input_precision=PRECISION)
-        acc, m, l = _attend_tile(acc, m, l, c * qk_scale, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
-                                 MASKED, D, PRECISION)
+        c = _finish_scores(c, cd, offs_m, offs_k, qk_scale, DIAGONAL, E, E_PAD)
+        acc, m, l = _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
+                                 MASKED or DIAGONAL, D, PRECISION)
     return acc, m, l
+
+
+@triton.jit
+def _finish_scores(c, cd, offs_m, offs_k, qk_scale, DIAGONAL: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr):
+    """Folded scores ``c`` to convolved scores in base-2 units; near the diagonal, the masked scores ``cd``
+    put in and the causal mask."""
+    if DIAGONAL:
+        c = _put_diagonals(c, cd, offs_m, offs_k, E, E_PAD)
+    return c * qk_scale
 
 
 @triton.jit
 def _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa, stride_kfn,
-                  stride_kfd, stride_vn, stride_vd, offs_m, offs_d, start, stop, n, qk_scale,
-                  MASKED: tl.constexpr, RESIDENT: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr,
-                  QB: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """Key tiles ``[start, stop)`` whose scores need no pre-convolution mask. ``MASKED``: the key tail ``j >= n``."""
+                  stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd, start, stop, n, qk_scale,
+                  MASKED: tl.constexpr, DIAGONAL: tl.constexpr, RESIDENT: tl.constexpr, CQ: tl.constexpr,
+                  QA: tl.constexpr, QB: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Key tiles ``[start, stop)``. ``MASKED``: the key tail ``j >= n``; ``DIAGONAL``: causal tiles near the
+    diagonal (masked scores put in, causal mask)."""
     if RESIDENT:
         acc, m, l = _resident_folded_tiles(acc, m, l, q_hi, q_lo, kf_base, v_base, stride_kfa, stride_kfn,
-                                           stride_kfd, stride_vn, stride_vd, offs_d, start, stop, n, qk_scale,
-                                           MASKED, CQ, QA, QB, D, BLOCK_D, BLOCK_N, PRECISION)
+                                           stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd, start, stop, n,
+                                           qk_scale, MASKED, DIAGONAL, CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_N,
+                                           PRECISION)
     else:
         acc, m, l = _streamed_folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa,
-                                           stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, start,
-                                           stop, n, qk_scale, MASKED, CQ, D, BLOCK_M, BLOCK_N, PRECISION)
+                                           stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd,
+                                           start, stop, n, qk_scale, MASKED, DIAGONAL, CQ, E, E_PAD, D, BLOCK_M,
+                                           BLOCK_N, PRECISION)
     return acc, m, l
 
 
 @triton.jit
-def _band_tiles(acc, m, l, q_base, k_base, v_base, w_base, stride_qm, stride_qd, stride_kn, stride_kd,
-                stride_vn, stride_vd, offs_m, offs_d, start, stop, n, qk_scale,
-                CQ: tl.constexpr, CK: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_W: tl.constexpr, PRECISION: tl.constexpr, CONV_PRECISION: tl.constexpr):
-    """Causal key tiles ``[start, stop)`` near the diagonal: halo scores, pre-mask, Toeplitz convolution, post-mask."""
+def _diagonal_scores(p_base, w_base, stride_pr, offs_m, n, CQ: tl.constexpr, CK: tl.constexpr,
+                     E: tl.constexpr, E_PAD: tl.constexpr, EP_PAD: tl.constexpr):
+    """``cd [BLOCK_M, E_PAD]``: ``cd[i, delta]`` is the convolved score ``C[i, i - delta]`` (unscaled) for
+    ``0 <= delta < E``, the diagonals the pre-convolution mask reaches; zero for ``delta >= E``.
+
+    ``cd[i, delta] = sum_a sum_e P[i - (cq-1) + a, e] * w[a, b]`` with ``b = a - e + delta + pk - (cq-1)``:
+    kernel row ``a`` and column ``b`` pair query ``r = i - (cq-1) + a`` with key ``c = i - delta - pk + b
+    = r - e``, a past (or present) key. One product per kernel row; the masked future never enters.
+    """
     PK: tl.constexpr = (CK - 1) // 2
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_w = tl.arange(0, BLOCK_W)
+    e = tl.arange(0, EP_PAD)[:, None]  # rows of the weight tile: how far back the key is
+    delta = tl.arange(0, E_PAD)[None, :]  # columns: the diagonal i - j
+    cd = tl.zeros([offs_m.shape[0], E_PAD], dtype=tl.float32)
+    for a in range(CQ):
+        rows = offs_m - (CQ - 1) + a
+        p_a = tl.load(p_base + rows[:, None] * stride_pr + tl.arange(0, EP_PAD)[None, :],
+                      mask=((rows >= 0) & (rows < n))[:, None], other=0.0)  # [BLOCK_M, EP_PAD]
+        b = a - e + delta + PK - (CQ - 1)
+        w_a = tl.load(w_base + a * CK + b, mask=(b >= 0) & (b < CK) & (delta < E), other=0.0)
+        cd = tl.dot(p_a, w_a, cd, input_precision="ieee")
+    return cd
+
+
+@triton.jit
+def _put_diagonals(c, cd, offs_m, offs_k, E: tl.constexpr, E_PAD: tl.constexpr):
+    """``c`` with ``cd[i, i - j]`` on the ``E`` diagonals ``0 <= i - j < E`` and ``-inf`` where ``j > i``
+    (the causal mask after the convolution)."""
+    delta = offs_m[:, None] - offs_k[None, :]
+    offs_e = tl.arange(0, E_PAD)
+    for d in tl.static_range(E):
+        cd_d = tl.sum(tl.where(offs_e[None, :] == d, cd, 0.0), 1)
+        c = tl.where(delta == d, cd_d[:, None], c)
+    return tl.where(delta >= 0, c, float("-inf"))
+
+
+@triton.jit(do_not_specialize=["n"])
+def past_scores_kernel(Q, K, P, stride_qb, stride_qh, stride_qm, stride_qd,
+                       stride_kb, stride_kh, stride_kn, stride_kd, stride_pb, stride_ph, stride_pr,
+                       n, num_heads, group_size, EP: tl.constexpr, EP_PAD: tl.constexpr,
+                       D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``P[b, h, r, e] = q_r . k_{r-e}`` for ``0 <= e <= EP`` (fp32, unscaled), zero before key 0 and past ``EP``.
+
+    Grid: ``(cdiv(n, BLOCK_R), B * Hq)``. ``EP + 1`` dot products per query, so a
+    small pre-pass: the shifted loads of K hit the cache.
+    """
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, EP_PAD)
     d_ok = offs_d < D
-    shift = offs_w[:, None] - offs_n[None, :]  # T[u, c] = w[u - c] for 0 <= u - c < ck
-    in_band = (shift >= 0) & (shift < CK)
-    for start_n in range(start, stop, BLOCK_N):
-        halo = start_n - PK + offs_w  # keys j - pk .. j + pk of the tile's columns
-        halo_ok = (halo >= 0) & (halo < n)
-        kh_t = tl.load(k_base + halo[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                       mask=d_ok[:, None] & halo_ok[None, :], other=0.0)  # K^T halo [BLOCK_D, BLOCK_W]
-        c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for a in range(CQ):  # a run-time loop: one shifted tile live at a time (shared memory)
-            q_a, rows = _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, offs_d, n, a, CQ, D)
-            s0 = tl.dot(q_a, kh_t, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_W]
-            s0 = tl.where(halo[None, :] <= rows[:, None], s0, 0.0)  # zero the future before the convolution
-            t_a = tl.load(w_base + a * CK + shift, mask=in_band, other=0.0)  # [BLOCK_W, BLOCK_N], fp32
-            c = tl.dot(s0, t_a, c, input_precision=CONV_PRECISION)
-        offs_k = start_n + offs_n
-        c = tl.where(offs_k[None, :] <= offs_m[:, None], c, float("-inf"))  # and mask it after
-        acc, m, l = _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n, True, D, PRECISION)
-    return acc, m, l
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=(offs_r < n)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    k_base = K + b * stride_kb + (h // group_size) * stride_kh
+    p = tl.zeros([BLOCK_R, EP_PAD], dtype=tl.float32)
+    for e in tl.static_range(EP + 1):
+        keys = offs_r - e
+        k_e = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                      mask=((keys >= 0) & (keys < n))[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        p = tl.where(offs_e[None, :] == e, tl.sum(q * k_e, 1)[:, None], p)
+    tl.store(P + b * stride_pb + h * stride_ph + offs_r[:, None] * stride_pr + offs_e[None, :], p,
+             mask=(offs_r < n)[:, None])
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -195,53 +254,52 @@ def fold_keys_kernel(K, W, KF, stride_kb, stride_kh, stride_kn, stride_kd,
                      D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """``KF[b, h, a, j] = sum_t W[h, a, t] * K[b, h // G, j - pk + t]``, zero outside ``[0, n)``.
 
-    Grid: ``(cdiv(n, BLOCK_N), CQ, B * Hq)``, one row ``a`` of the kernel per
-    program. Memory-bound: the ``ck`` shifted reads of K mostly hit the cache,
-    each folded row is written once.
+    Grid: ``(cdiv(n, BLOCK_N), B * Hq)``. Memory-bound: each program walks the
+    ``cq`` rows of the kernel over the same ``ck`` shifted tiles of K (cache
+    hits after the first row) and writes each folded row once.
     """
     PK: tl.constexpr = (CK - 1) // 2
-    a = tl.program_id(1)
-    pid_bh = tl.program_id(2)
+    pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     k_base = K + b * stride_kb + (h // group_size) * stride_kh
-    acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    for t in tl.static_range(CK):
-        rows = offs_n - PK + t
-        k = tl.load(k_base + rows[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                    mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
-        acc += tl.load(W + (h * CQ + a) * CK + t) * k.to(tl.float32)
-    tl.store(KF + b * stride_fb + h * stride_fh + a * stride_fa + offs_n[:, None] * stride_fn
-             + offs_d[None, :] * stride_fd, acc.to(KF.dtype.element_ty), mask=(offs_n < n)[:, None] & d_ok[None, :])
+    for a in range(CQ):
+        acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        for t in tl.static_range(CK):
+            rows = offs_n - PK + t
+            k = tl.load(k_base + rows[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                        mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
+            acc += tl.load(W + (h * CQ + a) * CK + t) * k.to(tl.float32)
+        tl.store(KF + b * stride_fb + h * stride_fh + a * stride_fa + offs_n[:, None] * stride_fn
+                 + offs_d[None, :] * stride_fd, acc.to(KF.dtype.element_ty),
+                 mask=(offs_n < n)[:, None] & d_ok[None, :])
 
 
 @triton.autotune(configs=tuning.conv_forward_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"])
 @triton.heuristics(tuning.conv_forward_heuristics())
 @triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
-def conv_forward_kernel(Q, K, V, KF, W, O, LSE,
+def conv_forward_kernel(Q, KF, V, P, W, O, LSE,
                         stride_qb, stride_qh, stride_qm, stride_qd,
-                        stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
                         stride_kfb, stride_kfh, stride_kfa, stride_kfn, stride_kfd,
+                        stride_pb, stride_ph, stride_pr,
                         stride_ob, stride_oh, stride_om, stride_od,
                         n_q, n_k, num_heads, group_size, scale, N_BUCKET,
-                        CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr,
-                        D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                        CONV_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        QA: tl.constexpr, QB: tl.constexpr, RESIDENT: tl.constexpr, BAND_N: tl.constexpr):
+                        CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr,
+                        E_PAD: tl.constexpr, EP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        QA: tl.constexpr, QB: tl.constexpr, RESIDENT: tl.constexpr):
     """``O = softmax(conv(S0, W)) V`` and ``LSE`` (natural log, fp32, ``[B * Hq, n]``), ``n = n_q = n_k``.
 
-    ``KF [B, Hq, CQ, n, D]`` holds the folded keys; ``W [Hq, CQ, CK]`` fp32.
+    ``KF [B, Hq, CQ, n, D]`` holds the folded keys, ``P [B, Hq, n, EP_PAD]`` the past scores
+    (causal only; ``E = cq - 1 + pk`` diagonals are put in from them), ``W [Hq, CQ, CK]`` fp32.
     ``QA + QB >= CQ``: the query shifts in two power-of-two groups (``QB = 0``: one);
     ``RESIDENT``: hold them, shifted, for the whole key walk (they fit in shared memory).
-    ``BAND_N <= BLOCK_N`` (a divisor): the narrower key tiles of the band, which cost more per key.
     Grid: ``(cdiv(n, BLOCK_M), B * Hq)``.
     """
-    BLOCK_W: tl.constexpr = 2 * BAND_N  # the band's halo tile: BAND_N + ck - 1 keys fit when ck <= BAND_N + 1
-    PK: tl.constexpr = (CK - 1) // 2
     n = n_q
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
@@ -251,7 +309,6 @@ def conv_forward_kernel(Q, K, V, KF, W, O, LSE,
     offs_m = i0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q_base = Q + b * stride_qb + h * stride_qh
-    k_base = K + b * stride_kb + kv_h * stride_kh
     v_base = V + b * stride_vb + kv_h * stride_vh
     kf_base = KF + b * stride_kfb + h * stride_kfh
 
@@ -270,36 +327,28 @@ def conv_forward_kernel(Q, K, V, KF, W, O, LSE,
         q_lo = 0.0
 
     if CAUSAL:
-        # Key j needs no pre-mask for any row of the block when i0 - j >= cq - 1 + pk,
-        # i.e. j < i0 - CQ - PK + 2: the safe keys, walked in folded tiles.
-        safe_stop = tl.maximum(i0 - CQ - PK + 2, 0)
-        fold_stop = safe_stop // BLOCK_N * BLOCK_N
+        # The folded score of key j holds a future term for some row of the block when j > i0 - E.
+        diag_start = tl.maximum(i0 - E + 1, 0) // BLOCK_N * BLOCK_N
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d,
-                                  0, fold_stop, n, qk_scale, False, RESIDENT, CQ, QA, QB, D, BLOCK_D,
-                                  BLOCK_M, BLOCK_N, PRECISION)
-        if BAND_N < BLOCK_N:  # the rest of the safe keys in narrow folded tiles: cheaper than band tiles
-            band_start = safe_stop // BAND_N * BAND_N
-            acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                      stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d,
-                                      fold_stop, band_start, n, qk_scale, False, RESIDENT, CQ, QA, QB, D, BLOCK_D,
-                                      BLOCK_M, BAND_N, PRECISION)
-        else:
-            band_start = fold_stop
-        band_stop = tl.minimum(i0 + BLOCK_M, n)
-        acc, m, l = _band_tiles(acc, m, l, q_base, k_base, v_base, W + h * CQ * CK, stride_qm, stride_qd,
-                                stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, band_start, band_stop,
-                                n, qk_scale, CQ, CK, D, BLOCK_M, BAND_N, BLOCK_W, PRECISION, CONV_PRECISION)
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, 0.0,
+                                  0, diag_start, n, qk_scale, False, False, RESIDENT, CQ, QA, QB, E, E_PAD, D,
+                                  BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+        cd = _diagonal_scores(P + b * stride_pb + h * stride_ph, W + h * CQ * CK, stride_pr, offs_m, n,
+                                CQ, CK, E, E_PAD, EP_PAD)
+        acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd,
+                                  diag_start, tl.minimum(i0 + BLOCK_M, n), n, qk_scale, False, True, RESIDENT,
+                                  CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
     else:
         full_stop = n // BLOCK_N * BLOCK_N
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d,
-                                  0, full_stop, n, qk_scale, False, RESIDENT, CQ, QA, QB, D, BLOCK_D,
-                                  BLOCK_M, BLOCK_N, PRECISION)
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, 0.0,
+                                  0, full_stop, n, qk_scale, False, False, RESIDENT, CQ, QA, QB, E, E_PAD, D,
+                                  BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d,
-                                  full_stop, n, n, qk_scale, True, RESIDENT, CQ, QA, QB, D, BLOCK_D,
-                                  BLOCK_M, BLOCK_N, PRECISION)
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, 0.0,
+                                  full_stop, n, n, qk_scale, True, False, RESIDENT, CQ, QA, QB, E, E_PAD, D,
+                                  BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
 
     row_ok = offs_m < n
     d_ok = offs_d < D

@@ -110,10 +110,6 @@ CONV_FORWARD = [(64, 32, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 1
 CONV_RESIDENT_BYTES = 96 * 1024
 
 
-#: Key tile width near the diagonal: a band tile costs ``cq`` products per key, so narrow ones waste less.
-CONV_BAND_N = 32
-
-
 def conv_forward_configs() -> list[triton.Config]:
     if INTERPRET:
         return [_config(INTERPRETER_TILE, INTERPRETER_TILE, 4, 1)]
@@ -143,9 +139,8 @@ def conv_forward_heuristics() -> dict:
     """Meta-parameters derived at launch from the chosen tile (``triton.heuristics``)."""
     return {"QA": lambda args: query_shift_groups(args["CQ"])[0],
             "QB": lambda args: query_shift_groups(args["CQ"])[1],
-            "RESIDENT": _resident,
-            "BAND_N": lambda args: min(args["BLOCK_N"], CONV_BAND_N)}
+            "RESIDENT": _resident}
 
 
-#: The largest key-axis kernel every candidate tile supports (the band's halo is 2 * BAND_N keys wide).
-CONV_MAX_CK = (INTERPRETER_TILE if INTERPRET else CONV_BAND_N) + 1
+#: The largest key-axis kernel size ``ck`` (the fold and the future scores unroll a loop over it).
+CONV_MAX_CK = 33

@@ -13,7 +13,7 @@ from conftest import DEVICE, ON_GPU, rand, rand_qkv
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
-# (2, 3): cq + pk = 3, so the last folded tile in the interpreter (16-wide) ends exactly at the band.
+# (2, 3): E = cq - 1 + pk = 2 masked diagonals; (11, 15): E = 17, more than an interpreter key tile.
 KERNELS = [(1, 1), (2, 3), (2, 9), (3, 3), (6, 11), (11, 15)]
 LENGTHS = [1, 5, 37, 100, 200] + ([1000, 2049] if ON_GPU else [])
 
@@ -74,7 +74,7 @@ def test_causality():
     before = mta.conv_attention(q, k, v, weight)
     t = 29
     q[:, :, t] += 1.0
-    k[:, :, t] -= 1.0
+    k[:, :, t] = 1e4  # huge: any future key leaking into a past row through the folded keys would show
     v[:, :, t] *= 2.0
     after = mta.conv_attention(q, k, v, weight)
     assert torch.equal(after[:, :, :t], before[:, :, :t])
@@ -133,8 +133,23 @@ def test_streamed_queries_path_matches(causal, monkeypatch, poisoned_outputs):
     run_case(45, 3, 5, causal, torch.float32)
 
 
-def test_narrow_band_tiles_match(monkeypatch, poisoned_outputs):
-    """Band tiles narrower than the folded ones (what the GPU's 64-key tiles use): same result."""
-    monkeypatch.setattr(mta.tuning, "CONV_BAND_N", 8 if mta.runtime.INTERPRET else 16)
-    for cq, ck in [(3, 5), (2, 9)]:
-        run_case(83, cq, ck, True, torch.float32)
+@pytest.mark.parametrize("N", [1, 23, 70])
+@pytest.mark.parametrize("cq,ck", [(16, 15), (1, 33), (5, 1)], ids=str)
+def test_masked_diagonals_across_key_tiles(N, cq, ck, poisoned_outputs):
+    """E = cq - 1 + pk masked diagonals: 22 and 16 span two or three key tiles, 4 with ck = 1 (pk = 0)."""
+    run_case(N, cq, ck, True, torch.float32)
+
+
+def test_past_scores_match_their_definition():
+    B, Hq, Hkv, N, D, reach = 2, 4, 2, 19, 24, 7
+    q, k = rand(B, Hq, N, D), rand(B, Hkv, N, D)
+    p = mta.conv.past_scores(q, k, reach).cpu().double()
+    assert p.shape == (B, Hq, N, 16)
+    qd, kd = q.cpu().double(), k.cpu().double()
+    want = torch.zeros(B, Hq, N, 16, dtype=torch.float64)
+    for h in range(Hq):
+        for r in range(N):
+            for e in range(reach + 1):
+                if r - e >= 0:
+                    want[:, h, r, e] = (qd[:, h, r] * kd[:, h // (Hq // Hkv), r - e]).sum(-1)
+    torch.testing.assert_close(p, want, rtol=1e-6, atol=1e-6)

@@ -60,6 +60,7 @@ from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 import mta  # noqa: E402,F401
 from mta import tuning  # noqa: E402
+from mta.conv import diagonal_reach  # noqa: E402
 from mta.conv_forward import conv_forward_kernel  # noqa: E402
 from mta.flash import dot_precision, head_dim_block, size_bucket  # noqa: E402
 from mta.flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel  # noqa: E402
@@ -275,19 +276,20 @@ def run_repro():
 N_RES, B_RES, H_RES = 4096, 2, 8
 
 
-def conv_args(D, causal, cq=6, ck=11, dtype=torch.bfloat16, precision="tf32", conv_precision="tf32x3"):
+def conv_args(D, causal, cq=6, ck=11, dtype=torch.bfloat16, precision="tf32"):
     B, Hq, Hkv, N = B_RES, H_RES, H_RES, N_RES
+    e, e_past = diagonal_reach(cq, ck)
     q = torch.empty(B, Hq, N, D, dtype=dtype)
-    k = torch.empty(B, Hkv, N, D, dtype=dtype)
-    v = torch.empty_like(k)
+    v = torch.empty(B, Hkv, N, D, dtype=dtype)
     kf = torch.empty(B, Hq, cq, N, D, dtype=dtype)
+    p = torch.empty(B, Hq, N, max(16, triton.next_power_of_2(e_past + 1)), dtype=torch.float32)
     w = torch.empty(Hq, cq, ck, dtype=torch.float32)
     o = torch.empty_like(q)
     lse = torch.empty(B, Hq, N, dtype=torch.float32)
-    args = (q, k, v, kf, w, o, lse, *q.stride(), *k.stride(), *v.stride(), *kf.stride(), *o.stride(),
+    args = (q, kf, v, p, w, o, lse, *q.stride(), *v.stride(), *kf.stride(), *p.stride()[:3], *o.stride(),
             N, N, Hq, Hq // Hkv, D ** -0.5, size_bucket(N))
-    kwargs = dict(CAUSAL=causal, CQ=cq, CK=ck, D=D, BLOCK_D=head_dim_block(D), PRECISION=precision,
-                  CONV_PRECISION=conv_precision)
+    kwargs = dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=max(16, triton.next_power_of_2(e)), EP_PAD=p.shape[-1],
+                  D=D, BLOCK_D=head_dim_block(D), PRECISION=precision)
     return args, kwargs
 
 
@@ -328,7 +330,7 @@ def report(name, D, causal, cfg, kernel, args, kwargs):
 
 
 def run_conv():
-    print(f"\n=== 2. conv_forward_kernel bf16 PRECISION=tf32 CONV_PRECISION=tf32; R: resident queries, S: streamed "
+    print(f"\n=== 2. conv_forward_kernel bf16 PRECISION=tf32; R: resident queries, S: streamed "
           f"(B={B_RES} H={H_RES} N={N_RES}) ===")
     print(HDR)
     rows = []
@@ -336,7 +338,7 @@ def run_conv():
         for D in (64, 128):
             for causal in (True, False):
                 for cfg in tuning.CONV_FORWARD:
-                    args, kwargs = conv_args(D, causal, cq, ck, conv_precision="tf32")
+                    args, kwargs = conv_args(D, causal, cq, ck)
                     rows.append(report(f"{cq}x{ck}", D, causal, cfg, conv_forward_kernel, args, kwargs))
     return rows
 
@@ -348,11 +350,10 @@ def run_conv_variants():
     rows = []
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         precision = dot_precision(dtype)
-        conv_precision = "ieee" if precision == "ieee" else "tf32"
         for D in (16, 96, 256):
             for cq, ck in ((1, 1), (2, 9), (6, 11), (11, 15)):
                 for causal in (True, False):
-                    args, kwargs = conv_args(D, causal, cq, ck, dtype, precision, conv_precision)
+                    args, kwargs = conv_args(D, causal, cq, ck, dtype, precision)
                     name = f"{ {torch.float16: 'f16', torch.bfloat16: 'bf16', torch.float32: 'f32'}[dtype]}:{cq}x{ck}"
                     rows.append(report(name, D, causal, tuning.CONV_FORWARD[0], conv_forward_kernel, args, kwargs))
     return rows
