@@ -11,7 +11,7 @@ import triton
 
 from . import runtime, tuning
 from ._checks import check_weight, resolve_scale
-from .conv_forward import conv_forward_kernel, fold_keys_kernel, past_scores_kernel
+from .conv_forward import conv_forward_kernel, diagonal_scores_kernel, fold_keys_kernel, past_scores_kernel
 from .flash import check_kernel_inputs, dot_precision, head_dim_block, size_bucket
 
 MAX_CQ = 32
@@ -34,11 +34,11 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int) -> torch.
     kf = torch.empty((B, num_q_heads, cq, N, D), device=k.device, dtype=k.dtype)
     block_d = head_dim_block(D)
     # The interpreter pays per operation, not per element. On a GPU short tiles keep the ck shifted
-    # loads of a tile in L1 across the cq kernel rows (16 rows: fastest on an H200 at d = 64 and 128).
-    block_n = 128 if runtime.INTERPRET else 16
+    # loads of a tile in L1 across the cq kernel rows (8 rows, 2 warps: fastest on an H200 at d = 128).
+    block_n, warps = (128, 4) if runtime.INTERPRET else (8, 2)
     fold_keys_kernel[(triton.cdiv(N, block_n), B * num_q_heads)](
         k, w, kf, *k.stride(), *kf.stride(), N, num_q_heads, num_q_heads // Hkv,
-        CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=4)
+        CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=warps)
     return kf
 
 
@@ -67,11 +67,35 @@ def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
     Hkv = k.shape[1]
     width = _pad16(reach + 1)
     p = torch.empty((B, Hq, N, width), device=q.device, dtype=torch.float32)
-    block_r = 16 if runtime.INTERPRET else 32
+    block_r = 16  # on an H200, 16 rows per program is fastest at d = 64 and 128
     past_scores_kernel[(triton.cdiv(N, block_r), B * Hq)](
         q, k, p, *q.stride(), *k.stride(), *p.stride()[:3], N, Hq, Hq // Hkv,
         EP=reach, EP_PAD=width, D=D, BLOCK_D=head_dim_block(D), BLOCK_R=block_r, num_warps=4)
     return p
+
+
+def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``CD[b, h, i, delta] = C[i, i - delta] / scale``, the causal convolved scores on the diagonals
+    ``0 <= delta < E = cq - 1 + pk`` where folded keys would be wrong (zero for ``delta >= E``).
+
+    Two small pre-passes: the past scores (:func:`past_scores`), then ``cq``
+    tiny products per row block that convolve them.
+
+    Args:
+        q: ``[B, Hq, N, D]``; k: ``[B, Hkv, N, D]``; weight: ``[Hq, cq, ck]`` fp32.
+    Returns:
+        ``[B, Hq, N, max(16, next_pow2(E))]`` fp32, contiguous.
+    """
+    B, Hq, N, _ = q.shape
+    cq, ck = weight.shape[1:]
+    e, e_past = diagonal_reach(cq, ck)
+    p = past_scores(q, k, e_past)
+    cd = torch.empty((B, Hq, N, _pad16(e)), device=q.device, dtype=torch.float32)
+    block_r = 16 if runtime.INTERPRET else 64
+    diagonal_scores_kernel[(triton.cdiv(N, block_r), B * Hq)](
+        p, weight, cd, *p.stride()[:3], N, Hq, CQ=cq, CK=ck, E=e, E_PAD=cd.shape[-1], EP_PAD=p.shape[-1],
+        BLOCK_R=block_r, num_warps=4)
+    return cd
 
 
 def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
@@ -81,17 +105,17 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
     cq, ck = weight.shape[1:]
     w = weight.detach().float().contiguous()
     kf = fold_keys(k.detach(), w, Hq)
-    e, e_past = diagonal_reach(cq, ck)
+    e, _ = diagonal_reach(cq, ck)
     if causal and e > 0:
-        p = past_scores(q.detach(), k.detach(), e_past)
+        cd = diagonal_scores(q.detach(), k.detach(), w)
     else:  # no mask before the convolution (or a 1 x 1 kernel): the folded scores are exact
-        p = torch.zeros((1, 1, 1, 16), device=q.device, dtype=torch.float32)
+        cd = torch.zeros(16, device=q.device, dtype=torch.float32)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
     conv_forward_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * Hq)](
-        q, kf, v, p, w, o, lse, *q.stride(), *v.stride(), *kf.stride(), *p.stride()[:3], *o.stride(),
+        q, kf, v, cd, o, lse, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
         N, N, Hq, Hq // Hkv, scale, size_bucket(N),
-        CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), EP_PAD=p.shape[-1], D=D, BLOCK_D=head_dim_block(D),
+        CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), D=D, BLOCK_D=head_dim_block(D),
         PRECISION=dot_precision(q.dtype))
     return o, lse
 

@@ -105,7 +105,7 @@ def _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, A0: tl.
 
 @triton.jit
 def _resident_folded_tiles(acc, m, l, q_hi, q_lo, kf_base, v_base, stride_kfa, stride_kfn, stride_kfd,
-                           stride_vn, stride_vd, offs_m, offs_d, cd, start, stop, n, qk_scale,
+                           stride_vn, stride_vd, offs_m, offs_d, cd_base, start, stop, n, qk_scale,
                            MASKED: tl.constexpr, DIAGONAL: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr,
                            QB: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr,
                            BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
@@ -120,7 +120,7 @@ def _resident_folded_tiles(acc, m, l, q_hi, q_lo, kf_base, v_base, stride_kfa, s
         if QB > 0:
             kf_lo = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
             c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
-        c = _finish_scores(c, cd, offs_m, offs_k, qk_scale, DIAGONAL, E, E_PAD)
+        c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
         acc, m, l = _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
                                  MASKED or DIAGONAL, D, PRECISION)
     return acc, m, l
@@ -128,7 +128,7 @@ def _resident_folded_tiles(acc, m, l, q_hi, q_lo, kf_base, v_base, stride_kfa, s
 
 @triton.jit
 def _streamed_folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa, stride_kfn,
-                           stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd, start, stop, n, qk_scale,
+                           stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base, start, stop, n, qk_scale,
                            MASKED: tl.constexpr, DIAGONAL: tl.constexpr, CQ: tl.constexpr, E: tl.constexpr,
                            E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            PRECISION: tl.constexpr):
@@ -145,24 +145,25 @@ def _streamed_folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride
             kf_t = tl.load(kf_base + a * stride_kfa + offs_k[None, :] * stride_kfn + offs_d[:, None] * stride_kfd,
                            mask=d_ok[:, None] & k_ok[None, :], other=0.0)
             c = tl.dot(q_a, kf_t, c, input_precision=PRECISION)
-        c = _finish_scores(c, cd, offs_m, offs_k, qk_scale, DIAGONAL, E, E_PAD)
+        c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
         acc, m, l = _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
                                  MASKED or DIAGONAL, D, PRECISION)
     return acc, m, l
 
 
 @triton.jit
-def _finish_scores(c, cd, offs_m, offs_k, qk_scale, DIAGONAL: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr):
-    """Folded scores ``c`` to convolved scores in base-2 units; near the diagonal, the masked scores ``cd``
-    put in and the causal mask."""
+def _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL: tl.constexpr, E: tl.constexpr,
+                   E_PAD: tl.constexpr):
+    """Folded scores ``c`` to convolved scores in base-2 units; near the diagonal, the exactly convolved
+    scores put in (from ``cd_base``, rows of ``E_PAD``) and the causal mask."""
     if DIAGONAL:
-        c = _put_diagonals(c, cd, offs_m, offs_k, E, E_PAD)
+        c = _put_diagonals(c, cd_base, offs_m, offs_k, n, E, E_PAD)
     return c * qk_scale
 
 
 @triton.jit
 def _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa, stride_kfn,
-                  stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd, start, stop, n, qk_scale,
+                  stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base, start, stop, n, qk_scale,
                   MASKED: tl.constexpr, DIAGONAL: tl.constexpr, RESIDENT: tl.constexpr, CQ: tl.constexpr,
                   QA: tl.constexpr, QB: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
@@ -170,12 +171,12 @@ def _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, str
     diagonal (masked scores put in, causal mask)."""
     if RESIDENT:
         acc, m, l = _resident_folded_tiles(acc, m, l, q_hi, q_lo, kf_base, v_base, stride_kfa, stride_kfn,
-                                           stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd, start, stop, n,
+                                           stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base, start, stop, n,
                                            qk_scale, MASKED, DIAGONAL, CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_N,
                                            PRECISION)
     else:
         acc, m, l = _streamed_folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa,
-                                           stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd,
+                                           stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base,
                                            start, stop, n, qk_scale, MASKED, DIAGONAL, CQ, E, E_PAD, D, BLOCK_M,
                                            BLOCK_N, PRECISION)
     return acc, m, l
@@ -206,13 +207,17 @@ def _diagonal_scores(p_base, w_base, stride_pr, offs_m, n, CQ: tl.constexpr, CK:
 
 
 @triton.jit
-def _put_diagonals(c, cd, offs_m, offs_k, E: tl.constexpr, E_PAD: tl.constexpr):
-    """``c`` with ``cd[i, i - j]`` on the ``E`` diagonals ``0 <= i - j < E`` and ``-inf`` where ``j > i``
-    (the causal mask after the convolution)."""
+def _put_diagonals(c, cd_base, offs_m, offs_k, n, E: tl.constexpr, E_PAD: tl.constexpr):
+    """``c`` with ``CD[i, i - j]`` on the ``E`` diagonals ``0 <= i - j < E`` and ``-inf`` where ``j > i``
+    (the causal mask after the convolution). ``CD`` rows are ``E_PAD`` wide.
+
+    One column of ``CD`` per diagonal, loaded as a vector over the tile's rows: it
+    lands in the rows' own registers, where a 2D gather would be reshuffled through
+    shared memory."""
     delta = offs_m[:, None] - offs_k[None, :]
-    offs_e = tl.arange(0, E_PAD)
+    row_ok = offs_m < n
     for d in tl.static_range(E):
-        cd_d = tl.sum(tl.where(offs_e[None, :] == d, cd, 0.0), 1)
+        cd_d = tl.load(cd_base + offs_m * E_PAD + d, mask=row_ok, other=0.0)
         c = tl.where(delta == d, cd_d[:, None], c)
     return tl.where(delta >= 0, c, float("-inf"))
 
@@ -245,6 +250,23 @@ def past_scores_kernel(Q, K, P, stride_qb, stride_qh, stride_qm, stride_qd,
         p = tl.where(offs_e[None, :] == e, tl.sum(q * k_e, 1)[:, None], p)
     tl.store(P + b * stride_pb + h * stride_ph + offs_r[:, None] * stride_pr + offs_e[None, :], p,
              mask=(offs_r < n)[:, None])
+
+
+@triton.jit(do_not_specialize=["n"])
+def diagonal_scores_kernel(P, W, CD, stride_pb, stride_ph, stride_pr, n, num_heads,
+                           CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
+                           EP_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``CD[b, h, i, delta] = C[i, i - delta] / scale`` for ``0 <= delta < E`` (fp32; zero for ``delta >= E``):
+    the convolved scores on the diagonals the pre-convolution mask reaches, from the past scores ``P``.
+    ``CD`` is contiguous ``[B, Hq, n, E_PAD]``. Grid: ``(cdiv(n, BLOCK_R), B * Hq)``."""
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cd = _diagonal_scores(P + b * stride_pb + h * stride_ph, W + h * CQ * CK, stride_pr, offs_r, n,
+                          CQ, CK, E, E_PAD, EP_PAD)
+    offs_e = tl.arange(0, E_PAD)
+    tl.store(CD + pid_bh * n * E_PAD + offs_r[:, None] * E_PAD + offs_e[None, :], cd, mask=(offs_r < n)[:, None])
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -281,21 +303,20 @@ def fold_keys_kernel(K, W, KF, stride_kb, stride_kh, stride_kn, stride_kd,
 @triton.autotune(configs=tuning.conv_forward_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"])
 @triton.heuristics(tuning.conv_forward_heuristics())
 @triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
-def conv_forward_kernel(Q, KF, V, P, W, O, LSE,
+def conv_forward_kernel(Q, KF, V, CD, O, LSE,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
                         stride_kfb, stride_kfh, stride_kfa, stride_kfn, stride_kfd,
-                        stride_pb, stride_ph, stride_pr,
                         stride_ob, stride_oh, stride_om, stride_od,
                         n_q, n_k, num_heads, group_size, scale, N_BUCKET,
                         CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr,
-                        E_PAD: tl.constexpr, EP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                        E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         QA: tl.constexpr, QB: tl.constexpr, RESIDENT: tl.constexpr):
     """``O = softmax(conv(S0, W)) V`` and ``LSE`` (natural log, fp32, ``[B * Hq, n]``), ``n = n_q = n_k``.
 
-    ``KF [B, Hq, CQ, n, D]`` holds the folded keys, ``P [B, Hq, n, EP_PAD]`` the past scores
-    (causal only; ``E = cq - 1 + pk`` diagonals are put in from them), ``W [Hq, CQ, CK]`` fp32.
+    ``KF [B, Hq, CQ, n, D]`` holds the folded keys; ``CD [B, Hq, n, E_PAD]`` (contiguous, causal only)
+    the convolved scores on the ``E = cq - 1 + pk`` diagonals where folding is wrong.
     ``QA + QB >= CQ``: the query shifts in two power-of-two groups (``QB = 0``: one);
     ``RESIDENT``: hold them, shifted, for the whole key walk (they fit in shared memory).
     Grid: ``(cdiv(n, BLOCK_M), B * Hq)``.
@@ -311,6 +332,7 @@ def conv_forward_kernel(Q, KF, V, P, W, O, LSE,
     q_base = Q + b * stride_qb + h * stride_qh
     v_base = V + b * stride_vb + kv_h * stride_vh
     kf_base = KF + b * stride_kfb + h * stride_kfh
+    cd_base = CD + pid_bh * n * E_PAD
 
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -330,23 +352,21 @@ def conv_forward_kernel(Q, KF, V, P, W, O, LSE,
         # The folded score of key j holds a future term for some row of the block when j > i0 - E.
         diag_start = tl.maximum(i0 - E + 1, 0) // BLOCK_N * BLOCK_N
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, 0.0,
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base,
                                   0, diag_start, n, qk_scale, False, False, RESIDENT, CQ, QA, QB, E, E_PAD, D,
                                   BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
-        cd = _diagonal_scores(P + b * stride_pb + h * stride_ph, W + h * CQ * CK, stride_pr, offs_m, n,
-                                CQ, CK, E, E_PAD, EP_PAD)
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd,
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base,
                                   diag_start, tl.minimum(i0 + BLOCK_M, n), n, qk_scale, False, True, RESIDENT,
                                   CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
     else:
         full_stop = n // BLOCK_N * BLOCK_N
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, 0.0,
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base,
                                   0, full_stop, n, qk_scale, False, False, RESIDENT, CQ, QA, QB, E, E_PAD, D,
                                   BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, 0.0,
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base,
                                   full_stop, n, n, qk_scale, True, False, RESIDENT, CQ, QA, QB, E, E_PAD, D,
                                   BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
 

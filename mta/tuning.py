@@ -97,12 +97,12 @@ prune_dq = _pruner(DQ)
 
 
 # MTA forward (chapter 04). Candidates for the tiles of conv_forward_kernel, from
-# timings on an H200 (bf16, N = 8192, 6 x 11; `dev` probe in notes/performance.md):
-# 128 x 64 tiles with resident shifted queries lead at d = 64, 128 x 128 tiles
-# (queries streamed) at d = 128. The first is the untimed default (MTA_AUTOTUNE=0),
+# timings on an H200 (bf16, N = 8192, 6 x 11; tools/probe_conv.py, raw runs in
+# notes/h200_conv_probe.txt): 128 x 64 tiles with resident shifted queries lead at
+# d = 64, 128 x 128 tiles with 3 stages (queries streamed) at d = 128. The first is the untimed default (MTA_AUTOTUNE=0),
 # small enough for every head dim and kernel size. Tiles that do not fit in
 # shared memory for a shape are skipped by the autotuner.
-CONV_FORWARD = [(64, 32, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 1), (128, 64, 8, 3)]
+CONV_FORWARD = [(64, 32, 4, 2), (128, 64, 8, 2), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3)]
 
 #: Largest ``BLOCK_M x cq x BLOCK_D`` tile of shifted queries held for a whole key walk, in bytes.
 #: Beyond it the kernel reloads each shifted query tile for every key tile (slower, any size).

@@ -153,3 +153,21 @@ def test_past_scores_match_their_definition():
                 if r - e >= 0:
                     want[:, h, r, e] = (qd[:, h, r] * kd[:, h // (Hq // Hkv), r - e]).sum(-1)
     torch.testing.assert_close(p, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("cq,ck", [(6, 11), (2, 9), (16, 15), (3, 1)], ids=str)
+def test_diagonal_scores_are_the_causal_convolved_scores(cq, ck):
+    """CD[i, delta] * scale = C[i, i - delta] of the reference convolution (pre-mask included), delta < E."""
+    B, Hq, Hkv, N, D = 1, 2, 1, 41, 24
+    q, k = rand(B, Hq, N, D), rand(B, Hkv, N, D)
+    w = rand(Hq, cq, ck, scale=0.3)
+    cd = mta.conv.diagonal_scores(q, k, w).cpu().double()
+    e, _ = mta.conv.diagonal_reach(cq, ck)
+    pk = (ck - 1) // 2
+    qd, kd, wd = q.cpu().double(), k.cpu().double().expand(B, Hq, N, D), w.cpu().double()
+    s0 = (qd @ kd.transpose(-1, -2)).tril()  # the future zeroed before the convolution
+    c = torch.nn.functional.conv2d(torch.nn.functional.pad(s0, (pk, pk, cq - 1, 0)), wd[:, None], groups=Hq)
+    for delta in range(cd.shape[-1]):
+        rows = torch.arange(delta, N)
+        want = c[:, :, rows, rows - delta] if delta < e else torch.zeros(B, Hq, N - delta, dtype=torch.float64)
+        torch.testing.assert_close(cd[:, :, delta:, delta], want, rtol=1e-5, atol=1e-5)

@@ -278,18 +278,17 @@ N_RES, B_RES, H_RES = 4096, 2, 8
 
 def conv_args(D, causal, cq=6, ck=11, dtype=torch.bfloat16, precision="tf32"):
     B, Hq, Hkv, N = B_RES, H_RES, H_RES, N_RES
-    e, e_past = diagonal_reach(cq, ck)
+    e, _ = diagonal_reach(cq, ck)
+    e_pad = max(16, triton.next_power_of_2(e))
     q = torch.empty(B, Hq, N, D, dtype=dtype)
     v = torch.empty(B, Hkv, N, D, dtype=dtype)
     kf = torch.empty(B, Hq, cq, N, D, dtype=dtype)
-    p = torch.empty(B, Hq, N, max(16, triton.next_power_of_2(e_past + 1)), dtype=torch.float32)
-    w = torch.empty(Hq, cq, ck, dtype=torch.float32)
+    cd = torch.empty(B, Hq, N, e_pad, dtype=torch.float32)
     o = torch.empty_like(q)
     lse = torch.empty(B, Hq, N, dtype=torch.float32)
-    args = (q, kf, v, p, w, o, lse, *q.stride(), *v.stride(), *kf.stride(), *p.stride()[:3], *o.stride(),
+    args = (q, kf, v, cd, o, lse, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
             N, N, Hq, Hq // Hkv, D ** -0.5, size_bucket(N))
-    kwargs = dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=max(16, triton.next_power_of_2(e)), EP_PAD=p.shape[-1],
-                  D=D, BLOCK_D=head_dim_block(D), PRECISION=precision)
+    kwargs = dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=e_pad, D=D, BLOCK_D=head_dim_block(D), PRECISION=precision)
     return args, kwargs
 
 

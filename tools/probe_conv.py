@@ -6,7 +6,7 @@
 ``variant`` is "mta" (the package's kernel) or the name of a module next to this
 file holding a modified copy of ``mta/conv_forward.py`` (e.g. one with the band
 stage removed, to see what the band costs; its "err" is then meaningless).
-Prints flash's causal time, the pre-pass times (fold, past scores), and per candidate the kernel
+Prints flash's causal time, the pre-pass times (fold, diagonal scores), and per candidate the kernel
 time, the ratio (kernel + pre-passes) / flash and the error against a float64 reference
 (2 heads, N = 2048). Raw outputs of the runs behind tuning.CONV_FORWARD are in
 notes/h200_conv_probe.txt.
@@ -21,22 +21,21 @@ import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
 import mta
-from mta.conv import diagonal_reach, fold_keys, past_scores
+from mta.conv import diagonal_reach, diagonal_scores, fold_keys
 from mta.flash import head_dim_block, size_bucket
 from mta.bench.timing import time_ms
 
-def launch(kernel, q, k, v, w, kf, p, causal, cfg):
-    """The kernel alone (the pre-passes ``kf`` and ``p`` are given), heuristics applied, no autotuning."""
+def launch(kernel, q, k, v, w, kf, cd, causal, cfg):
+    """The kernel alone (the pre-passes' ``kf`` and ``cd`` are given), heuristics applied, no autotuning."""
     B, Hq, N, D = q.shape
     bm, bn, warps, stages = cfg
     e, _ = diagonal_reach(w.shape[1], w.shape[2])
     o = torch.empty_like(q); lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
     kernel.fn[(triton.cdiv(N, bm), B * Hq)](
-        q, kf, v, p, w, o, lse, *q.stride(), *v.stride(), *kf.stride(), *p.stride()[:3], *o.stride(),
+        q, kf, v, cd, o, lse, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
         N, N, Hq, Hq // k.shape[1], D ** -0.5, size_bucket(N),
-        CAUSAL=causal, CQ=w.shape[1], CK=w.shape[2], E=e, E_PAD=max(16, triton.next_power_of_2(e)),
-        EP_PAD=p.shape[-1], D=D, BLOCK_D=head_dim_block(D), PRECISION="tf32",
-        BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        CAUSAL=causal, CQ=w.shape[1], CK=w.shape[2], E=e, E_PAD=cd.shape[-1], D=D, BLOCK_D=head_dim_block(D),
+        PRECISION="tf32", BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
     return o
 
 def main():
@@ -46,30 +45,29 @@ def main():
         q, k, v = (torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         w = torch.randn(H, cq, ck, device="cuda") * 0.2
         t_flash = time_ms(lambda: mta.flash_attention(q, k, v, causal=True))
-        reach = diagonal_reach(cq, ck)[1]
         t_fold = time_ms(lambda: fold_keys(k, w, H))
-        t_past = time_ms(lambda: past_scores(q, k, reach))
-        t_pre = t_fold + t_past
+        t_diag = time_ms(lambda: diagonal_scores(q, k, w))
+        t_pre = t_fold + t_diag
         kf = fold_keys(k, w, H)
-        p = past_scores(q, k, reach)
+        cd = diagonal_scores(q, k, w)
         n2 = 2048
         qs, ks, vs = (x[:, :2, :n2].contiguous() for x in (q, k, v))
         ws = w[:2].contiguous()
         ref = mta.conv_attention_reference(qs.double(), ks.double(), vs.double(), ws.double(), causal=True)
         kfs = fold_keys(ks, ws, 2)
-        ps = past_scores(qs, ks, reach)
+        cds = diagonal_scores(qs, ks, ws)
         kf_ref = mta.conv.fold_keys(ks.float(), ws, 2)
-        print(f"H={H} D={D} {cq}x{ck} N={N}: flash {t_flash:.3f} ms, fold {t_fold:.3f} ms, past scores {t_past:.3f} ms "
+        print(f"H={H} D={D} {cq}x{ck} N={N}: flash {t_flash:.3f} ms, fold {t_fold:.3f} ms, diagonal scores {t_diag:.3f} ms "
               f"(fold err {((kfs.float()-kf_ref).norm()/kf_ref.norm()).item():.1e})", flush=True)
         for variant, causal in variants:
             kernel = (importlib.import_module(variant) if variant != "mta" else mta.conv_forward).conv_forward_kernel
             for cfg in cfgs:
                 try:
                     t0 = time.time()
-                    o = launch(kernel, qs, ks, vs, ws, kfs, ps, True, cfg)
+                    o = launch(kernel, qs, ks, vs, ws, kfs, cds, True, cfg)
                     err = ((o.double() - ref).norm() / ref.norm()).item()
                     comp = time.time() - t0
-                    t = time_ms(lambda: launch(kernel, q, k, v, w, kf, p, causal, cfg), warmup=3, rep=10)
+                    t = time_ms(lambda: launch(kernel, q, k, v, w, kf, cd, causal, cfg), warmup=3, rep=10)
                     print(f"  {variant:20} causal={causal!s:5} cfg {cfg}: {t:.3f} ms (+pre-passes {(t+t_pre)/t_flash:.2f}x flash) "
                           f"err {err:.1e} compile {comp:.1f}s", flush=True)
                 except Exception as e:
