@@ -6,9 +6,9 @@ zeroed *before* the convolution). One program owns ``BLOCK_M`` query rows, as
 in chapter 03, and walks the key tiles with the online softmax. What changes
 is how a tile of ``C`` is made, in two stages:
 
-* **Folded tiles** (left of the diagonal band, and every tile when not causal):
-  no pre-convolution mask touches them, so ``S0 = S`` and the key axis of the
-  convolution folds into the keys,
+* **Folded tiles** (every tile when not causal; left of the diagonal tiles when
+  causal): no pre-convolution mask touches them, so ``S0 = S`` and the key axis
+  of the convolution folds into the keys,
 
       C[i, j] = scale * sum_a q_{i-(cq-1)+a} . Kf_a[j],    Kf_a[j] = sum_b w[a, b] k_{j-pk+b},
 
@@ -20,17 +20,17 @@ is how a tile of ``C`` is made, in two stages:
   Triton's shapes are powers of two) against streamed folded keys. When they do
   not fit in shared memory, they are reloaded per key tile instead.
 * **Diagonal tiles** (causal, keys within ``E = cq - 1 + pk`` of the query):
-  there the pre-convolution mask matters: the folded product would also sum
-  future scores ``S[r, c]``, ``c > r``, which the mask zeroes. Those scores lie
-  on the ``E`` diagonals ``0 <= delta = i - j < E``, so the kernel replaces
-  them: with the past scores ``P[r, e] = q_r . k_{r-e}`` (a small pre-pass,
-  ``e = 0..E'``, ``E' = ck + cq - 3``),
+  the same folded product, but there the pre-convolution mask matters: folded
+  keys would also sum future scores ``S[r, c]``, ``c > r``, which the mask
+  zeroes. The wrong entries lie on the ``E`` diagonals ``0 <= delta = i - j < E``,
+  and the kernel replaces them. Two small pre-passes compute the past scores
+  ``P[r, e] = q_r . k_{r-e}`` (``e = 0..E'``, ``E' = ck + cq - 3``) and from them
 
-      C[i, i - delta] = sum_a sum_e w[a, a - e + delta + pk - (cq-1)] P[i - (cq-1) + a, e],
+      CD[i, delta] = C[i, i - delta] / scale = sum_a sum_e w[a, a - e + delta + pk - (cq-1)] P[i - (cq-1) + a, e];
 
-  ``cq`` tiny products per program. Only past and present keys enter a row's
-  scores, so the output stays exactly causal. Then the causal mask is applied
-  after the convolution, as in flash attention's diagonal stage.
+  the kernel loads one value per row and diagonal. Only past and present keys
+  enter a row's scores, so the output stays exactly causal. Then the causal mask
+  is applied after the convolution, as in flash attention's diagonal stage.
 
 Key tiles right of the diagonal are never loaded.
 """
