@@ -12,7 +12,7 @@ import triton
 from . import runtime, tuning
 from ._checks import check_weight, resolve_scale
 from .conv_forward import conv_forward_kernel, diagonal_scores_kernel, fold_keys_kernel, past_scores_kernel
-from .flash import check_kernel_inputs, dot_precision, head_dim_block, size_bucket
+from .flash import check_kernel_device, check_kernel_inputs, dot_precision, head_dim_block, size_bucket
 
 MAX_CQ = 32
 
@@ -28,6 +28,7 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int) -> torch.
     Returns:
         ``[B, Hq, cq, N, D]`` in k's dtype (accumulated in fp32).
     """
+    check_kernel_device(k=k, weight=weight)
     B, Hkv, N, D = k.shape
     _, cq, ck = weight.shape
     w = weight.detach().float().contiguous()
@@ -63,6 +64,7 @@ def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
     Returns:
         ``[B, Hq, N, max(16, next_pow2(reach + 1))]`` fp32; columns past ``reach`` are 0.
     """
+    check_kernel_device(q=q, k=k)
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
     width = _pad16(reach + 1)
@@ -86,6 +88,8 @@ def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor) -> t
     Returns:
         ``[B, Hq, N, max(16, next_pow2(E))]`` fp32, contiguous.
     """
+    check_kernel_device(weight=weight)
+    weight = weight.detach().float().contiguous()
     B, Hq, N, _ = q.shape
     cq, ck = weight.shape[1:]
     e, e_past = diagonal_reach(cq, ck)

@@ -19,19 +19,25 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
 
+def check_kernel_device(**tensors: torch.Tensor) -> None:
+    """Each named tensor is where the Triton kernels run: the GPU, or the CPU in interpreter mode."""
+    for name, x in tensors.items():
+        if runtime.INTERPRET and x.device.type != "cpu":
+            raise ValueError(f"Triton runs in interpreter mode (TRITON_INTERPRET=1): {name} must be on the cpu, "
+                             f"got {x.device}")
+        if not runtime.INTERPRET and x.device.type != "cuda":
+            raise ValueError(f"Triton kernels run on the GPU: {name} must be a cuda tensor, got {x.device}")
+
+
 def check_kernel_inputs(q, k, v) -> tuple[int, int, int, int, int, int]:
     """Shapes as :func:`mta._checks.check_qkv`, plus what the Triton kernels need."""
     dims = check_qkv(q, k, v)
     if q.dtype not in KERNEL_DTYPES:
         raise TypeError(f"Triton kernels take fp16, bf16 or fp32 inputs, got {q.dtype}")
-    if runtime.INTERPRET:
-        if q.device.type != "cpu":
-            raise ValueError(f"Triton runs in interpreter mode (TRITON_INTERPRET=1): inputs must be on the cpu, got {q.device}")
-        if q.dtype == torch.bfloat16:
-            raise TypeError("bf16 is not supported in Triton's interpreter (its tl.dot gives wrong bf16 results); "
-                            "use fp16 or fp32 on the CPU, or bf16 on a GPU")
-    elif q.device.type != "cuda":
-        raise ValueError(f"Triton kernels run on the GPU: inputs must be cuda tensors, got {q.device}")
+    check_kernel_device(q=q)
+    if runtime.INTERPRET and q.dtype == torch.bfloat16:
+        raise TypeError("bf16 is not supported in Triton's interpreter (its tl.dot gives wrong bf16 results); "
+                        "use fp16 or fp32 on the CPU, or bf16 on a GPU")
     if dims[5] > MAX_HEAD_DIM:
         raise ValueError(f"head dim D={dims[5]} is not supported (at most {MAX_HEAD_DIM})")
     return dims

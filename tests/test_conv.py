@@ -171,3 +171,18 @@ def test_diagonal_scores_are_the_causal_convolved_scores(cq, ck):
         rows = torch.arange(delta, N)
         want = c[:, :, rows, rows - delta] if delta < e else torch.zeros(B, Hq, N - delta, dtype=torch.float64)
         torch.testing.assert_close(cd[:, :, delta:, delta], want, rtol=1e-5, atol=1e-5)
+
+
+def test_wrong_device_is_named():
+    """The launchers and pre-passes name the tensor that is not where Triton runs (meta stands in on the CPU)."""
+    wrong = "meta" if mta.runtime.INTERPRET else "cpu"
+    q, k, v = rand_qkv(1, 1, 1, 8, 8, 16)
+    w = torch.ones(1, 2, 3, device=DEVICE)
+    with pytest.raises(ValueError, match="q must be"):
+        mta.conv_attention(*(x.to(wrong) for x in (q, k, v)), w.to(wrong))
+    with pytest.raises(ValueError, match="k must be"):
+        mta.conv.fold_keys(k.to(wrong), w, 1)
+    with pytest.raises(ValueError, match="weight must be"):
+        mta.conv.diagonal_scores(q, k, w.to(wrong))
+    with pytest.raises(ValueError, match="q must be"):
+        mta.conv.past_scores(q.to(wrong), k, 4)
