@@ -67,11 +67,10 @@ def _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
 
 @triton.jit
 def _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, offs_d, n, a, CQ: tl.constexpr, D: tl.constexpr):
-    """``(q[i - (cq-1) + a] for the tile's rows i, those row indices)``; rows outside ``[0, n)`` load 0."""
+    """``q[i - (cq-1) + a]`` for the tile's rows ``i``; rows outside ``[0, n)`` load 0."""
     rows = offs_m - (CQ - 1) + a
-    q_a = tl.load(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                  mask=((rows >= 0) & (rows < n))[:, None] & (offs_d < D)[None, :], other=0.0)
-    return q_a, rows
+    return tl.load(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                   mask=((rows >= 0) & (rows < n))[:, None] & (offs_d < D)[None, :], other=0.0)
 
 
 @triton.jit
@@ -104,51 +103,33 @@ def _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, A0: tl.
 
 
 @triton.jit
-def _resident_folded_tiles(acc, m, l, q_hi, q_lo, kf_base, v_base, stride_kfa, stride_kfn, stride_kfd,
-                           stride_vn, stride_vd, offs_m, offs_d, cd_base, start, stop, n, qk_scale,
-                           MASKED: tl.constexpr, DIAGONAL: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr,
-                           QB: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr,
-                           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """Folded key tiles with the shifted queries held for the whole walk (``q_hi``: shifts ``[0, QA)``,
-    ``q_lo``: ``[QA, QA + QB)``). A tile of C is one or two products of depth ``QA * BLOCK_D`` and
-    ``QB * BLOCK_D``: each key tile only streams its folded keys and values in."""
-    offs_n = tl.arange(0, BLOCK_N)
-    for start_n in range(start, stop, BLOCK_N):
-        offs_k = start_n + offs_n
+def _folded_scores(q_hi, q_lo, q_base, kf_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd,
+                   offs_m, offs_d, offs_k, n, RESIDENT: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr,
+                   QB: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """``[BLOCK_M, BLOCK_N]``: ``sum_a q_{i-(cq-1)+a} . Kf_a[j]`` for the keys ``offs_k`` (unscaled).
+
+    ``RESIDENT``: the shifted queries are held for the whole walk (``q_hi``: shifts
+    ``[0, QA)``, ``q_lo``: ``[QA, QA + QB)``), so the tile is one or two products
+    of depth ``QA * BLOCK_D`` and ``QB * BLOCK_D`` and only folded keys stream in.
+    Otherwise (too big to hold) ``cq`` products of depth ``D``, each shifted query
+    tile loaded again (from L2) for every key tile.
+    """
+    if RESIDENT:
         kf_hi = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, 0, QA, CQ, D, BLOCK_D)
         c = tl.dot(q_hi, kf_hi, input_precision=PRECISION)
         if QB > 0:
             kf_lo = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
             c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
-        c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
-        acc, m, l = _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
-                                 MASKED or DIAGONAL, D, PRECISION)
-    return acc, m, l
-
-
-@triton.jit
-def _streamed_folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa, stride_kfn,
-                           stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base, start, stop, n, qk_scale,
-                           MASKED: tl.constexpr, DIAGONAL: tl.constexpr, CQ: tl.constexpr, E: tl.constexpr,
-                           E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           PRECISION: tl.constexpr):
-    """Folded key tiles when the shifted queries are too big to hold: ``cq`` products of depth ``D``
-    per tile, each shifted query tile loaded again (from L2) for every key tile."""
-    offs_n = tl.arange(0, BLOCK_N)
-    d_ok = offs_d < D
-    for start_n in range(start, stop, BLOCK_N):
-        offs_k = start_n + offs_n
-        k_ok = offs_k < n
+    else:
+        kf_ok = (offs_d < D)[:, None] & (offs_k < n)[None, :]
         c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for a in range(CQ):  # a run-time loop: one shifted tile live at a time (shared memory)
-            q_a, _ = _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, offs_d, n, a, CQ, D)
+            q_a = _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, offs_d, n, a, CQ, D)
             kf_t = tl.load(kf_base + a * stride_kfa + offs_k[None, :] * stride_kfn + offs_d[:, None] * stride_kfd,
-                           mask=d_ok[:, None] & k_ok[None, :], other=0.0)
+                           mask=kf_ok, other=0.0)
             c = tl.dot(q_a, kf_t, c, input_precision=PRECISION)
-        c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
-        acc, m, l = _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
-                                 MASKED or DIAGONAL, D, PRECISION)
-    return acc, m, l
+    return c
 
 
 @triton.jit
@@ -167,18 +148,16 @@ def _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, str
                   MASKED: tl.constexpr, DIAGONAL: tl.constexpr, RESIDENT: tl.constexpr, CQ: tl.constexpr,
                   QA: tl.constexpr, QB: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """Key tiles ``[start, stop)``. ``MASKED``: the key tail ``j >= n``; ``DIAGONAL``: causal tiles near the
-    diagonal (masked scores put in, causal mask)."""
-    if RESIDENT:
-        acc, m, l = _resident_folded_tiles(acc, m, l, q_hi, q_lo, kf_base, v_base, stride_kfa, stride_kfn,
-                                           stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base, start, stop, n,
-                                           qk_scale, MASKED, DIAGONAL, CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_N,
-                                           PRECISION)
-    else:
-        acc, m, l = _streamed_folded_tiles(acc, m, l, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa,
-                                           stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base,
-                                           start, stop, n, qk_scale, MASKED, DIAGONAL, CQ, E, E_PAD, D, BLOCK_M,
-                                           BLOCK_N, PRECISION)
+    """Key tiles ``[start, stop)`` folded into ``(acc, m, l)``. ``MASKED``: the key tail ``j >= n``;
+    ``DIAGONAL``: causal tiles near the diagonal (masked scores put in, causal mask)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(start, stop, BLOCK_N):
+        offs_k = start_n + offs_n
+        c = _folded_scores(q_hi, q_lo, q_base, kf_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd,
+                           offs_m, offs_d, offs_k, n, RESIDENT, CQ, QA, QB, D, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+        c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
+        acc, m, l = _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
+                                 MASKED or DIAGONAL, D, PRECISION)
     return acc, m, l
 
 

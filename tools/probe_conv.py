@@ -3,9 +3,9 @@
     PROBE_SHAPES='[(H, D, cq, ck, [(BLOCK_M, BLOCK_N, warps, stages), ...], [(variant, causal), ...])]' \
         PYTHONPATH=. python tools/probe_conv.py
 
-``variant`` is "mta" (the package's kernel) or the name of a module next to this
-file holding a modified copy of ``mta/conv_forward.py`` (e.g. one with the band
-stage removed, to see what the band costs; its "err" is then meaningless).
+``variant`` is "mta" (the package's kernel) or the name of an importable module
+holding a modified copy of ``mta/conv_forward.py`` (e.g. one that skips putting the
+diagonals in, to see what that costs; its "err" is then meaningless).
 Prints flash's causal time, the pre-pass times (fold, diagonal scores), and per candidate the kernel
 time, the ratio (kernel + pre-passes) / flash and the error against a float64 reference
 (2 heads, N = 2048). Raw outputs of the runs behind tuning.CONV_FORWARD are in
