@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
+from .launch_order import heaviest_first
 
 LOG2E = 1.4426950408889634
 
@@ -87,11 +88,11 @@ def flash_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                       n_q, n_k, num_kv_heads, group_size, scale, N_BUCKET,
                       CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dK, dV for ``BLOCK_N`` keys of one kv head. Grid: ``(cdiv(n_k, BLOCK_N), B * Hkv)``."""
-    pid_bh = tl.program_id(1)
+    """dK, dV for ``BLOCK_N`` keys of one kv head. Grid: ``(cdiv(n_k, BLOCK_N), B * Hkv)``, heaviest (first) key tiles first."""
+    pid_n, pid_bh = heaviest_first(HEAVY_LAST=False)
     b = pid_bh // num_kv_heads
     kv_h = pid_bh % num_kv_heads
-    n0 = tl.program_id(0) * BLOCK_N
+    n0 = pid_n * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     kv_mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < D)
@@ -169,12 +170,12 @@ def flash_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                     n_q, n_k, num_heads, group_size, scale, N_BUCKET,
                     CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dQ for ``BLOCK_M`` queries of one head. Grid: ``(cdiv(n_q, BLOCK_M), B * Hq)``."""
-    pid_bh = tl.program_id(1)
+    """dQ for ``BLOCK_M`` queries of one head. Grid: ``(cdiv(n_q, BLOCK_M), B * Hq)``, heaviest (last) query tiles first."""
+    pid_m, pid_bh = heaviest_first(HEAVY_LAST=True)
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     kv_h = h // group_size
-    m0 = tl.program_id(0) * BLOCK_M
+    m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < n_q

@@ -126,11 +126,12 @@ def test_query_shift_groups_cover_cq(cq, groups):
     assert qa + qb >= cq and qa & (qa - 1) == 0 and qb & (qb - 1) == 0
 
 
+@pytest.mark.parametrize("D", [16, 32, 96])  # one product per shift (16); two half-width ones, padded (96)
 @pytest.mark.parametrize("causal", [True, False])
-def test_streamed_queries_path_matches(causal, monkeypatch, poisoned_outputs):
+def test_streamed_queries_path_matches(causal, D, monkeypatch, poisoned_outputs):
     """With no room to hold the shifted queries, the kernel reloads them per key tile: same result."""
     monkeypatch.setattr(mta.tuning, "CONV_RESIDENT_BYTES", 0)
-    run_case(45, 3, 5, causal, torch.float32)
+    run_case(45, 3, 5, causal, torch.float32, D=D)
 
 
 @pytest.mark.parametrize("N", [1, 23, 70])
