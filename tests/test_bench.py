@@ -295,7 +295,7 @@ def test_plot_flash_rejects_a_missing_dtype():
 # --- command line ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["flash", "conv"])
+@pytest.mark.parametrize("name", ["flash", "conv", "order"])
 def test_cli_without_cuda_exits_2_with_a_clear_message(name, tmp_path):
     out = tmp_path / "never.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"CUDA_VISIBLE_DEVICES": ""}

@@ -1,6 +1,6 @@
 """python -m mta.bench BENCHMARK: run a benchmark on a CUDA GPU, write JSON and a PNG.
 
-Each benchmark is one subcommand (``flash``, ``conv``); to add one, give it an
+Each benchmark is one subcommand (``flash``, ``conv``, ``order``); to add one, give it an
 ``add_<name>_parser`` and a ``run_<name>`` below and list it in ``COMMANDS``.
 """
 
@@ -74,7 +74,27 @@ def run_conv(args) -> int:
                compile_reference=args.compile_reference, resume=args.resume)
 
 
-COMMANDS = (add_flash_parser, add_conv_parser)
+def add_order_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "order", help="causal kernels with tiles launched heaviest first vs in the natural order",
+        description="Times the causal flash forward and the MTA forward kernel with their tiles numbered "
+                    "heaviest first (as shipped) and in the natural order, same tile config, same inputs, "
+                    "and checks both give the same output. Writes JSON and a PNG next to it. Exit status: "
+                    f"0 ok, 1 the outputs differ, {EXIT_NO_CUDA} no CUDA device.")
+    p.add_argument("--quick", action="store_true", help="reduced set for development: N in {2048, 8192}")
+    p.add_argument("--out", default="figures/bench_launch_order.json",
+                   help="JSON path, relative to the repository root (default figures/bench_launch_order.json); "
+                        "the PNG goes next to it")
+    add_timing_args(p)
+    p.set_defaults(run=run_order)
+
+
+def run_order(args) -> int:
+    from .launch_order import run
+    return run(quick=args.quick, out=repo_path(args.out), warmup=args.warmup, rep=args.rep)
+
+
+COMMANDS = (add_flash_parser, add_conv_parser, add_order_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -176,6 +176,39 @@ def plot_conv(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
     return fig
 
 
+def plot_launch_order(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
+    """Speedup of heaviest-first tile numbering over the natural one against sequence length.
+
+    One panel per kernel (flash forward, MTA forward), one line per (heads, head
+    dim). Works from the committed JSON on any machine. Returns the Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    data = load_results(source)
+    kernels = list(dict.fromkeys(r["kernel"] for r in data["results"]))
+    titles = {"flash": "mta.flash_attention forward", "conv": "mta.conv_attention kernel (6x11)"}
+    seq_lens = sorted({r["seq_len"] for r in data["results"]})
+    fig, axes = plt.subplots(1, len(kernels), squeeze=False, sharey=True,
+                             figsize=(ax_size[0] * len(kernels), ax_size[1]))
+    for ax, kernel in zip(axes[0], kernels):
+        records = select(data["results"], kernel=kernel)
+        for i, shape in enumerate(sorted({(r["heads"], r["head_dim"]) for r in records})):
+            line = _points(select(records, heads=shape[0], head_dim=shape[1]), "speedup")
+            ax.plot(*zip(*line), marker="o", color=f"C{i}", label=f"B=1 H={shape[0]} D={shape[1]}")
+        ax.axhline(1.0, color="0.5", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(seq_lens, [seq_len_label(n) for n in seq_lens])
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+        ax.grid(alpha=0.3)
+        ax.set_title(titles.get(kernel, kernel), fontsize=9)
+        ax.set_xlabel("sequence length N")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("natural time / heaviest-first time")
+    fig.suptitle(f"Causal tiles launched heaviest first, bf16\n{provenance_line(data['provenance'])}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def _positive(points: list[tuple[int, float]], scale: float) -> list[tuple[int, float]]:
     """``points`` with values scaled, keeping only positive ones (a log axis cannot show the rest)."""
     return [(n, y * scale) for n, y in points if y > 0]
