@@ -46,6 +46,8 @@ def with_natural_order(kernel):
     clone = types.FunctionType(fn.__code__, dict(fn.__globals__, heaviest_first=natural_order), fn.__name__,
                                fn.__defaults__, fn.__closure__)
     clone.__qualname__, clone.__module__, clone.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
+    clone.__annotations__ = dict(fn.__annotations__)  # the tl.constexpr marks live here, not in the code
+    clone.__kwdefaults__ = fn.__kwdefaults__
     return triton.jit(clone, do_not_specialize=tuning.NO_SPECIALIZE)
 
 
