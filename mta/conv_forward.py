@@ -113,8 +113,8 @@ def _folded_scores(q_hi, q_lo, q_base, kf_base, stride_qm, stride_qd, stride_kfa
     ``RESIDENT``: the shifted queries are held for the whole walk (``q_hi``: shifts
     ``[0, QA)``, ``q_lo``: ``[QA, QA + QB)``), so the tile is one or two products
     of depth ``QA * BLOCK_D`` and ``QB * BLOCK_D`` and only folded keys stream in.
-    Otherwise (too big to hold) ``2 cq`` products of depth ``BLOCK_D / 2`` (``cq`` of 16 at d = 16), each shifted
-    query tile loaded again (from L2) for every key tile.
+    Otherwise (too big to hold) ``2 cq`` products of depth ``BLOCK_D / 2`` (``cq`` of depth 16 when
+    ``BLOCK_D = 16``), each shifted query tile loaded again (from L2) for every key tile.
     """
     if RESIDENT:
         kf_hi = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, 0, QA, CQ, D, BLOCK_D)

@@ -88,7 +88,10 @@ def flash_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                       n_q, n_k, num_kv_heads, group_size, scale, N_BUCKET,
                       CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dK, dV for ``BLOCK_N`` keys of one kv head. Grid: ``(cdiv(n_k, BLOCK_N), B * Hkv)``, heaviest (first) key tiles first."""
+    """dK, dV for ``BLOCK_N`` keys of one kv head.
+
+    Grid: ``(cdiv(n_k, BLOCK_N), B * Hkv)``, heaviest (first) key tiles first (:mod:`mta.launch_order`).
+    """
     pid_n, pid_bh = heaviest_first(HEAVY_LAST=False)
     b = pid_bh // num_kv_heads
     kv_h = pid_bh % num_kv_heads
@@ -170,7 +173,10 @@ def flash_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                     n_q, n_k, num_heads, group_size, scale, N_BUCKET,
                     CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dQ for ``BLOCK_M`` queries of one head. Grid: ``(cdiv(n_q, BLOCK_M), B * Hq)``, heaviest (last) query tiles first."""
+    """dQ for ``BLOCK_M`` queries of one head.
+
+    Grid: ``(cdiv(n_q, BLOCK_M), B * Hq)``, heaviest (last) query tiles first (:mod:`mta.launch_order`).
+    """
     pid_m, pid_bh = heaviest_first(HEAVY_LAST=True)
     b = pid_bh // num_heads
     h = pid_bh % num_heads

@@ -81,7 +81,8 @@ def flash_forward_kernel(Q, K, V, O, LSE,
                          PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """``O = softmax(scale * Q K^T) V`` and ``LSE`` (natural log, fp32, ``[B * Hq, n_q]``).
 
-    Grid: ``(cdiv(n_q, BLOCK_M), B * Hq)``, tiles taken heaviest first (:mod:`mta.launch_order`). Query head ``h`` reads kv head ``h // group_size``.
+    Grid: ``(cdiv(n_q, BLOCK_M), B * Hq)``, heaviest (last) query tiles first (:mod:`mta.launch_order`).
+    Query head ``h`` reads kv head ``h // group_size``.
     """
     pid_m, pid_bh = heaviest_first(HEAVY_LAST=True)
     b = pid_bh // num_heads
