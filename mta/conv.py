@@ -102,26 +102,44 @@ def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor) -> t
     return cd
 
 
-def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
-    """Launch the fused kernel: ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32)."""
-    B, Hq, N, D = q.shape
-    Hkv = k.shape[1]
-    cq, ck = weight.shape[1:]
+def conv_prepasses(q, k, weight, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(kf, cd)``: the folded keys (:func:`fold_keys`) and, when causal, the diagonal scores
+    (:func:`diagonal_scores`; a dummy when no diagonal needs them)."""
     w = weight.detach().float().contiguous()
-    kf = fold_keys(k.detach(), w, Hq)
-    e, _ = diagonal_reach(cq, ck)
+    kf = fold_keys(k.detach(), w, q.shape[1])
+    e, _ = diagonal_reach(*w.shape[1:])
     if causal and e > 0:
         cd = diagonal_scores(q.detach(), k.detach(), w)
     else:  # no mask before the convolution (or a 1 x 1 kernel): the folded scores are exact
         cd = torch.zeros(16, device=q.device, dtype=torch.float32)
+    return kf, cd
+
+
+def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool, scale: float,
+                        kernel=conv_forward_kernel, **config):
+    """Launch the fused kernel on the pre-passes' ``kf, cd`` (:func:`conv_prepasses`) for a ``(cq, ck)`` kernel:
+    ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32).
+
+    ``kernel`` and ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``) are for
+    benchmarks that launch an untuned build of the same kernel (``mta.bench.launch_order``).
+    """
+    B, Hq, N, D = q.shape
+    cq, ck = kernel_size
+    e, _ = diagonal_reach(cq, ck)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
-    conv_forward_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * Hq)](
+    kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * Hq)](
         q, kf, v, cd, o, lse, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
-        N, N, Hq, Hq // Hkv, scale, size_bucket(N),
+        N, N, Hq, Hq // v.shape[1], scale, size_bucket(N),
         CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), D=D, BLOCK_D=head_dim_block(D),
-        PRECISION=dot_precision(q.dtype))
+        PRECISION=dot_precision(q.dtype), **config)
     return o, lse
+
+
+def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
+    """The pre-passes, then the fused kernel: ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32)."""
+    kf, cd = conv_prepasses(q, k, weight, causal)
+    return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), causal, scale)
 
 
 class ConvAttention(torch.autograd.Function):

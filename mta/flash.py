@@ -58,18 +58,23 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def flash_forward(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel: ``o [B, Hq, Nq, D]`` (q's dtype) and ``lse [B, Hq, Nq]`` (fp32)."""
+def flash_forward(q, k, v, causal: bool, scale: float, kernel=flash_forward_kernel,
+                  **config) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel: ``o [B, Hq, Nq, D]`` (q's dtype) and ``lse [B, Hq, Nq]`` (fp32).
+
+    ``kernel`` and ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``) are for
+    benchmarks that launch an untuned build of the same kernel (``mta.bench.launch_order``).
+    """
     B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     if Nq == 0:
         return o, lse
     grid = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)  # noqa: E731
-    flash_forward_kernel[grid](
+    kernel[grid](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         Nq, Nk, Hq, Hq // Hkv, scale, size_bucket(max(Nq, Nk)),
-        CAUSAL=causal, D=D, BLOCK_D=head_dim_block(D), PRECISION=dot_precision(q.dtype))
+        CAUSAL=causal, D=D, BLOCK_D=head_dim_block(D), PRECISION=dot_precision(q.dtype), **config)
     return o, lse
 
 

@@ -1,36 +1,13 @@
-"""The launch-order benchmark's machinery, on any device: the natural-order twin of a kernel and the plot."""
+"""The launch-order benchmark's machinery, on any device: natural-order twins of the kernels and the plot."""
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from mta import runtime
-from mta.bench.launch_order import conv_launcher, flash_launcher, jit_function, with_natural_order
+from mta.bench.launch_order import conv_launcher, flash_launcher, untuned, with_natural_order
 from mta.bench.plots import plot_launch_order
 from mta.conv_forward import conv_forward_kernel
 from mta.flash_forward import flash_forward_kernel
-from mta.launch_order import heaviest_first
-
-
-@triton.jit
-def _record_kernel(OUT):
-    tile, pid_bh = heaviest_first(HEAVY_LAST=True)
-    pid = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
-    tl.store(OUT + 2 * pid, tile)
-    tl.store(OUT + 2 * pid + 1, pid_bh)
-
-
-def launch_order(kernel, num_tiles, num_bh):
-    out = torch.full((num_tiles * num_bh, 2), -1, dtype=torch.int32, device=runtime.DEVICE)
-    kernel[(num_tiles, num_bh)](out)
-    return [tuple(row) for row in out.cpu().tolist()]
-
-
-def test_the_twin_numbers_tiles_the_natural_way():
-    assert launch_order(_record_kernel, 3, 2) == [(2, 0), (2, 1), (1, 0), (1, 1), (0, 0), (0, 1)]
-    twin = with_natural_order(_record_kernel)
-    assert launch_order(twin, 3, 2) == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
 
 
 def qkv(heads, n, d):
@@ -42,8 +19,8 @@ def test_flash_forward_twin_gives_the_same_output():
     launch = flash_launcher(*qkv(2, 53, 32))
     cfg = flash_forward_kernel.configs[0]
     twin = with_natural_order(flash_forward_kernel)
-    assert twin.fn.__annotations__ == jit_function(flash_forward_kernel).fn.__annotations__  # the constexpr marks
-    assert torch.equal(launch(jit_function(flash_forward_kernel), cfg), launch(twin, cfg))
+    assert twin.fn.__annotations__ == untuned(flash_forward_kernel).fn.__annotations__  # the constexpr marks
+    assert torch.equal(launch(untuned(flash_forward_kernel), cfg), launch(twin, cfg))
 
 
 def test_conv_forward_twin_gives_the_same_output():
@@ -51,7 +28,7 @@ def test_conv_forward_twin_gives_the_same_output():
     q, k, v = qkv(2, 41, 16)
     launch = conv_launcher(q, k, v, torch.randn(2, 6, 11, device=runtime.DEVICE) * 0.2)
     cfg = conv_forward_kernel.configs[0]
-    o = launch(jit_function(conv_forward_kernel), cfg)
+    o = launch(untuned(conv_forward_kernel), cfg)
     assert torch.isfinite(o).all()
     assert torch.equal(o, launch(with_natural_order(conv_forward_kernel), cfg))
 

@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from mta import runtime
+from mta.bench.launch_order import with_natural_order
 from mta.launch_order import heaviest_first
 
 
@@ -29,3 +30,11 @@ def test_heaviest_first(num_tiles, num_bh, heavy_last):
     heavy = num_tiles - 1 if heavy_last else 0
     step = -1 if heavy_last else 1
     assert order == [(heavy + step * r, bh) for r in range(num_tiles) for bh in range(num_bh)]
+
+
+def test_the_benchmark_twin_numbers_tiles_the_natural_way():
+    """``mta.bench order`` times each kernel against this twin: the same function, ``heaviest_first`` rebound."""
+    twin = with_natural_order(_record_kernel)
+    out = torch.full((6, 2), -1, dtype=torch.int32, device=runtime.DEVICE)
+    twin[(3, 2)](out, HEAVY_LAST=True)
+    assert [tuple(row) for row in out.cpu().tolist()] == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]

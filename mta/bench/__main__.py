@@ -24,7 +24,12 @@ def repo_path(path: str) -> Path:
     return p if p.is_absolute() else REPO_ROOT / p
 
 
-def add_timing_args(parser: argparse.ArgumentParser) -> None:
+def add_common_args(parser: argparse.ArgumentParser, default_out: str, quick_help: str) -> None:
+    """``--quick``, ``--out`` and the timing options, which every benchmark takes."""
+    parser.add_argument("--quick", action="store_true", help=f"reduced set for development: {quick_help}")
+    parser.add_argument("--out", default=default_out,
+                        help=f"JSON path, relative to the repository root (default {default_out}); "
+                             "the PNG goes next to it")
     parser.add_argument("--warmup", type=int, default=10, help="untimed calls before timing (default 10)")
     parser.add_argument("--rep", type=int, default=30, help="timed calls; the median is reported (default 30)")
 
@@ -35,11 +40,7 @@ def add_flash_parser(subparsers) -> None:
         description="Forward and backward TFLOPS of mta.flash_attention, SDPA's flash backend and SDPA's cuDNN "
                     "backend, after checking mta against SDPA. Writes JSON and a PNG next to it. Exit status: "
                     f"0 ok, 1 mta failed a correctness check, {EXIT_NO_CUDA} no CUDA device.")
-    p.add_argument("--quick", action="store_true", help="reduced set for development: bf16, N in {2048, 8192}")
-    p.add_argument("--out", default="figures/bench_flash.json",
-                   help="JSON path, relative to the repository root (default figures/bench_flash.json); "
-                        "the PNG goes next to it")
-    add_timing_args(p)
+    add_common_args(p, "figures/bench_flash.json", "bf16, N in {2048, 8192}")
     p.set_defaults(run=run_flash)
 
 
@@ -56,15 +57,11 @@ def add_conv_parser(subparsers) -> None:
                     "and SDPA, causal bf16, after checking mta.conv_attention against the reference. Prints a table "
                     "and the bars at N=8192, kernel 6x11; writes JSON and a PNG next to it. Exit status: "
                     f"0 ok, 1 mta.conv_attention failed a correctness check, {EXIT_NO_CUDA} no CUDA device.")
-    p.add_argument("--quick", action="store_true", help="reduced set for development: kernel 6x11, N in {2048, 8192}")
-    p.add_argument("--out", default="figures/bench_conv.json",
-                   help="JSON path, relative to the repository root (default figures/bench_conv.json); "
-                        "the PNG goes next to it")
+    add_common_args(p, "figures/bench_conv.json", "kernel 6x11, N in {2048, 8192}")
     p.add_argument("--no-compile", dest="compile_reference", action="store_false",
                    help="leave out torch.compile of the reference (it recompiles for every shape)")
     p.add_argument("--resume", action="store_true",
                    help="go on from the shapes already in --out (an interrupted run of the same code and machine)")
-    add_timing_args(p)
     p.set_defaults(run=run_conv)
 
 
@@ -81,11 +78,7 @@ def add_order_parser(subparsers) -> None:
                     "heaviest first (as shipped) and in the natural order, same tile config, same inputs, "
                     "and checks both give the same output. Writes JSON and a PNG next to it. Exit status: "
                     f"0 ok, 1 the outputs differ, {EXIT_NO_CUDA} no CUDA device.")
-    p.add_argument("--quick", action="store_true", help="reduced set for development: N in {2048, 8192}")
-    p.add_argument("--out", default="figures/bench_launch_order.json",
-                   help="JSON path, relative to the repository root (default figures/bench_launch_order.json); "
-                        "the PNG goes next to it")
-    add_timing_args(p)
+    add_common_args(p, "figures/bench_launch_order.json", "N in {2048, 8192}")
     p.set_defaults(run=run_order)
 
 

@@ -33,65 +33,54 @@ def natural_order(HEAVY_LAST: tl.constexpr):
     return tl.program_id(0), tl.program_id(1)
 
 
-def jit_function(kernel):
-    """The JIT function under ``@triton.autotune`` / ``@triton.heuristics`` (interpreted or compiled)."""
-    while isinstance(kernel, (triton.runtime.Autotuner, triton.runtime.Heuristics)):
-        kernel = kernel.fn
-    return kernel
+def untuned(kernel):
+    """What ``@triton.autotune`` wraps: the kernel with its ``@triton.heuristics``, launched with an explicit config."""
+    return kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
 
 
 def with_natural_order(kernel):
-    """A new JIT function of ``kernel``'s Python function whose ``heaviest_first`` is :func:`natural_order`."""
-    fn = jit_function(kernel).fn
+    """:func:`untuned` ``kernel`` built again from its Python function, with ``heaviest_first`` bound to
+    :func:`natural_order` (and the same ``@triton.heuristics``)."""
+    kernel = untuned(kernel)
+    heuristics = []
+    while isinstance(kernel, triton.runtime.Heuristics):
+        heuristics.append(kernel.values)
+        kernel = kernel.fn
+    fn = kernel.fn
     clone = types.FunctionType(fn.__code__, dict(fn.__globals__, heaviest_first=natural_order), fn.__name__,
                                fn.__defaults__, fn.__closure__)
     clone.__qualname__, clone.__module__, clone.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
     clone.__annotations__ = dict(fn.__annotations__)  # the tl.constexpr marks live here, not in the code
     clone.__kwdefaults__ = fn.__kwdefaults__
-    return triton.jit(clone, do_not_specialize=tuning.NO_SPECIALIZE)
+    twin = triton.jit(clone, do_not_specialize=tuning.NO_SPECIALIZE)
+    for values in reversed(heuristics):
+        twin = triton.heuristics(values)(twin)
+    return twin
+
+
+def launch_config(cfg) -> dict:
+    """A ``triton.Config`` as launch keywords."""
+    return {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 
 def flash_launcher(q, k, v):
-    """``launch(jit, config) -> o``: the causal flash forward of ``q, k, v`` with an explicit tile config."""
-    from mta.flash import dot_precision, head_dim_block, size_bucket
+    """``launch(kernel, config) -> o``: the causal flash forward of ``q, k, v`` (:func:`mta.flash.flash_forward`)."""
+    from mta.flash import flash_forward
 
-    B, Hq, N, D = q.shape
-
-    def launch(jit, cfg):
-        o = torch.empty_like(q)
-        lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
-        jit[(triton.cdiv(N, cfg.kwargs["BLOCK_M"]), B * Hq)](
-            q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            N, N, Hq, Hq // k.shape[1], D ** -0.5, size_bucket(N),
-            CAUSAL=True, D=D, BLOCK_D=head_dim_block(D), PRECISION=dot_precision(q.dtype),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cfg.kwargs)
-        return o
+    def launch(kernel, cfg):
+        return flash_forward(q, k, v, True, q.shape[-1] ** -0.5, kernel=kernel, **launch_config(cfg))[0]
     return launch
 
 
 def conv_launcher(q, k, v, weight):
-    """``launch(jit, config) -> o``: the causal MTA forward kernel, its pre-passes run once here."""
-    from mta.conv import _pad16, diagonal_reach, diagonal_scores, fold_keys
-    from mta.flash import dot_precision, head_dim_block, size_bucket
+    """``launch(kernel, config) -> o``: the causal MTA forward kernel alone, its pre-passes run once here."""
+    from mta.conv import conv_prepasses, launch_conv_forward
 
-    B, Hq, N, D = q.shape
-    cq, ck = weight.shape[1:]
-    kf = fold_keys(k, weight, Hq)
-    cd = diagonal_scores(q, k, weight)
-    e, _ = diagonal_reach(cq, ck)
-    meta = dict(CAUSAL=True, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), D=D, BLOCK_D=head_dim_block(D),
-                PRECISION=dot_precision(q.dtype))
+    kf, cd = conv_prepasses(q, k, weight, causal=True)
 
-    def launch(jit, cfg):
-        o = torch.empty_like(q)
-        lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
-        named = dict(meta, Q=q, **cfg.kwargs)
-        derived = {name: rule(named) for name, rule in tuning.conv_forward_heuristics().items()}
-        jit[(triton.cdiv(N, cfg.kwargs["BLOCK_M"]), B * Hq)](
-            q, kf, v, cd, o, lse, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
-            N, N, Hq, Hq // k.shape[1], D ** -0.5, size_bucket(N), **meta, **derived,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cfg.kwargs)
-        return o
+    def launch(kernel, cfg):
+        return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), True, q.shape[-1] ** -0.5,
+                                   kernel=kernel, **launch_config(cfg))[0]
     return launch
 
 
@@ -125,11 +114,11 @@ def run(*, out: Path, quick: bool = False, warmup: int = 10, rep: int = 30) -> i
             for name, autotuned, launch in (("flash", flash_forward_kernel, flash_launcher(q, k, v)),
                                             ("conv", conv_forward_kernel, conv_launcher(q, k, v, weight))):
                 cfg = autotuned.best_config if len(autotuned.configs) > 1 else autotuned.configs[0]
-                heaviest = jit_function(autotuned)
+                heaviest = untuned(autotuned)
                 same = torch.equal(launch(heaviest, cfg), launch(natural[name], cfg))
                 ok &= same
                 rec = {"kernel": name, "heads": heads, "head_dim": head_dim, "seq_len": n,
-                       "config": {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+                       "config": launch_config(cfg),
                        "natural_ms": timer(lambda: launch(natural[name], cfg)),
                        "heaviest_first_ms": timer(lambda: launch(heaviest, cfg)), "same_output": same}
                 rec["speedup"] = rec["natural_ms"] / rec["heaviest_first_ms"]
