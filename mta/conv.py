@@ -11,8 +11,14 @@ import triton
 
 from . import runtime, tuning
 from ._checks import check_weight, resolve_scale
-from .conv_forward import conv_forward_kernel, diagonal_scores_kernel, fold_keys_kernel, past_scores_kernel
+from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
+                           past_scores_kernel)
 from .flash import check_kernel_device, check_kernel_inputs, dot_precision, head_dim_block, size_bucket
+
+try:  # host-side TMA descriptors (Triton >= 3.4)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: the pointer path only
+    TensorDescriptor = None
 
 MAX_CQ = 32
 
@@ -115,6 +121,24 @@ def conv_prepasses(q, k, weight, causal: bool) -> tuple[torch.Tensor, torch.Tens
     return kf, cd
 
 
+def _tma_ready(t: torch.Tensor) -> bool:
+    """The copy engine can read ``t``: contiguous rows, every other stride and the start 16-byte aligned."""
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1]))
+
+
+def stream_descriptors(q, v, kf):
+    """``(QD, KFD, VD)``: TMA descriptors over ``q [B, Hq, N, D]``, ``kf [B, Hq, cq, N, D]`` and
+    ``v [B, Hkv, N, D]`` for the kernel's reloaded (streamed) path, their boxes fitted to the tile at launch
+    (:func:`mta.conv_forward.fit_stream_descriptors`); ``(None, None, None)`` where the copy engine does not
+    apply: turned off (``tuning.CONV_TMA``), a GPU before Hopper, fp32, or rows not 16-byte aligned."""
+    on_hopper = runtime.INTERPRET or torch.cuda.get_device_capability(q.device)[0] >= 9
+    if not (tuning.CONV_TMA and TensorDescriptor is not None and on_hopper
+            and q.dtype in (torch.float16, torch.bfloat16) and all(_tma_ready(t) for t in (q, v, kf))):
+        return None, None, None
+    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1] * t.dim()) for t in (q, kf, v))
+
+
 def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool, scale: float,
                         kernel=conv_forward_kernel, **config):
     """Launch the fused kernel on the pre-passes' ``kf, cd`` (:func:`conv_prepasses`) for a ``(cq, ck)`` kernel:
@@ -128,8 +152,11 @@ def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool
     e, _ = diagonal_reach(cq, ck)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
+    qd, kfd, vd = stream_descriptors(q, v, kf)
+    if config:  # an explicit tile: no autotuner runs the pre-hook
+        fit_stream_descriptors(dict(config, QD=qd, KFD=kfd, VD=vd, BLOCK_D=head_dim_block(D)))
     kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * Hq)](
-        q, kf, v, cd, o, lse, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
+        q, kf, v, cd, o, lse, qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
         N, N, Hq, Hq // v.shape[1], scale, size_bucket(N),
         CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), D=D, BLOCK_D=head_dim_block(D),
         PRECISION=dot_precision(q.dtype), **config)

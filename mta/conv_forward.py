@@ -18,7 +18,10 @@ is how a tile of ``C`` is made, in two stages:
   its ``cq`` shifted query tiles once, side by side, and holds them for the
   whole key walk, so a tile of C is one product of depth ``cq * D`` (two, as
   Triton's shapes are powers of two) against streamed folded keys. When they do
-  not fit in shared memory, they are reloaded per key tile instead.
+  not fit in shared memory (d = 128), they are reloaded per key tile instead,
+  in half-width pieces; on Hopper the copy engine (TMA, through tensor
+  descriptors) brings every piece, its out-of-range rows zero-filled, and the
+  key and shift loops are flattened into one pipelined loop.
 * **Diagonal tiles** (causal, keys within ``E = cq - 1 + pk`` of the query):
   the same folded product, but there the pre-convolution mask matters: folded
   keys would also sum future scores ``S[r, c]``, ``c > r``, which the mask
@@ -45,15 +48,19 @@ from .launch_order import heaviest_first
 
 
 @triton.jit
-def _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
-                 MASKED: tl.constexpr, D: tl.constexpr, PRECISION: tl.constexpr):
-    """Fold a tile of convolved scores ``c`` (base-2 units) for keys ``offs_k`` and their values into
-    the state ``(acc, m, l)``. ``MASKED``: the tile may hold keys ``>= n`` or ``-inf`` entries."""
+def _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, VD, b, kv_h, start_n, offs_k, offs_d, n,
+                 MASKED: tl.constexpr, TMA: tl.constexpr, D: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold a tile of convolved scores ``c`` (base-2 units) for keys ``offs_k = start_n + [0, BLOCK_N)`` and
+    their values into the state ``(acc, m, l)``. ``MASKED``: the tile may hold keys ``>= n`` or ``-inf``
+    entries. ``TMA``: values through the descriptor ``VD`` (keys past ``n`` zero-filled)."""
     k_ok = offs_k < n
     if MASKED:
         c = tl.where(k_ok[None, :], c, float("-inf"))
-    v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                mask=k_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+    if TMA:
+        v = VD.load([b, kv_h, start_n, 0]).reshape(offs_k.shape[0], offs_d.shape[0])
+    else:
+        v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=k_ok[:, None] & (offs_d < D)[None, :], other=0.0)
     m_new = tl.maximum(m, tl.max(c, 1))
     if MASKED:  # a row that has seen only masked keys keeps m = -inf; subtract 0 instead
         m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -105,16 +112,18 @@ def _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, A0: tl.
 
 @triton.jit
 def _folded_scores(q_hi, q_lo, q_base, kf_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd,
-                   offs_m, offs_d, offs_k, n, RESIDENT: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr,
-                   QB: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                   QD, KFD, b, h, i0, start_n, offs_m, offs_k, n, RESIDENT: tl.constexpr, TMA: tl.constexpr,
+                   CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                   WIDTH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """``[BLOCK_M, BLOCK_N]``: ``sum_a q_{i-(cq-1)+a} . Kf_a[j]`` for the keys ``offs_k`` (unscaled).
 
     ``RESIDENT``: the shifted queries are held for the whole walk (``q_hi``: shifts
     ``[0, QA)``, ``q_lo``: ``[QA, QA + QB)``), so the tile is one or two products
     of depth ``QA * BLOCK_D`` and ``QB * BLOCK_D`` and only folded keys stream in.
-    Otherwise (too big to hold) ``2 cq`` products of depth ``BLOCK_D / 2`` (``cq`` of depth 16 when
-    ``BLOCK_D = 16``), each shifted query tile loaded again (from L2) for every key tile.
+    Otherwise (too big to hold) ``cq * BLOCK_D / WIDTH`` products of depth ``WIDTH`` (half the head dim,
+    or all of it when ``BLOCK_D = 16``), each piece of a shifted query tile loaded again (from L2) for every
+    key tile. ``TMA``: the pieces come through the descriptors ``QD`` (rows ``i0 - (cq-1) + a``; rows before 0
+    or past ``n`` zero-filled) and ``KFD`` (folded keys ``[start_n, start_n + BLOCK_N)``).
     """
     if RESIDENT:
         kf_hi = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, 0, QA, CQ, D, BLOCK_D)
@@ -123,18 +132,22 @@ def _folded_scores(q_hi, q_lo, q_base, kf_base, stride_qm, stride_qd, stride_kfa
             kf_lo = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
             c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
     else:
-        PARTS: tl.constexpr = 2 if BLOCK_D >= 32 else 1  # tl.dot needs a depth >= 16
-        WIDTH: tl.constexpr = BLOCK_D // PARTS
+        PARTS: tl.constexpr = BLOCK_D // WIDTH
         offs_w = tl.arange(0, WIDTH)
         c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         # A run-time loop over (shift, part of the head dim): half-width stages are
         # lighter on shared memory and registers (no spills at d = 128, 2% faster).
         for s in range(PARTS * CQ):
             a = s // PARTS
-            dd = (s % PARTS) * WIDTH + offs_w
-            q_a = _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, dd, n, a, CQ, D)
-            kf_t = tl.load(kf_base + a * stride_kfa + offs_k[None, :] * stride_kfn + dd[:, None] * stride_kfd,
-                           mask=(dd < D)[:, None] & (offs_k < n)[None, :], other=0.0)
+            d0 = (s % PARTS) * WIDTH
+            if TMA:
+                q_a = QD.load([b, h, i0 - (CQ - 1) + a, d0]).reshape(BLOCK_M, WIDTH)
+                kf_t = KFD.load([b, h, a, start_n, d0]).reshape(BLOCK_N, WIDTH).T
+            else:
+                dd = d0 + offs_w
+                q_a = _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, dd, n, a, CQ, D)
+                kf_t = tl.load(kf_base + a * stride_kfa + offs_k[None, :] * stride_kfn + dd[:, None] * stride_kfd,
+                               mask=(dd < D)[:, None] & (offs_k < n)[None, :], other=0.0)
             c = tl.dot(q_a, kf_t, c, input_precision=PRECISION)
     return c
 
@@ -151,20 +164,25 @@ def _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL: tl.constex
 
 @triton.jit
 def _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd, stride_kfa, stride_kfn,
-                  stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base, start, stop, n, qk_scale,
-                  MASKED: tl.constexpr, DIAGONAL: tl.constexpr, RESIDENT: tl.constexpr, CQ: tl.constexpr,
-                  QA: tl.constexpr, QB: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                  stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0, offs_m, offs_d, cd_base,
+                  start, stop, n, qk_scale, MASKED: tl.constexpr, DIAGONAL: tl.constexpr, RESIDENT: tl.constexpr,
+                  TMA: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr, E: tl.constexpr,
+                  E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, WIDTH: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Key tiles ``[start, stop)`` folded into ``(acc, m, l)``. ``MASKED``: the key tail ``j >= n``;
-    ``DIAGONAL``: causal tiles near the diagonal (masked scores put in, causal mask)."""
+    ``DIAGONAL``: causal tiles near the diagonal (masked scores put in, causal mask).
+
+    ``TMA`` flattens this loop and the shift loop inside it into one pipelined loop, so the copy engine
+    fetches the next key tile's first pieces while this one finishes (``notes/performance.md``)."""
     offs_n = tl.arange(0, BLOCK_N)
-    for start_n in range(start, stop, BLOCK_N):
+    for start_n in tl.range(start, stop, BLOCK_N, flatten=TMA):
         offs_k = start_n + offs_n
         c = _folded_scores(q_hi, q_lo, q_base, kf_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd,
-                           offs_m, offs_d, offs_k, n, RESIDENT, CQ, QA, QB, D, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+                           QD, KFD, b, h, i0, start_n, offs_m, offs_k, n, RESIDENT, TMA, CQ, QA, QB, D, BLOCK_D,
+                           WIDTH, BLOCK_M, BLOCK_N, PRECISION)
         c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
-        acc, m, l = _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, offs_k, offs_d, n,
-                                 MASKED or DIAGONAL, D, PRECISION)
+        acc, m, l = _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, VD, b, kv_h, start_n, offs_k, offs_d,
+                                 n, MASKED or DIAGONAL, TMA, D, PRECISION)
     return acc, m, l
 
 
@@ -286,10 +304,23 @@ def fold_keys_kernel(K, W, KF, stride_kb, stride_kh, stride_kn, stride_kd,
                  mask=(offs_n < n)[:, None] & d_ok[None, :])
 
 
-@triton.autotune(configs=tuning.conv_forward_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"])
+def fit_stream_descriptors(args: dict) -> None:
+    """Give the TMA descriptors of :func:`conv_forward_kernel`'s launch ``args`` (if it has any) the boxes of
+    its tile: a ``BLOCK_M x WIDTH`` piece of a shifted query tile, ``BLOCK_N x WIDTH`` of folded keys and
+    ``BLOCK_N x BLOCK_D`` of values. Runs before every launch of an autotuned candidate."""
+    if args.get("QD") is None:
+        return
+    width = tuning.stream_width(args["BLOCK_D"])
+    args["QD"].block_shape = [1, 1, args["BLOCK_M"], width]
+    args["KFD"].block_shape = [1, 1, 1, args["BLOCK_N"], width]
+    args["VD"].block_shape = [1, 1, args["BLOCK_N"], args["BLOCK_D"]]
+
+
+@triton.autotune(configs=tuning.conv_forward_configs(pre_hook=fit_stream_descriptors),
+                 key=["N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"])
 @triton.heuristics(tuning.conv_forward_heuristics())
 @triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
-def conv_forward_kernel(Q, KF, V, CD, O, LSE,
+def conv_forward_kernel(Q, KF, V, CD, O, LSE, QD, KFD, VD,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
                         stride_kfb, stride_kfh, stride_kfa, stride_kfn, stride_kfd,
@@ -297,14 +328,16 @@ def conv_forward_kernel(Q, KF, V, CD, O, LSE,
                         n_q, n_k, num_heads, group_size, scale, N_BUCKET,
                         CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr,
                         E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        QA: tl.constexpr, QB: tl.constexpr, RESIDENT: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr,
+                        RESIDENT: tl.constexpr, TMA: tl.constexpr, WIDTH: tl.constexpr):
     """``O = softmax(conv(S0, W)) V`` and ``LSE`` (natural log, fp32, ``[B * Hq, n]``), ``n = n_q = n_k``.
 
     ``KF [B, Hq, CQ, n, D]`` holds the folded keys; ``CD [B, Hq, n, E_PAD]`` (contiguous, causal only)
     the convolved scores on the ``E = cq - 1 + pk`` diagonals where folding is wrong.
     ``QA + QB >= CQ``: the query shifts in two power-of-two groups (``QB = 0``: one);
-    ``RESIDENT``: hold them, shifted, for the whole key walk (they fit in shared memory).
+    ``RESIDENT``: hold them, shifted, for the whole key walk (they fit in shared memory); otherwise
+    stream them in pieces ``WIDTH`` wide, through the TMA descriptors ``QD``, ``KFD``, ``VD`` (views of
+    ``Q``, ``KF``, ``V`` with boxes of one piece, see :func:`fit_stream_descriptors`) when ``TMA``.
     Grid: ``(cdiv(n, BLOCK_M), B * Hq)``, heaviest (last) query tiles first (:mod:`mta.launch_order`).
     """
     n = n_q
@@ -338,23 +371,27 @@ def conv_forward_kernel(Q, KF, V, CD, O, LSE,
         # The folded score of key j holds a future term for some row of the block when j > i0 - E.
         diag_start = tl.maximum(i0 - E + 1, 0) // BLOCK_N * BLOCK_N
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base,
-                                  0, diag_start, n, qk_scale, False, False, RESIDENT, CQ, QA, QB, E, E_PAD, D,
-                                  BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
+                                  offs_m, offs_d, cd_base,
+                                  0, diag_start, n, qk_scale, False, False, RESIDENT, TMA, CQ, QA, QB, E, E_PAD, D,
+                                  BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base,
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
+                                  offs_m, offs_d, cd_base,
                                   diag_start, tl.minimum(i0 + BLOCK_M, n), n, qk_scale, False, True, RESIDENT,
-                                  CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+                                  TMA, CQ, QA, QB, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
     else:
         full_stop = n // BLOCK_N * BLOCK_N
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base,
-                                  0, full_stop, n, qk_scale, False, False, RESIDENT, CQ, QA, QB, E, E_PAD, D,
-                                  BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
+                                  offs_m, offs_d, cd_base,
+                                  0, full_stop, n, qk_scale, False, False, RESIDENT, TMA, CQ, QA, QB, E, E_PAD, D,
+                                  BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
         acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, offs_m, offs_d, cd_base,
-                                  full_stop, n, n, qk_scale, True, False, RESIDENT, CQ, QA, QB, E, E_PAD, D,
-                                  BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
+                                  offs_m, offs_d, cd_base,
+                                  full_stop, n, n, qk_scale, True, False, RESIDENT, TMA, CQ, QA, QB, E, E_PAD, D,
+                                  BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
 
     row_ok = offs_m < n
     d_ok = offs_d < D

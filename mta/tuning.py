@@ -29,8 +29,9 @@ AUTOTUNE = os.environ.get("MTA_AUTOTUNE", "1") != "0"
 NO_SPECIALIZE = ["n_q", "n_k"]
 
 
-def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
-    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+def _config(block_m: int, block_n: int, warps: int, stages: int, pre_hook=None) -> triton.Config:
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages,
+                         pre_hook=pre_hook)
 
 
 # (BLOCK_M queries, BLOCK_N keys, warps, stages), fastest first, by tile width of the head dim.
@@ -110,12 +111,25 @@ CONV_FORWARD = [(64, 32, 4, 2), (128, 64, 8, 2), (128, 128, 8, 3), (128, 128, 8,
 CONV_RESIDENT_BYTES = 96 * 1024
 
 
-def conv_forward_configs() -> list[triton.Config]:
+#: Stream the pieces of the reloaded path through the copy engine (TMA tensor descriptors) where it can:
+#: a Hopper or newer GPU (or the interpreter, which emulates it), fp16/bf16, 16-byte aligned rows.
+#: Read at every launch, so a test can turn it off.
+CONV_TMA = True
+
+
+def conv_forward_configs(pre_hook=None) -> list[triton.Config]:
+    """The candidates; ``pre_hook(args)`` runs before each launch of one (it fits the TMA boxes to the tile)."""
     if INTERPRET:
-        return [_config(INTERPRETER_TILE, INTERPRETER_TILE, 4, 1)]
+        return [_config(INTERPRETER_TILE, INTERPRETER_TILE, 4, 1, pre_hook)]
     if not AUTOTUNE:
-        return [_config(*CONV_FORWARD[0])]
-    return [_config(*c) for c in CONV_FORWARD]
+        return [_config(*CONV_FORWARD[0], pre_hook)]
+    return [_config(*c, pre_hook) for c in CONV_FORWARD]
+
+
+def stream_width(block_d: int) -> int:
+    """Depth of one streamed product: half the head-dim tile (lighter on registers and shared memory),
+    or all of it when that is 16 (``tl.dot`` needs a depth of at least 16)."""
+    return block_d if block_d < 32 else block_d // 2
 
 
 def query_shift_groups(cq: int) -> tuple[int, int]:
@@ -139,7 +153,9 @@ def conv_forward_heuristics() -> dict:
     """Meta-parameters derived at launch from the chosen tile (``triton.heuristics``)."""
     return {"QA": lambda args: query_shift_groups(args["CQ"])[0],
             "QB": lambda args: query_shift_groups(args["CQ"])[1],
-            "RESIDENT": _resident}
+            "RESIDENT": _resident,
+            "TMA": lambda args: args["QD"] is not None and not _resident(args),
+            "WIDTH": lambda args: stream_width(args["BLOCK_D"])}
 
 
 #: The largest key-axis kernel size ``ck`` (the fold and the future scores unroll a loop over it).

@@ -126,12 +126,52 @@ def test_query_shift_groups_cover_cq(cq, groups):
     assert qa + qb >= cq and qa & (qa - 1) == 0 and qb & (qb - 1) == 0
 
 
+STREAMED = [(torch.float32, False), (torch.float16, False), (torch.float16, True)]  # (dtype, copy engine)
+
+
+@pytest.mark.parametrize("dtype,tma", STREAMED, ids=lambda x: str(x))
 @pytest.mark.parametrize("D", [16, 32, 96])  # one product per shift (16); two half-width ones, padded (96)
 @pytest.mark.parametrize("causal", [True, False])
-def test_streamed_queries_path_matches(causal, D, monkeypatch, poisoned_outputs):
-    """With no room to hold the shifted queries, the kernel reloads them per key tile: same result."""
+def test_streamed_queries_path_matches(causal, D, dtype, tma, monkeypatch, poisoned_outputs):
+    """With no room to hold the shifted queries, the kernel reloads them per key tile, through pointers or
+    (16-bit inputs) the copy engine's descriptors: same result."""
     monkeypatch.setattr(mta.tuning, "CONV_RESIDENT_BYTES", 0)
-    run_case(45, 3, 5, causal, torch.float32, D=D)
+    monkeypatch.setattr(mta.tuning, "CONV_TMA", tma)
+    run_case(45, 3, 5, causal, dtype, D=D)
+
+
+@pytest.mark.parametrize("N", [1, 70])
+def test_streamed_through_descriptors_gqa_and_strided_inputs(N, monkeypatch, poisoned_outputs):
+    """The descriptors read GQA values and q, k, v laid out ``[B, N, H, D]`` (transposed views, not copies)."""
+    monkeypatch.setattr(mta.tuning, "CONV_RESIDENT_BYTES", 0)
+    B, Hq, Hkv, D, dtype = 2, 4, 2, 32, torch.float16
+    q = rand(B, N, Hq, D, dtype=dtype).transpose(1, 2)
+    k, v = (rand(B, N, Hkv, D, dtype=dtype).transpose(1, 2) for _ in range(2))
+    weight = rand(Hq, 6, 11, scale=0.2)
+    assert mta.conv.stream_descriptors(q, v, mta.conv.fold_keys(k, weight, Hq))[0] is not None or \
+        torch.cuda.get_device_capability()[0] < 9
+    ref = mta.conv_attention_reference(*(x.cpu().double() for x in (q, k, v, weight)))
+    check(mta.conv_attention(q, k, v, weight), ref, TOL[dtype])
+
+
+def test_stream_descriptors_only_where_the_copy_engine_can_read(monkeypatch):
+    """fp32, rows that are not a multiple of 16 bytes, an unaligned start, or CONV_TMA off: pointer loads."""
+    if ON_GPU and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("no copy engine before Hopper")
+    q, k, v = rand_qkv(1, 2, 1, 9, 9, 24, dtype=torch.float16)
+    w = rand(2, 3, 5)
+
+    def descriptors(q, k, v):
+        return mta.conv.stream_descriptors(q, v, mta.conv.fold_keys(k, w, 2))
+
+    assert all(d is not None for d in descriptors(q, k, v))
+    assert descriptors(q.float(), k.float(), v.float()) == (None, None, None)
+    q20, k20, v20 = rand_qkv(1, 2, 1, 9, 9, 20, dtype=torch.float16)  # 40-byte rows
+    assert descriptors(q20, k20, v20) == (None, None, None)
+    q_off = rand(1, 2, 9, 25, dtype=torch.float16)[..., 1:]  # 48-byte rows starting 2 bytes in
+    assert descriptors(q_off, k, v) == (None, None, None)
+    monkeypatch.setattr(mta.tuning, "CONV_TMA", False)
+    assert descriptors(q, k, v) == (None, None, None)
 
 
 @pytest.mark.parametrize("N", [1, 23, 70])

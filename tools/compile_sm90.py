@@ -61,7 +61,8 @@ from triton.runtime.jit import create_function_from_signature  # noqa: E402
 import mta  # noqa: E402,F401
 from mta import tuning  # noqa: E402
 from mta.conv import diagonal_reach  # noqa: E402
-from mta.conv_forward import conv_forward_kernel  # noqa: E402
+from mta import conv as conv_module  # noqa: E402
+from mta.conv_forward import conv_forward_kernel, fit_stream_descriptors  # noqa: E402
 from mta.flash import dot_precision, head_dim_block, size_bucket  # noqa: E402
 from mta.flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel  # noqa: E402
 from mta.flash_forward import flash_forward_kernel  # noqa: E402
@@ -277,6 +278,8 @@ N_RES, B_RES, H_RES = 4096, 2, 8
 
 
 def conv_args(D, causal, cq=6, ck=11, dtype=torch.bfloat16, precision="tf32"):
+    """Arguments of a launch on an H100/H200: TMA descriptors where mta.conv.stream_descriptors makes them
+    there (16-bit inputs, 16-byte rows); ``report`` fits their boxes to each tile."""
     B, Hq, Hkv, N = B_RES, H_RES, H_RES, N_RES
     e, _ = diagonal_reach(cq, ck)
     e_pad = max(16, triton.next_power_of_2(e))
@@ -286,7 +289,11 @@ def conv_args(D, causal, cq=6, ck=11, dtype=torch.bfloat16, precision="tf32"):
     cd = torch.empty(B, Hq, N, e_pad, dtype=torch.float32)
     o = torch.empty_like(q)
     lse = torch.empty(B, Hq, N, dtype=torch.float32)
-    args = (q, kf, v, cd, o, lse, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
+    descriptors = (None, None, None)
+    if dtype != torch.float32 and all(conv_module._tma_ready(t) for t in (q, v, kf)):
+        descriptors = tuple(conv_module.TensorDescriptor(t, list(t.shape), list(t.stride()), [1] * t.dim())
+                            for t in (q, kf, v))
+    args = (q, kf, v, cd, o, lse, *descriptors, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
             N, N, Hq, Hq // Hkv, D ** -0.5, size_bucket(N))
     kwargs = dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=e_pad, D=D, BLOCK_D=head_dim_block(D), PRECISION=precision)
     return args, kwargs
@@ -312,10 +319,13 @@ HDR = (f"{'kernel':6} {'D':>3} {'causal':6} {'BM':>4} {'BN':>4} {'w':>2} {'st':>
 def report(name, D, causal, cfg, kernel, args, kwargs):
     bm, bn, w, st = cfg
     kw = with_heuristics(kernel, args, dict(kwargs, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st))
+    if kernel is conv_forward_kernel:
+        named = dict(zip(jit_of(kernel).arg_names, args))
+        fit_stream_descriptors({**named, **kw})
     ck, err, _, _ = compile_kernel(jit_of(kernel), args, kw)
     head = f"{name:6} {D:>3} {causal!s:6} {bm:>4} {bn:>4} {w:>2} {st:>2} | "
     if "RESIDENT" in kw:
-        head = head[:-2] + f"{'R' if kw['RESIDENT'] else 'S'} | "
+        head = head[:-2] + f"{'R' if kw['RESIDENT'] else ('T' if kw['TMA'] else 'S')} | "
     if err is not None:
         line = head + f"FAIL   {type(err).__name__}: {short_err(err)}"
         print(line, flush=True)
@@ -329,7 +339,7 @@ def report(name, D, causal, cfg, kernel, args, kwargs):
 
 
 def run_conv():
-    print(f"\n=== 2. conv_forward_kernel bf16 PRECISION=tf32; R: resident queries, S: streamed "
+    print(f"\n=== 2. conv_forward_kernel bf16 PRECISION=tf32; R: resident queries, S: streamed, T: streamed by TMA "
           f"(B={B_RES} H={H_RES} N={N_RES}) ===")
     print(HDR)
     rows = []
