@@ -17,26 +17,18 @@ import sys
 import time
 
 import torch
-import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
 import mta
-from mta.conv import diagonal_reach, diagonal_scores, fold_keys
-from mta.flash import head_dim_block, size_bucket
+from mta.conv import diagonal_scores, fold_keys, launch_conv_forward
 from mta.bench.timing import time_ms
 
 def launch(kernel, q, k, v, w, kf, cd, causal, cfg):
-    """The kernel alone (the pre-passes' ``kf`` and ``cd`` are given), heuristics applied, no autotuning."""
-    B, Hq, N, D = q.shape
+    """The kernel alone (the pre-passes' ``kf`` and ``cd`` are given), heuristics applied, no autotuning;
+    TMA descriptors where mta.conv.stream_descriptors makes them, boxes fitted to ``cfg``."""
     bm, bn, warps, stages = cfg
-    e, _ = diagonal_reach(w.shape[1], w.shape[2])
-    o = torch.empty_like(q); lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
-    kernel.fn[(triton.cdiv(N, bm), B * Hq)](
-        q, kf, v, cd, o, lse, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
-        N, N, Hq, Hq // k.shape[1], D ** -0.5, size_bucket(N),
-        CAUSAL=causal, CQ=w.shape[1], CK=w.shape[2], E=e, E_PAD=cd.shape[-1], D=D, BLOCK_D=head_dim_block(D),
-        PRECISION="tf32", BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
-    return o
+    return launch_conv_forward(q, v, kf, cd, tuple(w.shape[1:]), causal, q.shape[-1] ** -0.5, kernel=kernel.fn,
+                               BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)[0]
 
 def main():
     torch.manual_seed(0)
