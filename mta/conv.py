@@ -11,7 +11,8 @@ import triton
 
 from . import runtime, tuning
 from ._checks import check_weight, resolve_scale
-from .conv_forward import conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel
+from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
+                           past_scores_kernel)
 from .flash import check_kernel_device, check_kernel_inputs, dot_precision, head_dim_block, size_bucket
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
@@ -59,41 +60,51 @@ def _pad16(x: int) -> int:
     return max(16, triton.next_power_of_2(x))
 
 
-def diagonal_block(cq: int, ck: int) -> tuple[int, int, int]:
-    """``(BLOCK_R, EP_PAD, KW)`` of :func:`diagonal_scores`: rows per program (at least ``cq - 1``, the rows a
-    block's diagonals reach back), past scores kept per row (``E' + 1`` padded), and the key window of the
-    product that makes them (``2 BLOCK_R`` rows reach ``2 BLOCK_R + EP_PAD`` keys)."""
-    _, e_past = diagonal_reach(cq, ck)
-    block_r = max(16, triton.next_power_of_2(cq - 1))
-    ep_pad = _pad16(e_past + 1)
-    return block_r, ep_pad, triton.next_power_of_2(2 * block_r + ep_pad)
+def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
+    """``P[b, h, r, e] = q[b, h, r] . k[b, h // G, r - e]`` for ``0 <= e <= reach`` (0 before key 0), unscaled.
+
+    The scores near the diagonal that the convolution's masked rows are made of.
+
+    Args:
+        q: ``[B, Hq, N, D]``; k: ``[B, Hkv, N, D]``.
+    Returns:
+        ``[B, Hq, N, max(16, next_pow2(reach + 1))]`` fp32; columns past ``reach`` are 0.
+    """
+    check_kernel_device(q=q, k=k)
+    B, Hq, N, D = q.shape
+    Hkv = k.shape[1]
+    width = _pad16(reach + 1)
+    p = torch.empty((B, Hq, N, width), device=q.device, dtype=torch.float32)
+    block_r = 16  # on an H200, 16 rows per program is fastest at d = 64 and 128
+    past_scores_kernel[(triton.cdiv(N, block_r), B * Hq)](
+        q, k, p, *q.stride(), *k.stride(), *p.stride()[:3], N, Hq, Hq // Hkv,
+        EP=reach, EP_PAD=width, D=D, BLOCK_D=head_dim_block(D), BLOCK_R=block_r, num_warps=4)
+    return p
 
 
 def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``CD[b, h, i, delta] = C[i, i - delta] / scale``, the causal convolved scores on the diagonals
     ``0 <= delta < E = cq - 1 + pk`` where folded keys would be wrong (zero for ``delta >= E``).
 
-    One small pre-pass: per block of rows, the past scores ``P[r, e] = q_r . k_{r-e}`` (``e <= E' = ck + cq - 3``)
-    as one product of the rows with the keys they reach, kept in registers, then ``cq`` tiny products that
-    convolve them (:func:`mta.conv_forward.diagonal_scores_kernel`).
+    Two small pre-passes: the past scores (:func:`past_scores`), then ``cq``
+    tiny products per row block that convolve them.
 
     Args:
-        q: ``[B, Hq, N, D]``; k: ``[B, Hkv, N, D]``; weight: ``[Hq, cq, ck]``.
+        q: ``[B, Hq, N, D]``; k: ``[B, Hkv, N, D]``; weight: ``[Hq, cq, ck]`` fp32.
     Returns:
         ``[B, Hq, N, max(16, next_pow2(E))]`` fp32, contiguous.
     """
-    check_kernel_device(q=q, k=k, weight=weight)
+    check_kernel_device(weight=weight)
     weight = weight.detach().float().contiguous()
-    B, Hq, N, D = q.shape
-    Hkv = k.shape[1]
+    B, Hq, N, _ = q.shape
     cq, ck = weight.shape[1:]
     e, e_past = diagonal_reach(cq, ck)
-    block_r, ep_pad, kw = diagonal_block(cq, ck)
+    p = past_scores(q, k, e_past)
     cd = torch.empty((B, Hq, N, _pad16(e)), device=q.device, dtype=torch.float32)
+    block_r = 16 if runtime.INTERPRET else 64
     diagonal_scores_kernel[(triton.cdiv(N, block_r), B * Hq)](
-        q, k, weight, cd, *q.stride(), *k.stride(), N, Hq, Hq // Hkv, CQ=cq, CK=ck, E=e, E_PAD=cd.shape[-1],
-        EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=head_dim_block(D), BLOCK_R=block_r, KW=kw,
-        PRECISION=dot_precision(q.dtype), num_warps=8 if q.dtype == torch.float32 else 4)  # fp32: an FMA product
+        p, weight, cd, *p.stride()[:3], N, Hq, CQ=cq, CK=ck, E=e, E_PAD=cd.shape[-1], EP_PAD=p.shape[-1],
+        BLOCK_R=block_r, num_warps=4)
     return cd
 
 

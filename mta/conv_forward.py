@@ -26,7 +26,7 @@ is how a tile of ``C`` is made, in two stages:
   the same folded product, but there the pre-convolution mask matters: folded
   keys would also sum future scores ``S[r, c]``, ``c > r``, which the mask
   zeroes. The wrong entries lie on the ``E`` diagonals ``0 <= delta = i - j < E``,
-  and the kernel replaces them. A small pre-pass computes the past scores
+  and the kernel replaces them. Two small pre-passes compute the past scores
   ``P[r, e] = q_r . k_{r-e}`` (``e = 0..E'``, ``E' = ck + cq - 3``) and from them
 
       CD[i, delta] = C[i, i - delta] / scale = sum_a sum_e w[a, a - e + delta + pk - (cq-1)] P[i - (cq-1) + a, e];
@@ -187,28 +187,27 @@ def _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, str
 
 
 @triton.jit
-def _past_scores(q_base, k_base, stride_qm, stride_qd, stride_kn, stride_kd, r0, n, EP: tl.constexpr,
-                 EP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-                 KW: tl.constexpr, PRECISION: tl.constexpr):
-    """``[2 BLOCK_R, EP_PAD]``: row ``i`` holds the past scores ``P[r, e] = q_r . k_{r-e}`` (unscaled, fp32) of
-    query ``r = r0 - BLOCK_R + i`` (the block and the ``BLOCK_R`` rows before it), ``0 <= e <= EP``; zero where
-    ``r`` or ``r - e`` is outside ``[0, n)`` and for ``e > EP``.
+def _diagonal_scores(p_base, w_base, stride_pr, offs_m, n, CQ: tl.constexpr, CK: tl.constexpr,
+                     E: tl.constexpr, E_PAD: tl.constexpr, EP_PAD: tl.constexpr):
+    """``cd [BLOCK_M, E_PAD]``: ``cd[i, delta]`` is the convolved score ``C[i, i - delta]`` (unscaled) for
+    ``0 <= delta < E``, the diagonals the pre-convolution mask reaches; zero for ``delta >= E``.
 
-    One product of the rows with the ``KW`` keys they reach, ``[r0 - BLOCK_R - EP_PAD, ...)``, then a gather of
-    its diagonals: key ``r - e`` sits in column ``i + EP_PAD - e``.
+    ``cd[i, delta] = sum_a sum_e P[i - (cq-1) + a, e] * w[a, b]`` with ``b = a - e + delta + pk - (cq-1)``:
+    kernel row ``a`` and column ``b`` pair query ``r = i - (cq-1) + a`` with key ``c = i - delta - pk + b
+    = r - e``, a past (or present) key. One product per kernel row; the masked future never enters.
     """
-    rows = r0 - BLOCK_R + tl.arange(0, 2 * BLOCK_R)
-    keys = r0 - BLOCK_R - EP_PAD + tl.arange(0, KW)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    q = tl.load(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
-    k = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                mask=((keys >= 0) & (keys < n))[:, None] & d_ok[None, :], other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [2 BLOCK_R, KW]
-    e = tl.arange(0, EP_PAD)[None, :]
-    p = tl.gather(s, tl.arange(0, 2 * BLOCK_R)[:, None] + EP_PAD - e, axis=1)
-    return tl.where(e <= EP, p, 0.0)
+    PK: tl.constexpr = (CK - 1) // 2
+    e = tl.arange(0, EP_PAD)[:, None]  # rows of the weight tile: how far back the key is
+    delta = tl.arange(0, E_PAD)[None, :]  # columns: the diagonal i - j
+    cd = tl.zeros([offs_m.shape[0], E_PAD], dtype=tl.float32)
+    for a in range(CQ):
+        rows = offs_m - (CQ - 1) + a
+        p_a = tl.load(p_base + rows[:, None] * stride_pr + tl.arange(0, EP_PAD)[None, :],
+                      mask=((rows >= 0) & (rows < n))[:, None], other=0.0)  # [BLOCK_M, EP_PAD]
+        b = a - e + delta + PK - (CQ - 1)
+        w_a = tl.load(w_base + a * CK + b, mask=(b >= 0) & (b < CK) & (delta < E), other=0.0)
+        cd = tl.dot(p_a, w_a, cd, input_precision="ieee")
+    return cd
 
 
 @triton.jit
@@ -228,42 +227,50 @@ def _put_diagonals(c, cd_base, offs_m, offs_k, n, E: tl.constexpr, E_PAD: tl.con
 
 
 @triton.jit(do_not_specialize=["n"])
-def diagonal_scores_kernel(Q, K, W, CD, stride_qb, stride_qh, stride_qm, stride_qd,
-                           stride_kb, stride_kh, stride_kn, stride_kd, n, num_heads, group_size,
-                           CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
-                           EP: tl.constexpr, EP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_R: tl.constexpr, KW: tl.constexpr, PRECISION: tl.constexpr):
-    """``CD[b, h, i, delta] = C[i, i - delta] / scale`` for ``0 <= delta < E`` (fp32; zero for ``delta >= E``):
-    the causal convolved scores on the diagonals the pre-convolution mask reaches, made of past scores only.
-    ``CD`` is contiguous ``[B, Hq, n, E_PAD]``. Grid: ``(cdiv(n, BLOCK_R), B * Hq)``, ``BLOCK_R >= cq - 1``.
+def past_scores_kernel(Q, K, P, stride_qb, stride_qh, stride_qm, stride_qd,
+                       stride_kb, stride_kh, stride_kn, stride_kd, stride_pb, stride_ph, stride_pr,
+                       n, num_heads, group_size, EP: tl.constexpr, EP_PAD: tl.constexpr,
+                       D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``P[b, h, r, e] = q_r . k_{r-e}`` for ``0 <= e <= EP`` (fp32, unscaled), zero before key 0 and past ``EP``.
 
-    ``cd[i, delta] = sum_a sum_e P[i - (cq-1) + a, e] * w[a, b]`` with ``b = a - e + delta + pk - (cq-1)``:
-    kernel row ``a`` and column ``b`` pair query ``r = i - (cq-1) + a`` with key ``c = i - delta - pk + b
-    = r - e``, a past (or present) key. The past scores stay in registers: one product per kernel row of
-    ``P`` shifted ``a`` rows (a gather) with the weights it meets; the masked future never enters.
+    Grid: ``(cdiv(n, BLOCK_R), B * Hq)``. ``EP + 1`` dot products per query, so a
+    small pre-pass: the shifted loads of K hit the cache.
     """
-    PK: tl.constexpr = (CK - 1) // 2
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
     h = pid_bh % num_heads
-    r0 = tl.program_id(0) * BLOCK_R
-    p = _past_scores(Q + b * stride_qb + h * stride_qh, K + b * stride_kb + (h // group_size) * stride_kh,
-                     stride_qm, stride_qd, stride_kn, stride_kd, r0, n, EP, EP_PAD, D, BLOCK_D, BLOCK_R, KW,
-                     PRECISION)
-    e = tl.arange(0, EP_PAD)[:, None]  # rows of the weight tile: how far back the key is
-    delta = tl.arange(0, E_PAD)[None, :]  # columns: the diagonal i - j
-    offs_i = tl.arange(0, BLOCK_R)
-    cd = tl.zeros([BLOCK_R, E_PAD], dtype=tl.float32)
-    for a in range(CQ):
-        # P of query r0 + i - (cq-1) + a: row BLOCK_R + i - (cq-1) + a of p
-        src = BLOCK_R - (CQ - 1) + a + offs_i[:, None] + tl.zeros([1, EP_PAD], dtype=tl.int32)
-        p_a = tl.gather(p, src, axis=0)  # [BLOCK_R, EP_PAD]
-        b_col = a - e + delta + PK - (CQ - 1)
-        w_a = tl.load(W + (h * CQ + a) * CK + b_col, mask=(b_col >= 0) & (b_col < CK) & (delta < E), other=0.0)
-        cd = tl.dot(p_a, w_a, cd, input_precision="ieee")
-    offs_r = r0 + offs_i
-    tl.store(CD + pid_bh * n * E_PAD + offs_r[:, None] * E_PAD + tl.arange(0, E_PAD)[None, :], cd,
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, EP_PAD)
+    d_ok = offs_d < D
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=(offs_r < n)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    k_base = K + b * stride_kb + (h // group_size) * stride_kh
+    p = tl.zeros([BLOCK_R, EP_PAD], dtype=tl.float32)
+    for e in tl.static_range(EP + 1):
+        keys = offs_r - e
+        k_e = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                      mask=((keys >= 0) & (keys < n))[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        p = tl.where(offs_e[None, :] == e, tl.sum(q * k_e, 1)[:, None], p)
+    tl.store(P + b * stride_pb + h * stride_ph + offs_r[:, None] * stride_pr + offs_e[None, :], p,
              mask=(offs_r < n)[:, None])
+
+
+@triton.jit(do_not_specialize=["n"])
+def diagonal_scores_kernel(P, W, CD, stride_pb, stride_ph, stride_pr, n, num_heads,
+                           CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
+                           EP_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``CD[b, h, i, delta] = C[i, i - delta] / scale`` for ``0 <= delta < E`` (fp32; zero for ``delta >= E``):
+    the convolved scores on the diagonals the pre-convolution mask reaches, from the past scores ``P``.
+    ``CD`` is contiguous ``[B, Hq, n, E_PAD]``. Grid: ``(cdiv(n, BLOCK_R), B * Hq)``."""
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cd = _diagonal_scores(P + b * stride_pb + h * stride_ph, W + h * CQ * CK, stride_pr, offs_r, n,
+                          CQ, CK, E, E_PAD, EP_PAD)
+    offs_e = tl.arange(0, E_PAD)
+    tl.store(CD + pid_bh * n * E_PAD + offs_r[:, None] * E_PAD + offs_e[None, :], cd, mask=(offs_r < n)[:, None])
 
 
 @triton.jit(do_not_specialize=["n"])

@@ -181,12 +181,25 @@ def test_masked_diagonals_across_key_tiles(N, cq, ck, poisoned_outputs):
     run_case(N, cq, ck, True, torch.float32)
 
 
-@pytest.mark.parametrize("cq,ck", [(6, 11), (2, 9), (16, 15), (3, 1), (32, 5)], ids=str)
-@pytest.mark.parametrize("N", [1, 41])
-def test_diagonal_scores_are_the_causal_convolved_scores(cq, ck, N):
-    """CD[i, delta] * scale = C[i, i - delta] of the reference convolution (pre-mask included), delta < E.
-    Blocks of 16 rows reach back cq - 1 <= 15 rows; cq = 32 takes blocks of 32."""
-    B, Hq, Hkv, D = 1, 2, 1, 24
+def test_past_scores_match_their_definition():
+    B, Hq, Hkv, N, D, reach = 2, 4, 2, 19, 24, 7
+    q, k = rand(B, Hq, N, D), rand(B, Hkv, N, D)
+    p = mta.conv.past_scores(q, k, reach).cpu().double()
+    assert p.shape == (B, Hq, N, 16)
+    qd, kd = q.cpu().double(), k.cpu().double()
+    want = torch.zeros(B, Hq, N, 16, dtype=torch.float64)
+    for h in range(Hq):
+        for r in range(N):
+            for e in range(reach + 1):
+                if r - e >= 0:
+                    want[:, h, r, e] = (qd[:, h, r] * kd[:, h // (Hq // Hkv), r - e]).sum(-1)
+    torch.testing.assert_close(p, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("cq,ck", [(6, 11), (2, 9), (16, 15), (3, 1)], ids=str)
+def test_diagonal_scores_are_the_causal_convolved_scores(cq, ck):
+    """CD[i, delta] * scale = C[i, i - delta] of the reference convolution (pre-mask included), delta < E."""
+    B, Hq, Hkv, N, D = 1, 2, 1, 41, 24
     q, k = rand(B, Hq, N, D), rand(B, Hkv, N, D)
     w = rand(Hq, cq, ck, scale=0.3)
     cd = mta.conv.diagonal_scores(q, k, w).cpu().double()
@@ -195,7 +208,7 @@ def test_diagonal_scores_are_the_causal_convolved_scores(cq, ck, N):
     qd, kd, wd = q.cpu().double(), k.cpu().double().expand(B, Hq, N, D), w.cpu().double()
     s0 = (qd @ kd.transpose(-1, -2)).tril()  # the future zeroed before the convolution
     c = torch.nn.functional.conv2d(torch.nn.functional.pad(s0, (pk, pk, cq - 1, 0)), wd[:, None], groups=Hq)
-    for delta in range(min(cd.shape[-1], N)):  # diagonal delta has N - delta entries
+    for delta in range(cd.shape[-1]):
         rows = torch.arange(delta, N)
         want = c[:, :, rows, rows - delta] if delta < e else torch.zeros(B, Hq, N - delta, dtype=torch.float64)
         torch.testing.assert_close(cd[:, :, delta:, delta], want, rtol=1e-5, atol=1e-5)
@@ -213,4 +226,4 @@ def test_wrong_device_is_named():
     with pytest.raises(ValueError, match="weight must be"):
         mta.conv.diagonal_scores(q, k, w.to(wrong))
     with pytest.raises(ValueError, match="q must be"):
-        mta.conv.diagonal_scores(q.to(wrong), k, w)
+        mta.conv.past_scores(q.to(wrong), k, 4)
