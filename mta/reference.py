@@ -72,7 +72,7 @@ def conv_attention_reference(q, k, v, weight, *, causal: bool = True, scale: flo
                              return_lse: bool = False):
     """Multi-Token Attention's key-query convolution, materialized.
 
-    Exactly ``shared/mta-semantics.md``: ``S = scale * q k^T``; causal: zero
+    Exactly ``docs/mta-semantics.md``: ``S = scale * q k^T``; causal: zero
     the future; depthwise 2D cross-correlation with ``weight[h]``, the query
     axis padded on top with ``cq - 1`` rows and the key axis with
     ``(ck - 1) / 2`` columns each side; causal: ``-inf`` in the future;
