@@ -9,18 +9,18 @@ from __future__ import annotations
 import torch
 import triton
 
-from . import runtime, tuning
+from . import conv_forward, runtime, tuning
 from ._checks import check_weight, resolve_scale
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
-                           past_scores_kernel)
-from .flash import check_kernel_device, check_kernel_inputs, dot_precision, head_dim_block, size_bucket
+                           holds_queries, past_scores_kernel)
+from .launch import (check_kernel_device, check_kernel_inputs, dot_precision, head_dim_block, launch_tiled,
+                     size_bucket)
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older Triton: the pointer path only
     TensorDescriptor = None
 
-MAX_CQ = 32
 
 
 def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int) -> torch.Tensor:
@@ -131,35 +131,41 @@ def stream_descriptors(q, v, kf):
     """``(QD, KFD, VD)``: TMA descriptors over ``q [B, Hq, N, D]``, ``kf [B, Hq, cq, N, D]`` and
     ``v [B, Hkv, N, D]`` for the kernel's reloaded (streamed) path, their boxes fitted to the tile at launch
     (:func:`mta.conv_forward.fit_stream_descriptors`); ``(None, None, None)`` where the copy engine does not
-    apply: turned off (``tuning.CONV_TMA``), a GPU before Hopper, fp32, or rows not 16-byte aligned."""
+    apply: turned off (``mta.conv_forward.USE_TMA``), a GPU before Hopper, fp32, or rows not 16-byte aligned."""
     on_hopper = runtime.INTERPRET or torch.cuda.get_device_capability(q.device)[0] >= 9
-    if not (tuning.CONV_TMA and TensorDescriptor is not None and on_hopper
+    if not (conv_forward.USE_TMA and TensorDescriptor is not None and on_hopper
             and q.dtype in (torch.float16, torch.bfloat16) and all(_tma_ready(t) for t in (q, v, kf))):
         return None, None, None
     return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1] * t.dim()) for t in (q, kf, v))
 
 
 def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool, scale: float,
-                        kernel=conv_forward_kernel, **config):
+                        kernel=None, **config):
     """Launch the fused kernel on the pre-passes' ``kf, cd`` (:func:`conv_prepasses`) for a ``(cq, ck)`` kernel:
     ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32).
 
-    ``kernel`` and ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``) are for
-    benchmarks that launch an untuned build of the same kernel (``mta.bench.launch_order``).
+    ``kernel`` and ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``; default: the tile
+    table) are for benchmarks that launch another build of the same kernel (``mta.bench.launch_order``).
     """
     B, Hq, N, D = q.shape
     cq, ck = kernel_size
     e, _ = diagonal_reach(cq, ck)
+    block_d = head_dim_block(D)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
     qd, kfd, vd = stream_descriptors(q, v, kf)
-    if config:  # an explicit tile: no autotuner runs the pre-hook
-        fit_stream_descriptors(dict(config, QD=qd, KFD=kfd, VD=vd, BLOCK_D=head_dim_block(D)))
-    kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * Hq)](
-        q, kf, v, cd, o, lse, qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
-        N, N, Hq, Hq // v.shape[1], scale, size_bucket(N),
-        CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), D=D, BLOCK_D=head_dim_block(D),
-        PRECISION=dot_precision(q.dtype), **config)
+    if not config and not tuning.AUTOTUNE:
+        config = tuning.config_for("conv_forward", block_d, q.dtype, causal)
+        if not holds_queries(config["BLOCK_M"], cq, block_d, q.element_size()):
+            config = tuning.config_for("conv_forward_streamed", block_d, q.dtype, causal)
+    launch_tiled(
+        "conv_forward", kernel or conv_forward_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
+        (q, kf, v, cd, o, lse, qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
+         N, N, Hq, Hq // v.shape[1], scale, size_bucket(N)),
+        dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), D=D, BLOCK_D=block_d,
+             PRECISION=dot_precision(q.dtype)),
+        dtype=q.dtype, config=config or None, pre_hook=fit_stream_descriptors,
+        key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     return o, lse
 
 
@@ -186,7 +192,7 @@ class ConvAttention(torch.autograd.Function):
 def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None = None, return_lse: bool = False):
     """Multi-Token Attention (key-query convolution before the softmax), fused, O(N) memory.
 
-    Exactly :func:`mta.conv_attention_reference` (``shared/mta-semantics.md``)
+    Exactly :func:`mta.conv_attention_reference` (the definition in ``docs/mta-semantics.md``)
     without materializing any N x N matrix.
 
     Args:
@@ -203,8 +209,8 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     if Nq != Nk:
         raise ValueError(f"conv attention needs as many queries as keys, got Nq={Nq}, Nk={Nk}")
     cq, ck = check_weight(weight, num_heads=Hq, device=q.device)
-    if cq > MAX_CQ or ck > tuning.CONV_MAX_CK:
-        raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={MAX_CQ} and ck={tuning.CONV_MAX_CK} here")
+    if cq > conv_forward.MAX_CQ or ck > conv_forward.MAX_CK:
+        raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={conv_forward.MAX_CQ} and ck={conv_forward.MAX_CK} here")
     scale = resolve_scale(scale, D)
     o, lse = ConvAttention.apply(q, k, v, weight, bool(causal), scale)
     return (o, lse) if return_lse else o

@@ -43,8 +43,57 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import tuning
-from .launch_order import heaviest_first
+from .kernel_parts import LOG2E, finish_rows, key_tile_bounds, online_softmax_step, program_coordinates
+from .launch import NO_SPECIALIZE
+
+#: The largest query-axis kernel size ``cq``.
+MAX_CQ = 32
+#: The largest key-axis kernel size ``ck`` (the fold and the past scores unroll a loop over it).
+MAX_CK = 33
+#: Largest ``BLOCK_M x cq x BLOCK_D`` tile of shifted queries held for a whole key walk, in bytes.
+#: Beyond it the kernel reloads each shifted query tile for every key tile (slower, any size).
+#: Read at every launch, so a test can lower it to exercise that path.
+RESIDENT_BYTES = 96 * 1024
+#: Stream the pieces of the reloaded path through the copy engine (TMA tensor descriptors) where it can:
+#: a Hopper or newer GPU (or the interpreter, which emulates it), fp16/bf16, 16-byte aligned rows.
+#: Read at every launch, so a test can turn it off.
+USE_TMA = True
+
+
+def query_shift_groups(cq: int) -> tuple[int, int]:
+    """``(QA, QB)``: ``cq`` query shifts covered by at most two power-of-two groups (``QB = 0``: one).
+
+    ``QA`` is the largest power of two <= cq and ``QB`` the smallest one >= the
+    rest; shifts past ``cq`` in the second group are zero padding (6 = 4 + 2,
+    11 = 8 + 4 with one padded).
+    """
+    qa = 1 << (cq.bit_length() - 1)
+    rest = cq - qa
+    return qa, (1 << (rest - 1).bit_length()) if rest else 0
+
+
+def holds_queries(block_m: int, cq: int, block_d: int, elem_bytes: int) -> bool:
+    """Whether a program holds its shifted query tiles for the whole key walk (they fit in
+    :data:`RESIDENT_BYTES`), rather than reloading them for every key tile."""
+    return block_m * sum(query_shift_groups(cq)) * block_d * elem_bytes <= RESIDENT_BYTES
+
+
+def stream_width(block_d: int) -> int:
+    """Depth of one streamed product: half the head-dim tile (lighter on registers and shared memory),
+    or all of it when that is 16 (``tl.dot`` needs a depth of at least 16)."""
+    return block_d if block_d < 32 else block_d // 2
+
+
+def _resident(args: dict) -> bool:
+    return holds_queries(args["BLOCK_M"], args["CQ"], args["BLOCK_D"], args["Q"].element_size())
+
+
+#: Meta-parameters derived at launch from the chosen tile (``triton.heuristics``).
+HEURISTICS = {"QA": lambda args: query_shift_groups(args["CQ"])[0],
+              "QB": lambda args: query_shift_groups(args["CQ"])[1],
+              "RESIDENT": _resident,
+              "TMA": lambda args: args["QD"] is not None and not _resident(args),
+              "WIDTH": lambda args: stream_width(args["BLOCK_D"])}
 
 
 @triton.jit
@@ -61,16 +110,7 @@ def _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, VD, b, kv_h, start_
     else:
         v = tl.load(v_base + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                     mask=k_ok[:, None] & (offs_d < D)[None, :], other=0.0)
-    m_new = tl.maximum(m, tl.max(c, 1))
-    if MASKED:  # a row that has seen only masked keys keeps m = -inf; subtract 0 instead
-        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new_safe = m_new
-    p = tl.math.exp2(c - m_new_safe[:, None])
-    alpha = tl.math.exp2(m - m_new_safe)
-    l = l * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-    return acc, m_new, l
+    return online_softmax_step(acc, m, l, c, v, MASKED, PRECISION)
 
 
 @triton.jit
@@ -310,16 +350,14 @@ def fit_stream_descriptors(args: dict) -> None:
     ``BLOCK_N x BLOCK_D`` of values. Runs before every launch of an autotuned candidate."""
     if args.get("QD") is None:
         return
-    width = tuning.stream_width(args["BLOCK_D"])
+    width = stream_width(args["BLOCK_D"])
     args["QD"].block_shape = [1, 1, args["BLOCK_M"], width]
     args["KFD"].block_shape = [1, 1, 1, args["BLOCK_N"], width]
     args["VD"].block_shape = [1, 1, args["BLOCK_N"], args["BLOCK_D"]]
 
 
-@triton.autotune(configs=tuning.conv_forward_configs(pre_hook=fit_stream_descriptors),
-                 key=["N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"])
-@triton.heuristics(tuning.conv_forward_heuristics())
-@triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
+@triton.heuristics(HEURISTICS)
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
 def conv_forward_kernel(Q, KF, V, CD, O, LSE, QD, KFD, VD,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -341,10 +379,7 @@ def conv_forward_kernel(Q, KF, V, CD, O, LSE, QD, KFD, VD,
     Grid: ``(cdiv(n, BLOCK_M), B * Hq)``, heaviest (last) query tiles first (:mod:`mta.launch_order`).
     """
     n = n_q
-    pid_m, pid_bh = heaviest_first(HEAVY_LAST=True)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
-    kv_h = h // group_size
+    pid_m, pid_bh, b, h, kv_h = program_coordinates(num_heads, group_size, HEAVY_LAST=True)
     i0 = pid_m * BLOCK_M
     offs_m = i0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -356,7 +391,7 @@ def conv_forward_kernel(Q, KF, V, CD, O, LSE, QD, KFD, VD,
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    qk_scale = scale * 1.4426950408889634  # the convolution is linear: convolve in base-2 units
+    qk_scale = scale * LOG2E  # the convolution is linear: convolve in base-2 units
     if RESIDENT:  # the cq shifted query tiles, side by side, loaded once
         q_hi = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, 0, QA, CQ, D, BLOCK_D)
         if QB > 0:
@@ -367,36 +402,21 @@ def conv_forward_kernel(Q, KF, V, CD, O, LSE, QD, KFD, VD,
         q_hi = 0.0
         q_lo = 0.0
 
-    if CAUSAL:
-        # The folded score of key j holds a future term for some row of the block when j > i0 - E.
-        diag_start = tl.maximum(i0 - E + 1, 0) // BLOCK_N * BLOCK_N
-        acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
-                                  offs_m, offs_d, cd_base,
-                                  0, diag_start, n, qk_scale, False, False, RESIDENT, TMA, CQ, QA, QB, E, E_PAD, D,
-                                  BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
-        acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
-                                  offs_m, offs_d, cd_base,
-                                  diag_start, tl.minimum(i0 + BLOCK_M, n), n, qk_scale, False, True, RESIDENT,
-                                  TMA, CQ, QA, QB, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
-    else:
-        full_stop = n // BLOCK_N * BLOCK_N
-        acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
-                                  offs_m, offs_d, cd_base,
-                                  0, full_stop, n, qk_scale, False, False, RESIDENT, TMA, CQ, QA, QB, E, E_PAD, D,
-                                  BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
-        acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                                  stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
-                                  offs_m, offs_d, cd_base,
-                                  full_stop, n, n, qk_scale, True, False, RESIDENT, TMA, CQ, QA, QB, E, E_PAD, D,
-                                  BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
+    # Folded scores are exact for every row of the block up to key i0 - E (causal); past it, up to the
+    # diagonal, the E masked diagonals are put in. Not causal: every tile is folded, the key tail masked.
+    clean_stop, stop = key_tile_bounds(i0, n, 0, E, CAUSAL, BLOCK_M, BLOCK_N)
+    acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
+                              stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
+                              offs_m, offs_d, cd_base, 0, clean_stop, n, qk_scale, False, False, RESIDENT, TMA,
+                              CQ, QA, QB, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
+    acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
+                              stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
+                              offs_m, offs_d, cd_base, clean_stop, stop, n, qk_scale, not CAUSAL, CAUSAL,
+                              RESIDENT, TMA, CQ, QA, QB, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
 
     row_ok = offs_m < n
     d_ok = offs_d < D
-    o = acc / l[:, None]  # every row sees at least its own key: l > 0
-    lse = (m + tl.math.log2(l)) * 0.6931471805599453
+    o, lse = finish_rows(acc, m, l)  # every row sees at least its own key: l > 0
     tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
              o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LSE + pid_bh * n + offs_m, lse, mask=row_ok)

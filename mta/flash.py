@@ -10,71 +10,30 @@ from __future__ import annotations
 import torch
 import triton
 
-from . import runtime
-from ._checks import check_qkv, resolve_scale
+from ._checks import resolve_scale
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
-
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 256
+from .launch import check_kernel_inputs, dot_precision, head_dim_block, launch_tiled, size_bucket
 
 
-def check_kernel_device(**tensors: torch.Tensor) -> None:
-    """Each named tensor is where the Triton kernels run: the GPU, or the CPU in interpreter mode."""
-    for name, x in tensors.items():
-        if runtime.INTERPRET and x.device.type != "cpu":
-            raise ValueError(f"Triton runs in interpreter mode (TRITON_INTERPRET=1): {name} must be on the cpu, "
-                             f"got {x.device}")
-        if not runtime.INTERPRET and x.device.type != "cuda":
-            raise ValueError(f"Triton kernels run on the GPU: {name} must be a cuda tensor, got {x.device}")
-
-
-def check_kernel_inputs(q, k, v) -> tuple[int, int, int, int, int, int]:
-    """Shapes as :func:`mta._checks.check_qkv`, plus what the Triton kernels need."""
-    dims = check_qkv(q, k, v)
-    if q.dtype not in KERNEL_DTYPES:
-        raise TypeError(f"Triton kernels take fp16, bf16 or fp32 inputs, got {q.dtype}")
-    check_kernel_device(q=q)
-    if runtime.INTERPRET and q.dtype == torch.bfloat16:
-        raise TypeError("bf16 is not supported in Triton's interpreter (its tl.dot gives wrong bf16 results); "
-                        "use fp16 or fp32 on the CPU, or bf16 on a GPU")
-    if dims[5] > MAX_HEAD_DIM:
-        raise ValueError(f"head dim D={dims[5]} is not supported (at most {MAX_HEAD_DIM})")
-    return dims
-
-
-def head_dim_block(d: int) -> int:
-    """Tile width for head dim ``d``: a power of two >= 16 (tl.dot needs K >= 16)."""
-    return max(16, triton.next_power_of_2(d))
-
-
-def size_bucket(n: int) -> int:
-    """Autotuning key for a sequence length: its power-of-two ceiling."""
-    return triton.next_power_of_2(max(n, 1))
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs get true fp32 products ("ieee"), not TF32, so fp32 stays exact."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def flash_forward(q, k, v, causal: bool, scale: float, kernel=flash_forward_kernel,
+def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
                   **config) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel: ``o [B, Hq, Nq, D]`` (q's dtype) and ``lse [B, Hq, Nq]`` (fp32).
 
-    ``kernel`` and ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``) are for
-    benchmarks that launch an untuned build of the same kernel (``mta.bench.launch_order``).
+    ``kernel`` and ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``; default: the
+    tile table) are for benchmarks that launch another build of the same kernel (``mta.bench.launch_order``).
     """
     B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     if Nq == 0:
         return o, lse
-    grid = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)  # noqa: E731
-    kernel[grid](
-        q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        Nq, Nk, Hq, Hq // Hkv, scale, size_bucket(max(Nq, Nk)),
-        CAUSAL=causal, D=D, BLOCK_D=head_dim_block(D), PRECISION=dot_precision(q.dtype), **config)
+    launch_tiled(
+        "flash_forward", kernel or flash_forward_kernel, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq),
+        (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+         Nq, Nk, Hq, Hq // Hkv, scale, size_bucket(max(Nq, Nk))),
+        dict(CAUSAL=causal, D=D, BLOCK_D=head_dim_block(D), PRECISION=dot_precision(q.dtype)),
+        dtype=q.dtype, config=config or None)
     return o, lse
 
 
@@ -93,16 +52,15 @@ def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     rowsum_do_o_kernel[(triton.cdiv(Nq, rowsum_block), B * Hq)](
         o, do, delta, *o.stride(), *do.stride(), Nq, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
     bucket = size_bucket(max(Nq, Nk))
-    flash_dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
-        q, k, v, do, lse, delta, dk, dv,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        Nq, Nk, Hkv, Hq // Hkv, scale, bucket,
-        CAUSAL=causal, D=D, BLOCK_D=block_d, PRECISION=precision)
-    flash_dq_kernel[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
-        q, k, v, do, lse, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        Nq, Nk, Hq, Hq // Hkv, scale, bucket,
-        CAUSAL=causal, D=D, BLOCK_D=block_d, PRECISION=precision)
+    meta = dict(CAUSAL=causal, D=D, BLOCK_D=block_d, PRECISION=precision)
+    launch_tiled("flash_dkdv", flash_dkdv_kernel, lambda tile: (triton.cdiv(Nk, tile["BLOCK_N"]), B * Hkv),
+                 (q, k, v, do, lse, delta, dk, dv,
+                  *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+                  Nq, Nk, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype)
+    launch_tiled("flash_dq", flash_dq_kernel, lambda tile: (triton.cdiv(Nq, tile["BLOCK_M"]), B * Hq),
+                 (q, k, v, do, lse, delta, dq,
+                  *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+                  Nq, Nk, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype)
     return dq, dk, dv
 
 

@@ -17,10 +17,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import tuning
-from .launch_order import heaviest_first
-
-LOG2E = 1.4426950408889634
+from .kernel_parts import LOG2E, key_tile_bounds, program_coordinates
+from .launch import NO_SPECIALIZE
 
 
 @triton.jit
@@ -29,10 +27,8 @@ def rowsum_do_o_kernel(O, DO, DELTA,
                        stride_dob, stride_doh, stride_dom, stride_dod,
                        n_q, num_heads, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
     """``DELTA[bh, i] = sum_d dO[i, d] * O[i, d]`` in fp32. Grid: ``(cdiv(n_q, BLOCK_M), B * Hq)``."""
-    pid_bh = tl.program_id(1)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_m, pid_bh, b, h, _ = program_coordinates(num_heads, 1, HEAVY_LAST=False)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < D)
     o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
@@ -60,7 +56,7 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
         row_ok = offs_m < n_q
         qt = tl.load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd,
                      mask=d_ok[:, None] & row_ok[None, :], other=0.0)  # Q^T [BLOCK_D, BLOCK_M]
-        lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
+        lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         st = tl.dot(k, qt, input_precision=PRECISION) * qk_scale  # S^T, base-2 units
         pt = tl.math.exp2(st - lse2[None, :])
         if MASKED:
@@ -75,9 +71,7 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
     return dk, dv
 
 
-@triton.autotune(configs=tuning.dkdv_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
-                 prune_configs_by={"early_config_prune": tuning.prune_dkdv})
-@triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
 def flash_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                       stride_qb, stride_qh, stride_qm, stride_qd,
                       stride_kb, stride_kh, stride_kn, stride_kd,
@@ -92,9 +86,7 @@ def flash_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
 
     Grid: ``(cdiv(n_k, BLOCK_N), B * Hkv)``, heaviest (first) key tiles first (:mod:`mta.launch_order`).
     """
-    pid_n, pid_bh = heaviest_first(HEAVY_LAST=False)
-    b = pid_bh // num_kv_heads
-    kv_h = pid_bh % num_kv_heads
+    pid_n, pid_bh, b, kv_h, _ = program_coordinates(num_kv_heads, 1, HEAVY_LAST=False)
     n0 = pid_n * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -105,7 +97,7 @@ def flash_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                 mask=kv_mask, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    qk_scale = scale * 1.4426950408889634
+    qk_scale = scale * LOG2E
 
     # Query i sees key j when i + diag >= j.
     diag = n_k - n_q
@@ -161,9 +153,7 @@ def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, 
     return dq
 
 
-@triton.autotune(configs=tuning.dq_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
-                 prune_configs_by={"early_config_prune": tuning.prune_dq})
-@triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
 def flash_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
@@ -177,10 +167,7 @@ def flash_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
 
     Grid: ``(cdiv(n_q, BLOCK_M), B * Hq)``, heaviest (last) query tiles first (:mod:`mta.launch_order`).
     """
-    pid_m, pid_bh = heaviest_first(HEAVY_LAST=True)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
-    kv_h = h // group_size
+    pid_m, pid_bh, b, h, kv_h = program_coordinates(num_heads, group_size, HEAVY_LAST=True)
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -190,25 +177,20 @@ def flash_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                 mask=mask, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                  mask=mask, other=0.0)
-    lse2 = tl.load(LSE + pid_bh * n_q + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    lse2 = tl.load(LSE + pid_bh * n_q + offs_m, mask=row_ok, other=float("inf")) * LOG2E
     delta = tl.load(DELTA + pid_bh * n_q + offs_m, mask=row_ok, other=0.0)
     k_base = K + b * stride_kb + kv_h * stride_kh
     v_base = V + b * stride_vb + kv_h * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    qk_scale = scale * 1.4426950408889634
+    qk_scale = scale * LOG2E
 
     diag = n_k - n_q
-    if CAUSAL:
-        full_stop = tl.minimum(tl.maximum(m0 + diag + 1, 0), n_k) // BLOCK_N * BLOCK_N
-        masked_stop = tl.minimum(tl.maximum(m0 + BLOCK_M + diag, 0), n_k)
-    else:
-        full_stop = n_k // BLOCK_N * BLOCK_N
-        masked_stop = n_k
+    clean_stop, stop = key_tile_bounds(m0, n_k, diag, 0, CAUSAL, BLOCK_M, BLOCK_N)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                       offs_m, offs_d, 0, full_stop, n_k, diag, qk_scale,
+                       offs_m, offs_d, 0, clean_stop, n_k, diag, qk_scale,
                        False, CAUSAL, D, BLOCK_N, BLOCK_D, PRECISION)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                       offs_m, offs_d, full_stop, masked_stop, n_k, diag, qk_scale,
+                       offs_m, offs_d, clean_stop, stop, n_k, diag, qk_scale,
                        True, CAUSAL, D, BLOCK_N, BLOCK_D, PRECISION)
     dq = dq * scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,

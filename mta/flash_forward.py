@@ -16,8 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import tuning
-from .launch_order import heaviest_first
+from .kernel_parts import LOG2E, finish_rows, key_tile_bounds, online_softmax_step, program_coordinates
+from .launch import NO_SPECIALIZE
 
 
 @triton.jit
@@ -38,39 +38,24 @@ def _attend_key_tiles(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride
         v_ptrs = v_base + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd  # V tile [BLOCK_N, BLOCK_D]
         if MASKED:
             kt = tl.load(kt_ptrs, mask=d_ok[:, None] & (offs_k[None, :] < n_k), other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_k[:, None] < n_k) & d_ok[None, :], other=0.0)
         elif BLOCK_D != D:
             kt = tl.load(kt_ptrs, mask=d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
         else:
             kt = tl.load(kt_ptrs)
+            v = tl.load(v_ptrs)
         s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], base-2 units
         if MASKED:
             keep = offs_k[None, :] < n_k
             if CAUSAL:
                 keep = keep & (offs_k[None, :] <= offs_m[:, None] + diag)
             s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        if MASKED:
-            # A row that has seen only masked keys keeps m = -inf; subtract 0 instead (exp2(-inf) = 0).
-            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new_safe = m_new
-        p = tl.math.exp2(s - m_new_safe[:, None])
-        alpha = tl.math.exp2(m - m_new_safe)  # rescales what was accumulated under the old max
-        l = l * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_ptrs, mask=(offs_k[:, None] < n_k) & d_ok[None, :], other=0.0)
-        elif BLOCK_D != D:
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        else:
-            v = tl.load(v_ptrs)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-        m = m_new
+        acc, m, l = online_softmax_step(acc, m, l, s, v, MASKED, PRECISION)
     return acc, m, l
 
 
-@triton.autotune(configs=tuning.forward_configs(), key=["N_BUCKET", "BLOCK_D", "CAUSAL"],
-                 prune_configs_by={"early_config_prune": tuning.prune_forward})
-@triton.jit(do_not_specialize=tuning.NO_SPECIALIZE)
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
 def flash_forward_kernel(Q, K, V, O, LSE,
                          stride_qb, stride_qh, stride_qm, stride_qd,
                          stride_kb, stride_kh, stride_kn, stride_kd,
@@ -82,14 +67,11 @@ def flash_forward_kernel(Q, K, V, O, LSE,
     """``O = softmax(scale * Q K^T) V`` and ``LSE`` (natural log, fp32, ``[B * Hq, n_q]``).
 
     Grid: ``(cdiv(n_q, BLOCK_M), B * Hq)``, heaviest (last) query tiles first (:mod:`mta.launch_order`).
-    Query head ``h`` reads kv head ``h // group_size``.
+    Query head ``h`` reads kv head ``h // group_size``. ``N_BUCKET`` is the autotuner's key only.
     """
-    pid_m, pid_bh = heaviest_first(HEAVY_LAST=True)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
-    kv_h = h // group_size
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_m, pid_bh, b, h, kv_h = program_coordinates(num_heads, group_size, HEAVY_LAST=True)
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < n_q
     d_ok = offs_d < D
@@ -102,30 +84,18 @@ def flash_forward_kernel(Q, K, V, O, LSE,
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    qk_scale = scale * 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
+    qk_scale = scale * LOG2E
 
-    # Query i sees keys j <= i + diag (bottom-right alignment when n_q != n_k).
-    diag = n_k - n_q
-    m0 = pid_m * BLOCK_M
-    if CAUSAL:
-        # Every row of the tile sees keys j < m0 + diag + 1; the last row sees j < m0 + BLOCK_M + diag.
-        full_stop = tl.minimum(tl.maximum(m0 + diag + 1, 0), n_k) // BLOCK_N * BLOCK_N
-        masked_stop = tl.minimum(tl.maximum(m0 + BLOCK_M + diag, 0), n_k)
-    else:
-        full_stop = n_k // BLOCK_N * BLOCK_N
-        masked_stop = n_k
-
+    diag = n_k - n_q  # query i sees keys j <= i + diag (bottom-right alignment when n_q != n_k)
+    clean_stop, stop = key_tile_bounds(m0, n_k, diag, 0, CAUSAL, BLOCK_M, BLOCK_N)
     acc, m, l = _attend_key_tiles(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  offs_m, offs_d, 0, full_stop, n_k, diag, qk_scale,
+                                  offs_m, offs_d, 0, clean_stop, n_k, diag, qk_scale,
                                   False, CAUSAL, D, BLOCK_N, BLOCK_D, PRECISION)
     acc, m, l = _attend_key_tiles(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  offs_m, offs_d, full_stop, masked_stop, n_k, diag, qk_scale,
+                                  offs_m, offs_d, clean_stop, stop, n_k, diag, qk_scale,
                                   True, CAUSAL, D, BLOCK_N, BLOCK_D, PRECISION)
 
-    # A query that saw no key (causal, n_q > n_k) outputs 0 and has lse = -inf.
-    seen = l > 0.0
-    o = acc / tl.where(seen, l, 1.0)[:, None]
-    lse = tl.where(seen, (m + tl.math.log2(tl.where(seen, l, 1.0))) * 0.6931471805599453, float("-inf"))
+    o, lse = finish_rows(acc, m, l)  # a query that saw no key (causal, n_q > n_k): o = 0, lse = -inf
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LSE + pid_bh * n_q + offs_m, lse, mask=row_ok)

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import zlib
-
-# Tests check results, not speed: on a GPU, skip autotuning (set before mta is imported).
-os.environ.setdefault("MTA_AUTOTUNE", "0")
 
 import pytest
 import torch  # noqa: E402

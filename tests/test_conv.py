@@ -121,7 +121,7 @@ def test_fold_keys_matches_its_definition():
 @pytest.mark.parametrize("cq,groups", [(1, (1, 0)), (2, (2, 0)), (3, (2, 1)), (6, (4, 2)), (7, (4, 4)),
                                        (11, (8, 4)), (16, (16, 0)), (32, (32, 0))])
 def test_query_shift_groups_cover_cq(cq, groups):
-    qa, qb = mta.tuning.query_shift_groups(cq)
+    qa, qb = mta.conv_forward.query_shift_groups(cq)
     assert (qa, qb) == groups
     assert qa + qb >= cq and qa & (qa - 1) == 0 and qb & (qb - 1) == 0
 
@@ -135,15 +135,15 @@ STREAMED = [(torch.float32, False), (torch.float16, False), (torch.float16, True
 def test_streamed_queries_path_matches(causal, D, dtype, tma, monkeypatch, poisoned_outputs):
     """With no room to hold the shifted queries, the kernel reloads them per key tile, through pointers or
     (16-bit inputs) the copy engine's descriptors: same result."""
-    monkeypatch.setattr(mta.tuning, "CONV_RESIDENT_BYTES", 0)
-    monkeypatch.setattr(mta.tuning, "CONV_TMA", tma)
+    monkeypatch.setattr(mta.conv_forward, "RESIDENT_BYTES", 0)
+    monkeypatch.setattr(mta.conv_forward, "USE_TMA", tma)
     run_case(45, 3, 5, causal, dtype, D=D)
 
 
 @pytest.mark.parametrize("N", [1, 70])
 def test_streamed_through_descriptors_gqa_and_strided_inputs(N, monkeypatch, poisoned_outputs):
     """The descriptors read GQA values and q, k, v laid out ``[B, N, H, D]`` (transposed views, not copies)."""
-    monkeypatch.setattr(mta.tuning, "CONV_RESIDENT_BYTES", 0)
+    monkeypatch.setattr(mta.conv_forward, "RESIDENT_BYTES", 0)
     B, Hq, Hkv, D, dtype = 2, 4, 2, 32, torch.float16
     q = rand(B, N, Hq, D, dtype=dtype).transpose(1, 2)
     k, v = (rand(B, N, Hkv, D, dtype=dtype).transpose(1, 2) for _ in range(2))
@@ -155,7 +155,7 @@ def test_streamed_through_descriptors_gqa_and_strided_inputs(N, monkeypatch, poi
 
 
 def test_stream_descriptors_only_where_the_copy_engine_can_read(monkeypatch):
-    """fp32, rows that are not a multiple of 16 bytes, an unaligned start, or CONV_TMA off: pointer loads."""
+    """fp32, rows that are not a multiple of 16 bytes, an unaligned start, or USE_TMA off: pointer loads."""
     if ON_GPU and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("no copy engine before Hopper")
     q, k, v = rand_qkv(1, 2, 1, 9, 9, 24, dtype=torch.float16)
@@ -170,7 +170,7 @@ def test_stream_descriptors_only_where_the_copy_engine_can_read(monkeypatch):
     assert descriptors(q20, k20, v20) == (None, None, None)
     q_off = rand(1, 2, 9, 25, dtype=torch.float16)[..., 1:]  # 48-byte rows starting 2 bytes in
     assert descriptors(q_off, k, v) == (None, None, None)
-    monkeypatch.setattr(mta.tuning, "CONV_TMA", False)
+    monkeypatch.setattr(mta.conv_forward, "USE_TMA", False)
     assert descriptors(q, k, v) == (None, None, None)
 
 

@@ -13,9 +13,7 @@ import os
 import torch
 
 from mta.conv import conv_prepasses, launch_conv_forward
-from mta.conv_forward import conv_forward_kernel
 from mta.flash import flash_forward
-from mta.flash_forward import flash_forward_kernel
 
 bm, bn, warps, stages = eval(os.environ.get("PROFILE_TILE", "(128, 128, 8, 3)"))
 tile = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
@@ -25,7 +23,7 @@ q, k, v = (torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in
 w = torch.randn(H, 6, 11, device="cuda") * 0.2
 kf, cd = conv_prepasses(q, k, w, causal=True)
 for _ in range(2):
-    launch_conv_forward(q, v, kf, cd, (6, 11), True, D ** -0.5, kernel=conv_forward_kernel.fn, **tile)
-    flash_forward(q, k, v, True, D ** -0.5, kernel=flash_forward_kernel.fn, **tile)
+    launch_conv_forward(q, v, kf, cd, (6, 11), True, D ** -0.5, **tile)
+    flash_forward(q, k, v, True, D ** -0.5, **tile)
 torch.cuda.synchronize()
 print("profiled tile", tile)

@@ -1,0 +1,80 @@
+"""The ``@triton.jit`` pieces every attention kernel of ``mta`` shares, written once.
+
+* :func:`program_coordinates`: which tile, batch, query head and kv head a program owns;
+* :func:`key_tile_bounds`: which key tiles a causal query tile sees, and which of them need a mask;
+* :func:`online_softmax_step` and :func:`finish_rows`: chapter 02's running ``(m, l, acc)`` state,
+  updated with a tile of scores and normalised at the end;
+* ``LOG2E`` and ``LN2``: scores are kept in base-2 units (``s * scale * log2(e)``) so that ``exp2``
+  replaces ``exp``; ``LN2`` turns a base-2 log-sum-exp back into a natural one.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .launch_order import heaviest_first
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def program_coordinates(num_heads, group_size, HEAVY_LAST: tl.constexpr):
+    """``(tile, pid_bh, b, h, kv_h)`` for a ``(num_tiles, B * num_heads)`` grid, heaviest tiles first
+    (:func:`mta.launch_order.heaviest_first`). Head ``h`` reads kv head ``h // group_size``
+    (a grid over kv heads passes ``group_size = 1``)."""
+    tile, pid_bh = heaviest_first(HEAVY_LAST)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    return tile, pid_bh, b, h, h // group_size
+
+
+@triton.jit
+def key_tile_bounds(m0, n_k, diag, REACH, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(clean_stop, stop)`` for the query rows ``[m0, m0 + BLOCK_M)``: key tiles ``[0, clean_stop)`` need no
+    mask for any row, keys ``[clean_stop, stop)`` do, and keys from ``stop`` on are never seen.
+
+    Causal: query ``i`` sees keys ``j <= i + diag`` (bottom-right alignment, ``diag = n_k - n_q``); keys
+    within ``REACH`` of the diagonal also go to the masked part (0 for plain attention; MTA's ``E``
+    diagonals, where the convolution meets the pre-convolution mask). Not causal: only the key tail
+    past the last whole tile is masked.
+    """
+    if CAUSAL:
+        clean_stop = tl.minimum(tl.maximum(m0 + diag + 1 - REACH, 0), n_k) // BLOCK_N * BLOCK_N
+        stop = tl.minimum(tl.maximum(m0 + BLOCK_M + diag, 0), n_k)
+    else:
+        clean_stop = n_k // BLOCK_N * BLOCK_N
+        stop = n_k
+    return clean_stop, stop
+
+
+@triton.jit
+def online_softmax_step(acc, m, l, s, v, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold a tile of scores ``s [BLOCK_M, BLOCK_N]`` (base-2 units, ``-inf`` where masked) and its values
+    ``v [BLOCK_N, BLOCK_D]`` into the running max ``m``, normaliser ``l`` and output ``acc``.
+
+    ``MASKED``: a row may have seen only masked keys so far; it keeps ``m = -inf`` and subtracts 0
+    instead (``exp2(-inf) = 0``), never ``-inf - -inf``.
+    """
+    m_new = tl.maximum(m, tl.max(s, 1))
+    if MASKED:
+        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new_safe = m_new
+    p = tl.math.exp2(s - m_new_safe[:, None])
+    alpha = tl.math.exp2(m - m_new_safe)  # rescales what was accumulated under the old max
+    l = l * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+    return acc, m_new, l
+
+
+@triton.jit
+def finish_rows(acc, m, l):
+    """``(o, lse)``: ``o = acc / l`` and the natural-log ``lse = (m + log2 l) ln 2``; a row that saw no key
+    (causal with more queries than keys) gets ``o = 0`` and ``lse = -inf``."""
+    seen = l > 0.0
+    l_safe = tl.where(seen, l, 1.0)
+    o = acc / l_safe[:, None]
+    lse = tl.where(seen, (m + tl.math.log2(l_safe)) * LN2, float("-inf"))
+    return o, lse

@@ -1,0 +1,123 @@
+"""What every launcher shares: input checks for the kernels, head-dim tiles, and launching with a tile.
+
+:func:`launch_tiled` takes the tile from :mod:`mta.tuning`'s tables (the
+default: nothing is timed at call time), from the caller (benchmarks), or,
+with ``MTA_AUTOTUNE=1``, from Triton's autotuner over the table's candidates.
+The autotuner's choices are cached on disk, so each shape bucket is timed
+once per machine, and candidates that cannot fit in shared memory or
+registers are pruned before they are compiled.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+import triton
+
+from . import runtime, tuning
+from ._checks import check_qkv
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+# Triton turns an int argument equal to 1 into a constant. With n_q = n_k = 1
+# both constant, the causal fp16/bf16 flash forward makes the ptxas bundled
+# with Triton 3.6 (CUDA 12.8; 12.9 too, 13.0 not) segfault: seen on an H200,
+# reproduced offline. Sequence lengths stay run-time values (and the bucket
+# is only the autotuner's key: specializing it would only add compiles).
+#: Kernel arguments passed to ``triton.jit(do_not_specialize=...)``.
+NO_SPECIALIZE = ["n_q", "n_k", "N_BUCKET"]
+
+
+def check_kernel_device(**tensors: torch.Tensor) -> None:
+    """Each named tensor is where the Triton kernels run: the GPU, or the CPU in interpreter mode."""
+    for name, x in tensors.items():
+        if runtime.INTERPRET and x.device.type != "cpu":
+            raise ValueError(f"Triton runs in interpreter mode (TRITON_INTERPRET=1): {name} must be on the cpu, "
+                             f"got {x.device}")
+        if not runtime.INTERPRET and x.device.type != "cuda":
+            raise ValueError(f"Triton kernels run on the GPU: {name} must be a cuda tensor, got {x.device}")
+
+
+def check_kernel_inputs(q, k, v) -> tuple[int, int, int, int, int, int]:
+    """Shapes as :func:`mta._checks.check_qkv`, plus what the Triton kernels need."""
+    dims = check_qkv(q, k, v)
+    if q.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"Triton kernels take fp16, bf16 or fp32 inputs, got {q.dtype}")
+    check_kernel_device(q=q)
+    if runtime.INTERPRET and q.dtype == torch.bfloat16:
+        raise TypeError("bf16 is not supported in Triton's interpreter (its tl.dot gives wrong bf16 results); "
+                        "use fp16 or fp32 on the CPU, or bf16 on a GPU")
+    if dims[5] > MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={dims[5]} is not supported (at most {MAX_HEAD_DIM})")
+    return dims
+
+
+def head_dim_block(d: int) -> int:
+    """Tile width for head dim ``d``: a power of two >= 16 (tl.dot needs K >= 16)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def size_bucket(n: int) -> int:
+    """The autotuner's key for a sequence length: its power-of-two ceiling."""
+    return triton.next_power_of_2(max(n, 1))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get true fp32 products ("ieee"), not TF32, so fp32 stays exact."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def fits_on_chip(config: dict, block_d: int, elem_bytes: int, shared_bytes: int) -> bool:
+    """A rough bound that rules out tiles before they are compiled: the query tile plus ``num_stages``
+    key/value tiles in shared memory, and the fp32 accumulator at most 128 registers per thread."""
+    m, n, stages = config["BLOCK_M"], config["BLOCK_N"], config["num_stages"]
+    shared = (m + 2 * max(stages - 1, 1) * n) * block_d * elem_bytes
+    acc_registers = m * block_d // (32 * config["num_warps"])
+    return shared <= shared_bytes and acc_registers <= 128
+
+
+def _prune(configs, named_args, **kwargs):
+    meta = {**named_args, **kwargs}
+    device = next(a.device for a in named_args.values() if isinstance(a, torch.Tensor))
+    shared = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    elem = next(a.element_size() for a in named_args.values() if isinstance(a, torch.Tensor))
+    kept = [c for c in configs if fits_on_chip({**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages},
+                                               meta["BLOCK_D"], elem, shared)]
+    return kept or configs[-1:]
+
+
+#: The autotuned kernels made so far (``MTA_AUTOTUNE=1``), by kernel name; ``tools/tune_tables.py`` reads them.
+AUTOTUNED: dict = {}
+
+
+@functools.cache
+def _autotuned(kernel_name: str, kernel, key: tuple[str, ...], pre_hook):
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
+               for m, n, w, s in tuning.CANDIDATES[kernel_name]]
+    # Triton >= 3.3 keeps the choice on disk (its cache directory), so each shape bucket is timed once per machine.
+    on_disk = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+    tuner = triton.autotune(configs=configs, key=list(key), prune_configs_by={"early_config_prune": _prune},
+                            **on_disk)(kernel)
+    AUTOTUNED[kernel_name] = tuner
+    return tuner
+
+
+def launch_tiled(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dtype: torch.dtype,
+                 config: dict | None = None, pre_hook=None, key=("N_BUCKET", "BLOCK_D", "CAUSAL")):
+    """``kernel[grid(tile)](*args, **meta, **tile)``, the tile being ``config`` if given, else the table's
+    (:func:`mta.tuning.config_for` with ``kernel_name``), else, with ``MTA_AUTOTUNE=1`` on a GPU, the
+    autotuner's choice among ``tuning.CANDIDATES[kernel_name]`` per ``key``.
+
+    ``pre_hook(named_args)`` runs before the launch with every argument by name, the tile's included
+    (the MTA forward fits its TMA boxes to the tile there).
+    """
+    if config is None and tuning.AUTOTUNE and not runtime.INTERPRET:
+        return _autotuned(kernel_name, kernel, tuple(key), pre_hook)[grid](*args, **meta)
+    if config is None:
+        config = tuning.config_for(kernel_name, meta["BLOCK_D"], dtype, meta.get("CAUSAL", False))
+    if pre_hook is not None:
+        pre_hook({**dict(zip(kernel.arg_names, args)), **meta, **config})
+    return kernel[grid(config) if callable(grid) else grid](*args, **meta, **config)
