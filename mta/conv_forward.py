@@ -404,14 +404,14 @@ def conv_forward_kernel(Q, KF, V, CD, O, LSE, QD, KFD, VD,
 
     # Folded scores are exact for every row of the block up to key i0 - E (causal); past it, up to the
     # diagonal, the E masked diagonals are put in. Not causal: every tile is folded, the key tail masked.
-    clean_stop, stop = key_tile_bounds(i0, n, 0, E, CAUSAL, BLOCK_M, BLOCK_N)
+    full_stop, masked_stop = key_tile_bounds(i0, n, 0, E, CAUSAL, BLOCK_M, BLOCK_N)
     acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
                               stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
-                              offs_m, offs_d, cd_base, 0, clean_stop, n, qk_scale, False, False, RESIDENT, TMA,
+                              offs_m, offs_d, cd_base, 0, full_stop, n, qk_scale, False, False, RESIDENT, TMA,
                               CQ, QA, QB, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
     acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
                               stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
-                              offs_m, offs_d, cd_base, clean_stop, stop, n, qk_scale, not CAUSAL, CAUSAL,
+                              offs_m, offs_d, cd_base, full_stop, masked_stop, n, qk_scale, not CAUSAL, CAUSAL,
                               RESIDENT, TMA, CQ, QA, QB, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
 
     row_ok = offs_m < n

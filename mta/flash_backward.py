@@ -185,12 +185,12 @@ def flash_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     qk_scale = scale * LOG2E
 
     diag = n_k - n_q
-    clean_stop, stop = key_tile_bounds(m0, n_k, diag, 0, CAUSAL, BLOCK_M, BLOCK_N)
+    full_stop, masked_stop = key_tile_bounds(m0, n_k, diag, 0, CAUSAL, BLOCK_M, BLOCK_N)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                       offs_m, offs_d, 0, clean_stop, n_k, diag, qk_scale,
+                       offs_m, offs_d, 0, full_stop, n_k, diag, qk_scale,
                        False, CAUSAL, D, BLOCK_N, BLOCK_D, PRECISION)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                       offs_m, offs_d, clean_stop, stop, n_k, diag, qk_scale,
+                       offs_m, offs_d, full_stop, masked_stop, n_k, diag, qk_scale,
                        True, CAUSAL, D, BLOCK_N, BLOCK_D, PRECISION)
     dq = dq * scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,

@@ -87,12 +87,12 @@ def flash_forward_kernel(Q, K, V, O, LSE,
     qk_scale = scale * LOG2E
 
     diag = n_k - n_q  # query i sees keys j <= i + diag (bottom-right alignment when n_q != n_k)
-    clean_stop, stop = key_tile_bounds(m0, n_k, diag, 0, CAUSAL, BLOCK_M, BLOCK_N)
+    full_stop, masked_stop = key_tile_bounds(m0, n_k, diag, 0, CAUSAL, BLOCK_M, BLOCK_N)
     acc, m, l = _attend_key_tiles(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  offs_m, offs_d, 0, clean_stop, n_k, diag, qk_scale,
+                                  offs_m, offs_d, 0, full_stop, n_k, diag, qk_scale,
                                   False, CAUSAL, D, BLOCK_N, BLOCK_D, PRECISION)
     acc, m, l = _attend_key_tiles(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  offs_m, offs_d, clean_stop, stop, n_k, diag, qk_scale,
+                                  offs_m, offs_d, full_stop, masked_stop, n_k, diag, qk_scale,
                                   True, CAUSAL, D, BLOCK_N, BLOCK_D, PRECISION)
 
     o, lse = finish_rows(acc, m, l)  # a query that saw no key (causal, n_q > n_k): o = 0, lse = -inf

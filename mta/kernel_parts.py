@@ -32,8 +32,8 @@ def program_coordinates(num_heads, group_size, HEAVY_LAST: tl.constexpr):
 
 @triton.jit
 def key_tile_bounds(m0, n_k, diag, REACH, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``(clean_stop, stop)`` for the query rows ``[m0, m0 + BLOCK_M)``: key tiles ``[0, clean_stop)`` need no
-    mask for any row, keys ``[clean_stop, stop)`` do, and keys from ``stop`` on are never seen.
+    """``(full_stop, masked_stop)`` for the query rows ``[m0, m0 + BLOCK_M)``: key tiles ``[0, full_stop)`` need
+    no mask for any row, keys ``[full_stop, masked_stop)`` do, and keys from ``masked_stop`` on are never seen.
 
     Causal: query ``i`` sees keys ``j <= i + diag`` (bottom-right alignment, ``diag = n_k - n_q``); keys
     within ``REACH`` of the diagonal also go to the masked part (0 for plain attention; MTA's ``E``
@@ -41,12 +41,12 @@ def key_tile_bounds(m0, n_k, diag, REACH, CAUSAL: tl.constexpr, BLOCK_M: tl.cons
     past the last whole tile is masked.
     """
     if CAUSAL:
-        clean_stop = tl.minimum(tl.maximum(m0 + diag + 1 - REACH, 0), n_k) // BLOCK_N * BLOCK_N
-        stop = tl.minimum(tl.maximum(m0 + BLOCK_M + diag, 0), n_k)
+        full_stop = tl.minimum(tl.maximum(m0 + diag + 1 - REACH, 0), n_k) // BLOCK_N * BLOCK_N
+        masked_stop = tl.minimum(tl.maximum(m0 + BLOCK_M + diag, 0), n_k)
     else:
-        clean_stop = n_k // BLOCK_N * BLOCK_N
-        stop = n_k
-    return clean_stop, stop
+        full_stop = n_k // BLOCK_N * BLOCK_N
+        masked_stop = n_k
+    return full_stop, masked_stop
 
 
 @triton.jit

@@ -53,6 +53,7 @@ def run_notebook(path, rules):
     cwd = os.getcwd()
     os.chdir(os.path.dirname(os.path.abspath(path)))
     bad = 0
+    slowest = (0.0, None)
     try:
         for n, cell in enumerate(c for c in nb["cells"] if c["cell_type"] == "code"):
             src = "".join(cell["source"])
@@ -69,6 +70,7 @@ def run_notebook(path, rules):
             except Exception:  # noqa: BLE001
                 print(f"  cell {n}: ERROR\n" + traceback.format_exc(limit=3))
                 return bad + 1
+            slowest = max(slowest, (time.time() - t0, n))
             if time.time() - t0 > 20:
                 print(f"  cell {n}: {time.time() - t0:.0f}s", flush=True)
             if src.lstrip().startswith("# NBVAL_IGNORE_OUTPUT"):
@@ -84,6 +86,7 @@ def run_notebook(path, rules):
                     print(f"    {len(want.splitlines())} stored lines, {len(got.splitlines())} here")
     finally:
         os.chdir(cwd)
+        print(f"  slowest cell: {slowest[1]} ({slowest[0]:.1f}s)")
     return bad
 
 
