@@ -96,7 +96,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         return_lse: also return the fp32 log-sum-exp ``[B, Hq, Nq]`` (not differentiable).
 
     Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only.
-    fp32 inputs get exact fp32 products (CUDA cores, slow); fp16/bf16 use the tensor cores.
+    fp32 inputs get fp32-accurate products (three TF32 products each, :func:`mta.launch.dot_precision`).
     """
     D = check_kernel_inputs(q, k, v)[5]
     scale = resolve_scale(scale, D)

@@ -4,8 +4,8 @@ A kernel's tile is looked up, never timed, by (GPU family, head-dim width,
 dtype, causal), as FlagAttention and flash-attn choose theirs: the first call
 costs one compile and nothing else. The Hopper entries are the tiles Triton's
 autotuner picked on an H100 for the benchmark shapes (bf16 and fp16, N = 1k to
-16k; ``notes/performance.md``). fp32 runs exact products on the CUDA cores, so
-it gets small tiles that compile in seconds. Other GPUs get tiles that fit
+16k; ``notes/performance.md``). fp32 runs three TF32 products for each product
+(fp32 accuracy), so it gets small tiles that compile in seconds. Other GPUs get tiles that fit
 their smaller shared memory. In Triton's interpreter (no GPU) one small tile
 keeps the NumPy emulation quick.
 
@@ -51,8 +51,10 @@ HOPPER = {
 }
 #: Any other GPU, fp16/bf16: tiles that fit 100 KB of shared memory (consumer Ampere/Ada).
 OTHER_GPU = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)}
-#: fp32 on any GPU: exact fp32 products on the CUDA cores; small tiles compile in seconds.
+#: fp32 on any GPU, by head-dim width: three TF32 products for each, so small tiles, which compile in seconds
+#: (the backward's two kernels hold more tiles than the forward: smaller still).
 FP32 = {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 2)}
+FP32_BACKWARD = {64: (32, 32, 4, 2), 128: (32, 32, 4, 2), 256: (32, 32, 4, 2)}
 
 #: What ``MTA_AUTOTUNE=1`` times, per kernel (the fastest few of the H200/H100 sweeps; ``notes/``).
 CANDIDATES = {
@@ -88,7 +90,7 @@ def config_for(kernel_name: str, block_d: int, dtype: torch.dtype, causal: bool,
     if family == "interpreter":
         tile = INTERPRETER_TILE
     elif dtype == torch.float32:
-        tile = FP32[width]
+        tile = (FP32_BACKWARD if kernel_name in ("flash_dkdv", "flash_dq") else FP32)[width]
     elif family == "hopper":
         tile = HOPPER[kernel_name][(width, bool(causal))]
     else:

@@ -15,7 +15,7 @@ import mta
 from conftest import DEVICE, ON_GPU, rand_qkv
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
-# ||out - ref|| <= tol * ||ref|| + ATOL * sqrt(numel); fp32 on a GPU still multiplies in full fp32 ("ieee").
+# ||out - ref|| <= tol * ||ref|| + ATOL * sqrt(numel); fp32 on a GPU multiplies to fp32 accuracy ("tf32x3").
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 ATOL = 1e-6
 
