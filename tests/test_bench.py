@@ -1,5 +1,6 @@
-"""The benchmark harness, on the CPU: FLOP counts, shapes, provenance, the measuring loop
-with a fake timer, the tables, the figure, and the command line without a GPU."""
+"""The benchmark skeleton and the flash benchmark, on the CPU: FLOP counts, shapes, provenance, the
+measuring loop with a fake timer, a whole run (JSON, PNG, exit status), the tables, the figure, and
+the command line without a GPU."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 
 import mta
 from mta.bench import flash as fb
-from mta.bench import plots
+from mta.bench import harness, plots
 from mta.bench.provenance import git_info, provenance, source_hash
 from mta.figures import FIGURES_DIR
 
@@ -147,7 +148,8 @@ TINY = [fb.FlashShape("float16", 16, causal, 64, batch=2, heads=3) for causal in
 
 def run_tiny(impls, shapes=TINY):
     torch.manual_seed(0)
-    return fb.run_shapes(shapes, timer=fake_timer, impls=impls, device="cpu", progress=False)
+    tools = harness.Tools(timer=fake_timer, memory=None, device="cpu", warn=print)
+    return harness.run_shapes(fb.FlashBenchmark(impls), shapes, tools, progress=False)
 
 
 def test_records_carry_times_tflops_and_a_passing_check():
@@ -172,7 +174,7 @@ def test_a_wrong_kernel_fails_its_check_and_is_reported(capsys):
     assert [r["check"]["ok"] for r in results] == [False, False]
     assert all(r["check"]["out_rel_err"] > 0.05 for r in results)
     assert capsys.readouterr().out.count("!!! mta FAILS ITS CHECK") == 2
-    assert all(line.rstrip().endswith("!") for line in fb.format_table(results).splitlines()[4:])
+    assert all(line.rstrip().endswith("!") for line in fb.format_table(results).splitlines()[3:])
 
 
 def test_an_unavailable_backend_is_recorded_not_fatal():
@@ -185,7 +187,8 @@ def test_an_unavailable_backend_is_recorded_not_fatal():
     assert half["fwd_ms"] == FWD_MS and half["error"] is None
     assert half["bwd_ms"] is None and half["bwd_error"]
     assert by_impl["mta"]["bwd_ms"] == FWD_BWD_MS - FWD_MS
-    json.dumps(fb.json_safe(results), allow_nan=False)
+    assert dead["status"] == half["status"] == "error" and by_impl["mta"]["status"] == "ok"
+    json.dumps(harness.json_safe(results), allow_nan=False)
 
 
 def test_a_crashing_kernel_fails_its_check_with_the_error():
@@ -194,8 +197,53 @@ def test_a_crashing_kernel_fails_its_check_with_the_error():
 
 
 def test_json_safe_replaces_non_finite_floats():
-    assert fb.json_safe({"a": [1.0, float("inf")], "b": {"c": float("nan")}, "d": "x"}) == \
+    assert harness.json_safe({"a": [1.0, float("inf")], "b": {"c": float("nan")}, "d": "x"}) == \
         {"a": [1.0, None], "b": {"c": None}, "d": "x"}
+
+
+def test_a_pass_that_fails_ends_the_measuring_of_that_implementation():
+    passes = (harness.Pass("a", "a_ms", memory_key="a_bytes"), harness.Pass("b", "b_ms", error_key="b_error"))
+    ran, resets = [], []
+
+    def fails():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+    tools = harness.Tools(timer=lambda fn, before_each=None: fn() or 1.5, memory=lambda fn: fn() or 7)
+    calls = {"a": (lambda: ran.append("a"), lambda: resets.append("a")), "b": (fails, None)}
+    m = harness.measure(calls, passes, tools)
+    assert m == {"a_ms": 1.5, "a_bytes": 7, "error": None, "b_ms": None, "b_error": m["b_error"], "status": "oom"}
+    assert "out of memory" in m["b_error"] and ran == ["a", "a"] and len(resets) == 2
+    m = harness.measure({"a": (fails, None), "b": calls["a"]}, passes, tools)
+    assert m["status"] == "oom" and m["a_ms"] is m["b_ms"] is None and m["error"] and ran == ["a", "a"]
+
+
+# --- a whole run on the CPU: JSON, PNG, exit status -------------------------------------------
+
+
+class TinyFlash(fb.FlashBenchmark):
+    def shapes(self, quick):
+        return TINY
+
+
+def test_a_run_writes_json_and_png_and_exits_0(tmp_path, capsys):
+    out = tmp_path / "bench_flash.json"
+    tools = harness.Tools(timer=fake_timer, memory=None, device="cpu", warn=print)
+    status = harness.run_benchmark(TinyFlash({"mta": exact, "sdpa_flash": unavailable}), tools, out=out,
+                                   progress=False)
+    assert status == 0
+    data = json.loads(out.read_text())
+    assert set(data) == {"provenance", "config", "complete", "results", "summary"} and data["complete"]
+    assert data["config"] == fb.FlashBenchmark().config(False, 10, 30)
+    assert len(data["results"]) == 4 and data["provenance"]["mta_source_sha256"] == source_hash()
+    assert out.with_suffix(".png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "TFLOPS" in printed and "median mta/baseline" in printed and "!!!" not in printed
+
+
+def test_a_failed_check_makes_the_exit_status_1_and_is_printed_again_at_the_end(tmp_path, capsys):
+    tools = harness.Tools(timer=fake_timer, memory=None, device="cpu", warn=print)
+    status = harness.run_benchmark(TinyFlash({"mta": wrong}), tools, out=tmp_path / "x.json", progress=False)
+    assert status == 1
+    assert capsys.readouterr().out.count("!!! mta FAILS ITS CHECK at float16 d=16") == 2 * len(TINY)
 
 
 # --- tables, summary and figure from synthetic results ---------------------------------------
@@ -235,7 +283,7 @@ def test_median_ratios_skip_short_sequences():
 
 def test_table_has_one_row_per_shape_with_ratios():
     lines = fb.format_table(synthetic_results()["results"]).splitlines()
-    rows = lines[4:]
+    rows = lines[3:]
     assert len(rows) == 12
     row = next(line for line in rows if re.match(r"bfloat16\s+128 True\s+2048 ", line))
     assert "302.0" in row and f"{302 / 252:.2f}" in row and f"{200 / 250:.2f}" in row
@@ -306,12 +354,20 @@ def test_cli_without_cuda_exits_2_with_a_clear_message(name, tmp_path):
     assert not out.exists() and not out.with_suffix(".png").exists()
 
 
-def test_cli_help_lists_flash(capsys):
+def test_cli_help_lists_every_benchmark(capsys):
     from mta.bench.__main__ import build_parser
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["--help"])
     assert exit_info.value.code == 0
-    assert "flash" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in ("flash", "conv", "order"))
+
+
+def test_cli_common_args():
+    from mta.bench.__main__ import build_parser
+    args = build_parser().parse_args(["order", "--quick", "--resume", "--warmup", "3", "--rep", "4"])
+    assert args.quick and args.resume and (args.warmup, args.rep) == (3, 4) and args.bench.name == "order"
+    assert build_parser().parse_args(["conv"]).out == "figures/bench_conv.json"
 
 
 def test_cli_resolves_relative_out_against_the_repository_root():

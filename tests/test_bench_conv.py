@@ -1,5 +1,6 @@
 """The conv benchmark on the CPU: shapes, the reference's memory fit, the measuring loop with
-fake timers (OOM, skips, failed checks), ratios and bars, the table, the figure, the command line."""
+fake timers (OOM, skips, failed checks), ratios and the headline, the table, the figure, resuming,
+the command line."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from mta.bench import conv as cb
-from mta.bench import plots
+from mta.bench import harness, plots
 from mta.figures import FIGURES_DIR
 from mta.reference import conv_attention_reference
 
@@ -39,8 +40,8 @@ def test_quick_shapes():
     assert set(quick) < set(cb.conv_shapes())
     assert {(s.heads, s.head_dim, s.cq, s.ck, s.seq_len) for s in quick} == \
         {(h, d, 6, 11, n) for (h, d) in ((8, 64), (16, 128)) for n in (2048, 8192)}
-    # The bars' shape (N=8192, 6x11, both configurations) is in the quick set.
-    assert sum(s.seq_len == cb.BAR_SEQ_LEN and (s.cq, s.ck) == cb.BAR_KERNEL for s in quick) == 2
+    # The headline's shape (N=8192, 6x11, both configurations) is in the quick set.
+    assert sum(s.seq_len == 8192 and (s.cq, s.ck) == (6, 11) for s in quick) == 2
 
 
 def test_random_inputs_are_bf16_activations_and_per_head_fp32_weights():
@@ -89,15 +90,15 @@ def test_head_slice_keeps_gqa_groups_whole():
 
 def test_oom_is_recognized_also_when_wrapped():
     oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
-    assert cb.is_oom(oom)
+    assert harness.is_oom(oom)
     try:
         try:
             raise oom
         except Exception as inner:
             raise RuntimeError("backend compiler failed") from inner
     except RuntimeError as wrapped:
-        assert cb.is_oom(wrapped)
-    assert not cb.is_oom(RuntimeError("No available kernel"))
+        assert harness.is_oom(wrapped)
+    assert not harness.is_oom(RuntimeError("No available kernel"))
 
 
 # --- the measuring loop, on the CPU with fake timers ------------------------------------------
@@ -162,10 +163,16 @@ TINY = [cb.ConvShape("float32", 1, 4, 2, 8, 3, 5, n) for n in (16, 24)]
 PLENTY = 10 * GIB
 
 
+TOOLS = harness.Tools(timer=GPU.timer, memory=GPU.memory, device="cpu", warn=print)
+
+
+def bench(impl_dict, free=PLENTY):
+    return cb.ConvBenchmark(impls=impl_dict, free_memory=lambda: free)
+
+
 def run_tiny(impl_dict, shapes=TINY, free=PLENTY):
     torch.manual_seed(0)
-    return cb.run_shapes(shapes, timer=GPU.timer, memory=GPU.memory, free_memory=lambda: free, impls=impl_dict,
-                         device="cpu", progress=False)
+    return harness.run_shapes(bench(impl_dict, free), shapes, TOOLS, progress=False)
 
 
 def test_records_carry_times_memory_and_a_passing_check():
@@ -179,7 +186,7 @@ def test_records_carry_times_memory_and_a_passing_check():
         check = r["check"]
         assert check["ok"] and check["rel_err"] < 1e-6 and check["heads_checked"] == 4, check
         assert "all heads" in check["reference"] and check["reference_fit"]["fits"]
-    json.dumps(cb.json_safe(results), allow_nan=False)
+    json.dumps(harness.json_safe(results), allow_nan=False)
 
 
 def test_a_wrong_kernel_fails_its_check_and_is_reported(capsys):
@@ -187,7 +194,7 @@ def test_a_wrong_kernel_fails_its_check_and_is_reported(capsys):
     checks = [r["check"] for r in results if r["impl"] == "mta_conv"]
     assert [c["ok"] for c in checks] == [False, False] and all(c["rel_err"] > 0.05 for c in checks)
     assert capsys.readouterr().out.count("!!! mta_conv FAILS ITS CHECK") == 2
-    rows = cb.format_table(results).splitlines()[4:]
+    rows = cb.format_table(results).splitlines()[3:]
     assert len(rows) == 2 and all(line.endswith(" !") for line in rows)
 
 
@@ -229,7 +236,7 @@ def test_a_reference_that_does_not_fit_is_skipped_and_the_check_uses_a_slice():
     check = by_impl["mta_conv"]["check"]
     assert check["ok"] and check["heads_checked"] == 2 and "float32 inputs, query heads 0..1 of 4" in check["reference"]
     # The table says why the reference is missing.
-    row = cb.format_table(results).splitlines()[4]
+    row = cb.format_table(results).splitlines()[3]
     assert row.count("skip") == 4  # time and memory of both references
 
 
@@ -302,10 +309,6 @@ def synthetic_results(conv_ms=3.0, flash_ms=1.0, ref_ms=90.0, conv_bytes=10 ** 6
             "results": results}
 
 
-def bar_results(bars):
-    return {(e["heads"], e["bar"]): (e["result"], e["value"]) for e in bars}
-
-
 def test_shape_ratios():
     rows = cb.shape_ratios(synthetic_results()["results"])
     assert len(rows) == 12
@@ -319,62 +322,51 @@ def test_shape_ratios():
         assert row["check_ok"] is True
 
 
-def test_bars_pass_when_every_target_is_met():
-    bars = cb.evaluate_bars(synthetic_results()["results"])
-    assert len(bars) == 2 * 3 and {(e["seq_len"], e["cq"], e["ck"]) for e in bars} == {(8192, 6, 11)}
-    assert bar_results(bars) == {
-        (h, name): ("PASS", pytest.approx(v)) for h in (8, 16)
-        for name, v in (("conv_over_flash_time", 3.0), ("reference_over_conv_time", 30.0),
-                        ("conv_over_reference_memory", 0.01))}
-    summary = cb.format_bars(bars)
-    assert "6/6 bars pass" in summary and "3.00x <= 4x" in summary and "1.00% <= 2%" in summary
+def test_headline_ratios_carry_the_numbers_they_are_made_of():
+    data = synthetic_results(conv_ms=3.0, flash_ms=1.0, ref_ms=90.0, conv_bytes=10 ** 6, ref_bytes=10 ** 8)
+    entries = cb.headline_ratios(data)
+    assert entries == cb.headline_ratios(data["results"])  # the loaded JSON or its results
+    assert [(e["heads"], e["head_dim"], e["seq_len"], e["cq"], e["ck"]) for e in entries] == \
+        [(8, 64, 8192, 6, 11), (16, 128, 8192, 6, 11)]
+    for e in entries:
+        assert e["conv_over_flash_time"] == pytest.approx(3.0)
+        assert (e["mta_conv_fwd_ms"], e["mta_flash_fwd_ms"], e["conv_reference_fwd_ms"]) == (3.0, 1.0, 90.0)
+        assert e["reference_over_conv_time"] == pytest.approx(30.0)
+        assert e["conv_over_reference_memory"] == pytest.approx(0.01)
+        assert (e["mta_conv_peak_extra_bytes"], e["conv_reference_peak_extra_bytes"]) == (10 ** 6, 10 ** 8)
+        assert e["check_ok"] is True
+    (other,) = cb.headline_ratios(data, seq_len=2048, kernel=(11, 11))[:1]
+    assert (other["seq_len"], other["cq"]) == (2048, 11) and other["mta_conv_fwd_ms"] == pytest.approx(0.75)
+    assert cb.headline_ratios(data, seq_len=4096) == []
 
 
-@pytest.mark.parametrize("numbers,failing", [
-    ({"conv_ms": 4.5}, "conv_over_flash_time"),             # 4.5x plain flash: over 4x
-    ({"ref_ms": 50.0}, "reference_over_conv_time"),         # only 16.7x faster than the reference
-    ({"conv_bytes": 3 * 10 ** 6}, "conv_over_reference_memory"),  # 3% of the reference's memory
-])
-def test_each_bar_fails_on_its_own(numbers, failing):
-    bars = cb.evaluate_bars(synthetic_results(**numbers)["results"])
-    for e in bars:
-        assert e["result"] == ("FAIL" if e["bar"] == failing else "PASS"), e
-    assert "4/6 bars pass" in cb.format_bars(bars)
-
-
-def test_bars_at_the_threshold_pass():
-    bars = cb.evaluate_bars(synthetic_results(conv_ms=4.0, ref_ms=80.0, conv_bytes=2 * 10 ** 6)["results"])
-    assert all(e["result"] == "PASS" for e in bars), bars
-
-
-def test_a_failed_check_fails_its_bars_and_a_missing_reference_is_missing():
-    bars = cb.evaluate_bars(synthetic_results(check_ok=False)["results"])
-    assert all(e["result"] == "FAIL" and "check" in e["note"] for e in bars)
-    bars = bar_results(cb.evaluate_bars(synthetic_results(skip_reference_at=[(16, 8192)])["results"]))
-    assert bars[(16, "reference_over_conv_time")] == ("MISSING", None)
-    (note,) = [e["note"] for e in cb.evaluate_bars(synthetic_results(skip_reference_at=[(16, 8192)])["results"])
-               if e["heads"] == 16 and e["bar"] == "reference_over_conv_time"]
-    assert note == "conv_reference skipped"
-    assert bars[(16, "conv_over_reference_memory")] == ("MISSING", None)
-    assert bars[(16, "conv_over_flash_time")][0] == "PASS" and bars[(8, "reference_over_conv_time")][0] == "PASS"
-
-
-def test_bars_without_the_bar_shape_are_missing():
-    results = [r for r in synthetic_results()["results"] if r["seq_len"] != 8192]
-    bars = cb.evaluate_bars(results)
-    assert len(bars) == 6 and all(e["result"] == "MISSING" for e in bars)
+def test_headline_without_a_side_or_with_a_failed_check():
+    entries = cb.headline_ratios(synthetic_results(skip_reference_at=[(16, 8192)], check_ok=False))
+    small, big = entries
+    assert small["reference_over_conv_time"] == pytest.approx(30.0) and small["check_ok"] is False
+    assert big["reference_over_conv_time"] is big["conv_over_reference_memory"] is None
+    assert big["conv_reference_fwd_ms"] is None and big["conv_over_flash_time"] == pytest.approx(3.0)
+    text = cb.format_headline(synthetic_results(skip_reference_at=[(16, 8192)], check_ok=False))
+    lines = text.splitlines()
+    assert lines[0] == "at N=8192, kernel 6x11:" and len(lines) == 3
+    assert "conv/flash time 3.00x (3.000 / 1.000 ms)" in lines[1]
+    assert "reference/conv time 30.0x (90.000 / 3.000 ms)" in lines[1]
+    assert f"conv/reference peak memory 1.00% ({10 ** 6 / 2 ** 20:.1f} / {10 ** 8 / 2 ** 20:.1f} MiB)" in lines[1]
+    assert "reference/conv time n/a (? / 3.000 ms)" in lines[2] and "FAILED its check" in lines[2]
+    assert "PASS" not in text and "FAIL " not in text  # measured ratios, no targets
+    assert cb.format_headline([]) == "no results at N=8192, kernel 6x11"
 
 
 def test_table_has_one_row_per_shape_with_times_memory_and_ratios():
     results = synthetic_results(skip_reference_at=[(16, 16384)])["results"]
     lines = cb.format_table(results).splitlines()
-    rows = lines[4:]
+    rows = lines[3:]
     assert len(rows) == 12
-    row = next(line for line in rows if line.startswith("1  16  16 128") and " 6x11  8192 " in line)
+    row = next(line for line in rows if line.startswith("1 16  16 128") and " 6x11  8192 " in line)
     assert "3.000" in row and "90.000" in row and "45.000" in row  # mta_conv, ref, ref.c times at N=8192
     assert "3.00x" in row and "30.0x" in row and "15.0x" in row and "1.00%" in row and "3.0e-03" in row
     assert f"{10 ** 8 / 2 ** 20:.1f}" in row  # the reference's memory in MiB
-    skipped = next(line for line in rows if line.startswith("1  16  16 128") and " 6x11 16384 " in line)
+    skipped = next(line for line in rows if line.startswith("1 16  16 128") and " 6x11 16384 " in line)
     assert skipped.count("skip") == 4 and "30.0x" not in skipped
 
 
@@ -460,7 +452,7 @@ def test_cli_parses_conv():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
 def test_run_refuses_without_cuda(tmp_path):
     with pytest.raises(RuntimeError, match="CUDA"):
-        cb.run(quick=True, out=tmp_path / "x.json")
+        harness.run(cb.ConvBenchmark(), quick=True, out=tmp_path / "x.json")
     assert not (tmp_path / "x.json").exists()
 
 
@@ -469,18 +461,18 @@ def test_run_refuses_without_cuda(tmp_path):
 
 def test_an_interrupted_run_resumes_without_measuring_again(tmp_path):
     out = tmp_path / "bench.json"
-    prov, cfg = {"gpu": "fake", "git_commit": "abc"}, cb.config(True, 1, 1)
+    conv = bench(impls())
+    prov, cfg = {"gpu": "fake", "git_commit": "abc"}, conv.config(True, 1, 1)
     saved = []
-    first = cb.run_shapes(TINY[:1], timer=GPU.timer, memory=GPU.memory, free_memory=lambda: PLENTY, impls=impls(),
-                          device="cpu", progress=False,
-                          after_each=lambda r: saved.append(cb.write_results(out, prov, cfg, r, complete=False)))
+    first = harness.run_shapes(conv, TINY[:1], TOOLS, progress=False, after_each=lambda r: saved.append(
+        harness.write_results(out, conv, prov, cfg, r, complete=False)))
     assert len(saved) == 1 and not json.loads(out.read_text())["complete"]
-    done = cb.resumable_results(out, prov, cfg)
-    assert done == cb.json_safe(first)
+    assert saved[0]["shapes"] == harness.json_safe(cb.shape_ratios(first))
+    done = harness.resumable_results(out, prov, cfg)
+    assert done == harness.json_safe(first)
     calls = []
     counting = {name: (lambda f: lambda *a: calls.append(1) or f(*a))(fn) for name, fn in impls().items()}
-    results = cb.run_shapes(TINY, timer=GPU.timer, memory=GPU.memory, free_memory=lambda: PLENTY,
-                            impls=counting, device="cpu", progress=False, done=done)
+    results = harness.run_shapes(bench(counting), TINY, TOOLS, progress=False, done=done)
     assert len(cb.by_shape(results)) == len(TINY) and results[:len(done)] == done
     assert all(r["seq_len"] == TINY[1].seq_len for r in results[len(done):])  # only the missing shape ran
     assert calls
@@ -489,11 +481,33 @@ def test_an_interrupted_run_resumes_without_measuring_again(tmp_path):
 def test_resume_refuses_results_of_other_code_or_config(tmp_path):
     out = tmp_path / "bench.json"
     prov, cfg = {"gpu": "fake", "git_commit": "abc"}, cb.config(True, 1, 1)
-    cb.write_results(out, prov, cfg, [], complete=False)
+    harness.write_results(out, bench(impls()), prov, cfg, [], complete=False)
     with pytest.raises(ValueError, match="git_commit"):
-        cb.resumable_results(out, {**prov, "git_commit": "def"}, cfg)
+        harness.resumable_results(out, {**prov, "git_commit": "def"}, cfg)
     with pytest.raises(ValueError, match="configuration"):
-        cb.resumable_results(out, prov, cb.config(False, 1, 1))
+        harness.resumable_results(out, prov, cb.config(False, 1, 1))
+
+
+class TinyConv(cb.ConvBenchmark):
+    def shapes(self, quick):
+        return TINY
+
+
+def test_a_whole_run_resumes_and_exits_1_on_a_failed_check(tmp_path, capsys):
+    out = tmp_path / "bench_conv.json"
+    good = TinyConv(impls=impls(), free_memory=lambda: PLENTY)
+    assert harness.run_benchmark(good, TOOLS, out=out, quick=True, progress=False) == 0
+    data = json.loads(out.read_text())
+    assert data["complete"] and len(data["results"]) == 5 * len(TINY) and "bars" not in data
+    assert out.with_suffix(".png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "conv ms" in printed and "no results at N=8192" in printed
+    # Resuming a complete run measures nothing again, and a wrong kernel fails every shape.
+    assert harness.run_benchmark(good, TOOLS, out=out, quick=True, resume=True, progress=False) == 0
+    assert "2 shapes already measured" in capsys.readouterr().out
+    wrong_one = TinyConv(impls=impls(mta_conv=wrong), free_memory=lambda: PLENTY)
+    assert harness.run_benchmark(wrong_one, TOOLS, out=out, quick=True, progress=False) == 1
+    assert capsys.readouterr().out.count("!!! mta_conv FAILS ITS CHECK at float32 B=1 H=4 Hkv=2") == 2 * len(TINY)
 
 
 def test_cli_resume_flag():
@@ -506,14 +520,17 @@ def test_cli_resume_flag():
 
 
 def test_committed_results_are_a_complete_checked_gpu_run():
-    """figures/bench_conv.json, which chapter 04 plots: a real run, every shape checked, bars as its numbers say."""
+    """figures/bench_conv.json, which chapter 04 plots: a real run of this configuration, every shape checked."""
     data = plots.load_results(FIGURES_DIR / "bench_conv.json")
     prov = data["provenance"]
     assert prov["gpu"] != "cpu" and prov["git_commit"] and prov["mta_source_sha256"]
-    assert data["complete"] and data["config"] == cb.json_safe(cb.config(False, data["config"]["warmup"],
-                                                                             data["config"]["rep"]))
+    saved = {k: v for k, v in data["config"].items() if k != "bars"}  # older runs also judged targets
+    assert data["complete"] and saved == harness.json_safe(cb.config(False, saved["warmup"], saved["rep"]))
     assert set(cb.by_shape(data["results"])) == {tuple(getattr(s, k) for k in cb.SHAPE_KEYS)
                                                  for s in cb.conv_shapes()}
     assert all(r["check"]["ok"] for r in data["results"] if r["impl"] == cb.TESTED_IMPL)
-    assert data["shapes"] == cb.json_safe(cb.shape_ratios(data["results"]))
-    assert data["bars"] == cb.json_safe(cb.evaluate_bars(data["results"]))
+    assert data["shapes"] == harness.json_safe(cb.shape_ratios(data["results"]))
+    assert len(cb.format_table(data["results"]).splitlines()) == 3 + 20  # what notebook 04 prints
+    assert [e["head_dim"] for e in cb.headline_ratios(data)] == [64, 128]
+    assert all(e["conv_over_flash_time"] and e["reference_over_conv_time"] for e in cb.headline_ratios(data))
+    assert len(cb.format_headline(data).splitlines()) == 3

@@ -1,10 +1,18 @@
-"""The launch-order benchmark's machinery, on any device: natural-order twins of the kernels and the plot."""
+"""The launch-order benchmark's machinery, on any device: natural-order twins of the kernels, the shipped
+tile config, one measured shape with a fake timer, and the plot."""
+
+import types
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from mta import runtime
-from mta.bench.launch_order import conv_launcher, flash_launcher, untuned, with_natural_order
+from mta import runtime, tuning
+from mta.launch_order import heaviest_first
+from mta.bench import launch_order as lo
+from mta.bench.harness import Tools
+from mta.bench.launch_order import _shipped_config, conv_launcher, flash_launcher, untuned, with_natural_order
 from mta.bench.plots import plot_launch_order
 from mta.conv_forward import conv_forward_kernel
 from mta.flash_forward import flash_forward_kernel
@@ -16,8 +24,9 @@ def qkv(heads, n, d):
 
 def test_flash_forward_twin_gives_the_same_output():
     torch.manual_seed(0)
-    launch = flash_launcher(*qkv(2, 53, 32))
-    cfg = flash_forward_kernel.configs[0]
+    q, k, v = qkv(2, 53, 32)
+    launch = flash_launcher(q, k, v)
+    cfg = _shipped_config("flash_forward", q)
     twin = with_natural_order(flash_forward_kernel)
     assert twin.fn.__annotations__ == untuned(flash_forward_kernel).fn.__annotations__  # the constexpr marks
     assert torch.equal(launch(untuned(flash_forward_kernel), cfg), launch(twin, cfg))
@@ -27,10 +36,111 @@ def test_conv_forward_twin_gives_the_same_output():
     torch.manual_seed(0)
     q, k, v = qkv(2, 41, 16)
     launch = conv_launcher(q, k, v, torch.randn(2, 6, 11, device=runtime.DEVICE) * 0.2)
-    cfg = conv_forward_kernel.configs[0]
+    cfg = _shipped_config("conv_forward", q)
     o = launch(untuned(conv_forward_kernel), cfg)
     assert torch.isfinite(o).all()
     assert torch.equal(o, launch(with_natural_order(conv_forward_kernel), cfg))
+
+
+@triton.jit
+def _tile_of_program(HEAVY_LAST: tl.constexpr):
+    return heaviest_first(HEAVY_LAST)  # a helper between the kernel and heaviest_first, as in mta.kernel_parts
+
+
+@triton.jit
+def _record_tiles(Out, HEAVY_LAST: tl.constexpr):
+    tile, pid_bh = _tile_of_program(HEAVY_LAST)
+    pid = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
+    tl.store(Out + 2 * pid, tile)
+    tl.store(Out + 2 * pid + 1, pid_bh)
+
+
+def test_the_twin_numbers_tiles_the_natural_way_also_through_helpers():
+    tiles, heads = 3, 2
+    shipped, twin = (torch.full((tiles * heads, 2), -1, dtype=torch.int32, device=runtime.DEVICE) for _ in range(2))
+    _record_tiles[(tiles, heads)](shipped, HEAVY_LAST=True)
+    with_natural_order(_record_tiles)[(tiles, heads)](twin, HEAVY_LAST=True)
+    # Program p = (axis 0, axis 1) in launch order: the twin's tile is axis 0, the shipped one's the heaviest left.
+    assert twin.tolist() == [[t, h] for h in range(heads) for t in range(tiles)]
+    assert shipped.tolist() == [[2, 0], [2, 1], [1, 0], [1, 1], [0, 0], [0, 1]]
+    assert _tile_of_program.fn.__globals__["heaviest_first"] is heaviest_first  # the original is untouched
+    with pytest.raises(ValueError, match="never calls heaviest_first"):
+        with_natural_order(_plain)
+
+
+@triton.jit
+def _plain(X, BLOCK: tl.constexpr):
+    tl.store(X + tl.arange(0, BLOCK), tl.zeros([BLOCK], dtype=tl.float32))
+
+
+def test_untuned_takes_an_autotuned_or_a_plain_kernel():
+    tuned = triton.autotune(configs=[triton.Config({"BLOCK": 16})], key=[])(_plain)
+    assert untuned(tuned) is _plain and untuned(_plain) is _plain
+
+
+def test_shipped_config_asks_the_tile_table_when_there_is_one(monkeypatch):
+    asked = []
+    monkeypatch.setattr(tuning, "config_for", lambda *a: asked.append(a) or {"BLOCK_M": 32, "BLOCK_N": 16,
+                                                                            "num_warps": 2, "num_stages": 1},
+                        raising=False)
+    q = torch.zeros(1, 1, 4, 80, dtype=torch.float16)
+    assert _shipped_config("conv_forward", q, causal=False) == {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 2,
+                                                                 "num_stages": 1}
+    assert asked == [("conv_forward", 128, torch.float16, False)]  # d = 80 runs in a 128-wide tile
+
+
+@pytest.mark.parametrize("head_dim,cq", [(64, 6), (64, 11), (128, 6)])
+def test_shipped_config_is_the_tile_the_conv_launcher_takes(head_dim, cq, monkeypatch):
+    """The MTA launcher picks between two tables by a rule; the benchmark's twin must get the same tile."""
+    import mta.conv
+    if not hasattr(tuning, "config_for"):
+        pytest.skip("the package autotunes")
+    monkeypatch.setattr(tuning, "gpu_family", lambda device=None: "hopper")
+    monkeypatch.setattr(tuning, "AUTOTUNE", False)
+    launched = []
+    monkeypatch.setattr(mta.conv, "launch_tiled", lambda *a, config=None, **kw: launched.append(config))
+    q = torch.zeros(1, 2, 64, head_dim, dtype=torch.float16, device=runtime.DEVICE)
+    kf = torch.zeros(1, 2, cq, 64, head_dim, dtype=torch.float16, device=runtime.DEVICE)
+    mta.conv.launch_conv_forward(q, q, kf, torch.zeros(16, device=runtime.DEVICE), (cq, 11), True, 1.0)
+    assert launched == [_shipped_config("conv_forward", q, kernel_size=(cq, 11))]
+
+
+def test_shipped_config_falls_back_to_the_autotuner(monkeypatch):
+    monkeypatch.delattr(tuning, "config_for", raising=False)
+    first, best = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2), \
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3)
+    kernel = types.SimpleNamespace(configs=[first, best])
+    monkeypatch.setattr(lo, "shipped_kernels", lambda: {"flash_forward": kernel})
+    q = torch.zeros(1, 1, 4, 64)
+    assert _shipped_config("flash_forward", q) == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    kernel.best_config = best  # what the autotuner picked on its last run
+    assert _shipped_config("flash_forward", q) == {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+
+
+@pytest.mark.parametrize("kernel", ["flash", "conv"])
+def test_a_shape_is_checked_then_timed_in_both_orders(kernel):
+    timed = []
+
+    def timer(fn, before_each=None):
+        timed.append(fn())
+        return 2.0 if len(timed) == 1 else 1.0  # natural first, then heaviest first
+    torch.manual_seed(0)
+    bench = lo.LaunchOrderBenchmark(dtype="float32")
+    shape = lo.OrderShape(kernel, 2, 16, 40)
+    (rec,) = bench.measure_shape(shape, Tools(timer=timer, memory=None, device=runtime.DEVICE, warn=print))
+    assert len(timed) == 2 and torch.equal(timed[0], timed[1])
+    assert rec["same_output"] is True and rec["check"] == {"ok": True, "error": None}
+    assert (rec["natural_ms"], rec["heaviest_first_ms"], rec["speedup"]) == (2.0, 1.0, 2.0)
+    assert {k: rec[k] for k in ("kernel", "heads", "head_dim", "seq_len")} == vars(shape)
+    assert set(rec["config"]) >= {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}
+    assert bench.shape_of(rec) == shape
+
+
+def test_shapes_keep_the_order_of_the_committed_results():
+    shapes = lo.LaunchOrderBenchmark().shapes(quick=True)
+    assert [(s.kernel, s.heads, s.seq_len) for s in shapes[:4]] == \
+        [("flash", 8, 2048), ("conv", 8, 2048), ("flash", 8, 8192), ("conv", 8, 8192)]
+    assert len(lo.LaunchOrderBenchmark().shapes(quick=False)) == 2 * 2 * 5
 
 
 def test_plot_launch_order_draws_one_panel_per_kernel():

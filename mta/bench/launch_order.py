@@ -1,12 +1,13 @@
 """Benchmark of the launch order: causal kernels with their tiles numbered heaviest first, or the natural way.
 
-The kernels take their tile from :func:`mta.launch_order.heaviest_first`. For
-the comparison this module builds a second JIT function from the *same* Python
-function with that one name bound to :func:`natural_order` (tile = axis 0, head
-= axis 1), so there is no second copy of any kernel. Both run the tile
-configuration the autotuner picked for the shipped kernel, on the same inputs,
-and their outputs are compared (they must agree to the last bit: only which SM
-computes which tile changes).
+The kernels take their tile from :func:`mta.launch_order.heaviest_first`
+(through a shared helper). For the comparison this module builds a second JIT
+function from the *same* Python functions with that one name bound to
+:func:`natural_order` (tile = axis 0, head = axis 1), so there is no second
+copy of any kernel. Both run the tile the shipped kernel takes
+(:func:`_shipped_config`), on the same inputs, and their outputs are compared
+first: they must agree to the last bit (only which SM computes which tile
+changes).
 
 Measured: the causal forward of :func:`mta.flash_attention` and the kernel of
 :func:`mta.conv_attention` (6 x 11, its pre-passes left out, as they do not
@@ -15,16 +16,23 @@ depend on the order), bf16, B=1, H=8/D=64 and H=16/D=128, N = 1k to 16k.
 
 from __future__ import annotations
 
-import functools
-import json
 import types
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from mta import tuning
+from mta.launch import NO_SPECIALIZE
+from mta.launch_order import heaviest_first
+
+from .harness import Benchmark, Tools, failure_line, text_table
+
+SHAPES = [(8, 64), (16, 128)]  # (heads, head dim), B = 1
+LENGTHS = [1024, 2048, 4096, 8192, 16384]
+QUICK_LENGTHS = [2048, 8192]
+KERNEL_SIZE = (6, 11)
 
 
 @triton.jit
@@ -34,25 +42,51 @@ def natural_order(HEAVY_LAST: tl.constexpr):
 
 
 def untuned(kernel):
-    """What ``@triton.autotune`` wraps: the kernel with its ``@triton.heuristics``, launched with an explicit config."""
+    """The kernel launched with an explicit config: what ``@triton.autotune`` wraps, or a plain kernel itself."""
     return kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
 
 
+def _is_jit(x) -> bool:
+    """A ``@triton.jit`` function (compiled, or run by the interpreter)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(x, (triton.runtime.JITFunction, InterpretedFunction))
+
+
+def _natural_twin(jit_fn, **jit_options):
+    """``jit_fn`` built again from its Python function with every call of ``heaviest_first`` bound to
+    :func:`natural_order`, also where it calls it through other ``@triton.jit`` helpers (those are rebuilt
+    the same way); ``jit_fn`` itself if it never reaches ``heaviest_first``."""
+    fn = jit_fn.fn
+    swaps = {}
+    for name in fn.__code__.co_names:
+        target = fn.__globals__.get(name)
+        if target is heaviest_first:
+            swaps[name] = natural_order
+        elif _is_jit(target) and target is not jit_fn:
+            twin = _natural_twin(target)
+            if twin is not target:
+                swaps[name] = twin
+    if not swaps:
+        return jit_fn
+    clone = types.FunctionType(fn.__code__, dict(fn.__globals__, **swaps), fn.__name__, fn.__defaults__,
+                               fn.__closure__)
+    clone.__qualname__, clone.__module__, clone.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
+    clone.__annotations__ = dict(fn.__annotations__)  # the tl.constexpr marks live here, not in the code
+    clone.__kwdefaults__ = fn.__kwdefaults__
+    return triton.jit(clone, **jit_options)
+
+
 def with_natural_order(kernel):
-    """:func:`untuned` ``kernel`` built again from its Python function, with ``heaviest_first`` bound to
-    :func:`natural_order` (and the same ``@triton.heuristics``)."""
+    """:func:`untuned` ``kernel`` built again with its tiles numbered the natural way (:func:`_natural_twin`),
+    with the same ``@triton.heuristics``."""
     kernel = untuned(kernel)
     heuristics = []
     while isinstance(kernel, triton.runtime.Heuristics):
         heuristics.append(kernel.values)
         kernel = kernel.fn
-    fn = kernel.fn
-    clone = types.FunctionType(fn.__code__, dict(fn.__globals__, heaviest_first=natural_order), fn.__name__,
-                               fn.__defaults__, fn.__closure__)
-    clone.__qualname__, clone.__module__, clone.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
-    clone.__annotations__ = dict(fn.__annotations__)  # the tl.constexpr marks live here, not in the code
-    clone.__kwdefaults__ = fn.__kwdefaults__
-    twin = triton.jit(clone, do_not_specialize=tuning.NO_SPECIALIZE)
+    twin = _natural_twin(kernel, do_not_specialize=NO_SPECIALIZE)
+    if twin is kernel:
+        raise ValueError(f"{kernel.fn.__name__} never calls heaviest_first: it has no natural-order twin")
     for values in reversed(heuristics):
         twin = triton.heuristics(values)(twin)
     return twin
@@ -63,12 +97,42 @@ def launch_config(cfg) -> dict:
     return {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 
+def shipped_kernels() -> dict:
+    """``{tuning name: the kernel the package launches}``."""
+    from mta.conv_forward import conv_forward_kernel
+    from mta.flash_forward import flash_forward_kernel
+    return {"flash_forward": flash_forward_kernel, "conv_forward": conv_forward_kernel}
+
+
+def _shipped_config(name: str, q: torch.Tensor, causal: bool = True, kernel_size=KERNEL_SIZE) -> dict:
+    """Launch keywords (``BLOCK_M, BLOCK_N, num_warps, num_stages``) of the tile the shipped kernel ``name``
+    ("flash_forward", "conv_forward") takes for ``q``.
+
+    From ``mta.tuning.config_for`` where the package has it, with the rule of
+    :func:`mta.conv.launch_conv_forward` for the MTA kernel (a tile too big to
+    hold its ``cq`` shifted query tiles takes the streamed tile); else, from an
+    autotuned kernel, the config its autotuner picked last (run the shipped
+    function on these inputs first), or its only one.
+    """
+    if hasattr(tuning, "config_for"):
+        from mta.flash import head_dim_block
+        block_d = head_dim_block(q.shape[-1])
+        cfg = tuning.config_for(name, block_d, q.dtype, causal)
+        if name == "conv_forward":
+            from mta.conv_forward import holds_queries
+            if not holds_queries(cfg["BLOCK_M"], kernel_size[0], block_d, q.element_size()):
+                cfg = tuning.config_for("conv_forward_streamed", block_d, q.dtype, causal)
+        return dict(cfg)
+    kernel = shipped_kernels()[name]
+    return launch_config(getattr(kernel, "best_config", None) or kernel.configs[0])
+
+
 def flash_launcher(q, k, v):
     """``launch(kernel, config) -> o``: the causal flash forward of ``q, k, v`` (:func:`mta.flash.flash_forward`)."""
     from mta.flash import flash_forward
 
-    def launch(kernel, cfg):
-        return flash_forward(q, k, v, True, q.shape[-1] ** -0.5, kernel=kernel, **launch_config(cfg))[0]
+    def launch(kernel, cfg: dict):
+        return flash_forward(q, k, v, True, q.shape[-1] ** -0.5, kernel=kernel, **cfg)[0]
     return launch
 
 
@@ -78,59 +142,77 @@ def conv_launcher(q, k, v, weight):
 
     kf, cd = conv_prepasses(q, k, weight, causal=True)
 
-    def launch(kernel, cfg):
+    def launch(kernel, cfg: dict):
         return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), True, q.shape[-1] ** -0.5,
-                                   kernel=kernel, **launch_config(cfg))[0]
+                                   kernel=kernel, **cfg)[0]
     return launch
 
 
-SHAPES = [(8, 64), (16, 128)]  # (heads, head dim), B = 1
-LENGTHS = [1024, 2048, 4096, 8192, 16384]
+@dataclass(frozen=True)
+class OrderShape:
+    kernel: str  # "flash" or "conv"
+    heads: int
+    head_dim: int
+    seq_len: int
+
+    def label(self) -> str:
+        return f"{self.kernel} H={self.heads} D={self.head_dim} N={self.seq_len}"
 
 
-def run(*, out: Path, quick: bool = False, warmup: int = 10, rep: int = 30) -> int:
-    """The ``order`` command: time both orders, write ``out`` (JSON) and its PNG. Returns the exit status."""
-    import mta
-    from mta.conv_forward import conv_forward_kernel
-    from mta.flash_forward import flash_forward_kernel
+class LaunchOrderBenchmark(Benchmark):
+    name, out = "order", "figures/bench_launch_order.json"
+    help = "causal kernels with tiles launched heaviest first vs in the natural order"
+    description = ("Times the causal flash forward and the MTA forward kernel with their tiles numbered "
+                   "heaviest first (as shipped) and in the natural order, same tile config, same inputs, "
+                   "after checking both give the same output.")
+    quick_help = "N in {2048, 8192}"
+    exit_1 = "the outputs of the two orders differ"
+    Shape = OrderShape
 
-    from .flash import json_safe, save_png
-    from .plots import plot_launch_order
-    from .provenance import provenance
-    from .timing import require_cuda, time_ms
+    def __init__(self, dtype: str = "bfloat16"):
+        self.dtype, self._natural = dtype, {}
 
-    device = require_cuda("the launch-order benchmark")
-    timer = functools.partial(time_ms, warmup=warmup, rep=rep)
-    natural = {"flash": with_natural_order(flash_forward_kernel), "conv": with_natural_order(conv_forward_kernel)}
-    lengths = [2048, 8192] if quick else LENGTHS
-    torch.manual_seed(0)
-    results, ok = [], True
-    for heads, head_dim in SHAPES:
-        for n in lengths:
-            q, k, v = (torch.randn(1, heads, n, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
-            weight = torch.randn(heads, 6, 11, device=device) * 0.2
-            mta.flash_attention(q, k, v, causal=True)  # let the autotuner pick the shipped kernels' configs
+    def shapes(self, quick):
+        return [OrderShape(kernel, h, d, n) for h, d in SHAPES for n in (QUICK_LENGTHS if quick else LENGTHS)
+                for kernel in ("flash", "conv")]
+
+    def config(self, quick, warmup, rep):
+        return {"quick": quick, "warmup": warmup, "rep": rep, "dtype": self.dtype, "kernel_size": list(KERNEL_SIZE)}
+
+    def measure_shape(self, shape: OrderShape, tools: Tools) -> list[dict]:
+        """One record: the tile config, both times, the speedup and whether both orders agree (checked first)."""
+        import mta
+
+        q, k, v = (torch.randn(1, shape.heads, shape.seq_len, shape.head_dim, device=tools.device,
+                               dtype=getattr(torch, self.dtype)) for _ in range(3))
+        weight = torch.randn(shape.heads, *KERNEL_SIZE, device=tools.device) * 0.2
+        if shape.kernel == "flash":
+            mta.flash_attention(q, k, v, causal=True)  # warm up (and an autotuner picks its config)
+            name, launch = "flash_forward", flash_launcher(q, k, v)
+        else:
             mta.conv_attention(q, k, v, weight, causal=True)
-            for name, autotuned, launch in (("flash", flash_forward_kernel, flash_launcher(q, k, v)),
-                                            ("conv", conv_forward_kernel, conv_launcher(q, k, v, weight))):
-                cfg = autotuned.best_config if len(autotuned.configs) > 1 else autotuned.configs[0]
-                heaviest = untuned(autotuned)
-                same = torch.equal(launch(heaviest, cfg), launch(natural[name], cfg))
-                ok &= same
-                rec = {"kernel": name, "heads": heads, "head_dim": head_dim, "seq_len": n,
-                       "config": launch_config(cfg),
-                       "natural_ms": timer(lambda: launch(natural[name], cfg)),
-                       "heaviest_first_ms": timer(lambda: launch(heaviest, cfg)), "same_output": same}
-                rec["speedup"] = rec["natural_ms"] / rec["heaviest_first_ms"]
-                results.append(rec)
-                print(f"{name:5} H={heads:2} D={head_dim:3} N={n:5}: natural {rec['natural_ms']:.3f} ms, heaviest "
-                      f"first {rec['heaviest_first_ms']:.3f} ms ({rec['speedup']:.2f}x)"
-                      f"{'' if same else '  OUTPUTS DIFFER'}", flush=True)
-    data = json_safe({"provenance": provenance(), "config": {"quick": quick, "warmup": warmup, "rep": rep,
-                                                             "dtype": "bfloat16", "kernel_size": [6, 11]},
-                      "results": results})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
-    png = save_png(plot_launch_order(data), out.with_suffix(".png"))
-    print(f"wrote {out} and {png}")
-    return 0 if ok else 1
+            name, launch = "conv_forward", conv_launcher(q, k, v, weight)
+        cfg = _shipped_config(name, q)
+        heaviest = untuned(shipped_kernels()[name])
+        if name not in self._natural:
+            self._natural[name] = with_natural_order(shipped_kernels()[name])
+        natural = self._natural[name]
+        same = torch.equal(launch(heaviest, cfg), launch(natural, cfg))
+        check = {"ok": same, "error": None if same else "the two launch orders give different outputs"}
+        if not same:
+            tools.warn(failure_line(self, None, shape, check))
+        rec = {**asdict(shape), "config": cfg, "natural_ms": tools.timer(lambda: launch(natural, cfg)),
+               "heaviest_first_ms": tools.timer(lambda: launch(heaviest, cfg)), "same_output": same, "check": check}
+        rec["speedup"] = rec["natural_ms"] / rec["heaviest_first_ms"]
+        return [rec]
+
+    def report(self, data):
+        columns = [("kernel", ""), ("H", "{}"), ("D", "{}"), ("N", "{}"), ("natural ms", "{:.3f}"),
+                   ("heaviest first ms", "{:.3f}"), ("speedup", "{:.2f}x"), ("", "")]
+        return text_table(columns, [[r["kernel"], r["heads"], r["head_dim"], r["seq_len"], r["natural_ms"],
+                                     r["heaviest_first_ms"], r["speedup"], "" if r["same_output"] else "OUTPUTS DIFFER"]
+                                    for r in data["results"]])
+
+    def plot(self, data):
+        from .plots import plot_launch_order
+        return plot_launch_order(data)

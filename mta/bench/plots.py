@@ -63,6 +63,50 @@ def seq_len_label(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
+def _impl_grid(records: list[dict], columns: list[tuple[str, dict]], rows: list[tuple], tested: str,
+               failed_label: str, *, log: bool, ax_size: tuple):
+    """A grid of panels against sequence length, one line per implementation, ``tested``'s failed checks
+    crossed out in red. ``columns``: ``(title, fields the records match)``; ``rows``: ``(key, title,
+    y label, scale)``. Log-log (non-positive values left out), or linear y from 0 shared by the row."""
+    import matplotlib.pyplot as plt
+
+    seq_lens = sorted({r["seq_len"] for r in records})
+    fig, axes = plt.subplots(len(rows), len(columns), squeeze=False, sharex=True, sharey="row",
+                             figsize=(ax_size[0] * len(columns), ax_size[1] * len(rows)))
+    for col, (col_title, where) in enumerate(columns):
+        for row, (key, row_title, ylabel, scale) in enumerate(rows):
+            ax = axes[row][col]
+            for impl in ordered_impls(records):
+                line = _scaled(_points(select(records, impl=impl, **where), key), scale, log)
+                if line:
+                    ax.plot(*zip(*line), **impl_style(impl))
+            failed = _scaled(_points(select(records, impl=tested, **where), key, only_failed_checks=True), scale, log)
+            if failed:
+                ax.plot(*zip(*failed), linestyle="none", marker="x", markersize=12, color="red", label=failed_label)
+            ax.set_xscale("log", base=2)
+            if log:
+                ax.set_yscale("log")
+            ax.set_xticks(seq_lens, [seq_len_label(n) for n in seq_lens])
+            ax.xaxis.set_minor_locator(plt.NullLocator())
+            ax.grid(alpha=0.3, which="both" if log else "major")
+            ax.set_title(f"{row_title}, {col_title}", fontsize=9)
+            if row == len(rows) - 1:
+                ax.set_xlabel("sequence length N")
+            if col == 0:
+                ax.set_ylabel(ylabel)
+    for row, (key, _, _, scale) in enumerate(rows):
+        # Set once per row, after all columns are drawn: the row shares its y axis, and
+        # a limit set while drawing would freeze it before the later columns' data exist.
+        values = [r[key] * scale for r in records if r.get(key) is not None]
+        if not log:
+            axes[row][0].set_ylim(0, 1.08 * max(values, default=1.0))
+    handles, labels = _unique_legend(axes)
+    one_row = len(labels) <= 4
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels) if one_row else 3,
+               bbox_to_anchor=(0.5, -0.02 if one_row else -0.04), frameon=False)
+    return fig
+
+
 def plot_flash(source: Union[str, Path, dict], dtype: str = "bfloat16", *, ax_size: tuple = (3.4, 2.8)):
     """TFLOPS against sequence length from the flash benchmark.
 
@@ -70,46 +114,14 @@ def plot_flash(source: Union[str, Path, dict], dtype: str = "bfloat16", *, ax_si
     implementation; mta points whose correctness check failed are crossed out
     in red. Returns the matplotlib Figure (nothing is written).
     """
-    import matplotlib.pyplot as plt
-
     data = load_results(source)
     records = select(data["results"], dtype=dtype)
     if not records:
         raise ValueError(f"no flash results for dtype {dtype!r}")
-    columns = sorted({(r["head_dim"], r["causal"]) for r in records})
-    rows = (("fwd_tflops", "forward"), ("bwd_tflops", "backward"))
-    seq_lens = sorted({r["seq_len"] for r in records})
-
-    fig, axes = plt.subplots(len(rows), len(columns), squeeze=False, sharex=True, sharey="row",
-                             figsize=(ax_size[0] * len(columns), ax_size[1] * len(rows)))
-    for col, (head_dim, causal) in enumerate(columns):
-        for row, (key, pass_name) in enumerate(rows):
-            ax = axes[row][col]
-            for impl in ordered_impls(records):
-                line = _points(select(records, impl=impl, head_dim=head_dim, causal=causal), key)
-                if line:
-                    ax.plot(*zip(*line), **impl_style(impl))
-            failed = _points(select(records, impl="mta", head_dim=head_dim, causal=causal), key,
-                             only_failed_checks=True)
-            if failed:
-                ax.plot(*zip(*failed), linestyle="none", marker="x", markersize=12, color="red",
-                        label="mta check failed")
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(seq_lens, [seq_len_label(n) for n in seq_lens])
-            ax.minorticks_off()
-            ax.grid(alpha=0.3)
-            ax.set_title(f"{pass_name}, d={head_dim}, {'causal' if causal else 'non-causal'}", fontsize=9)
-            if row == len(rows) - 1:
-                ax.set_xlabel("sequence length N")
-            if col == 0:
-                ax.set_ylabel("TFLOPS")
-    for row, (key, _) in enumerate(rows):
-        # Set once per row, after all columns are drawn: the row shares its y axis, and
-        # a limit set while drawing would freeze it before the later columns' data exist.
-        values = [r[key] for r in records if r.get(key) is not None]
-        axes[row][0].set_ylim(0, 1.08 * max(values, default=1.0))
-    handles, labels = _unique_legend(axes)
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, -0.02), frameon=False)
+    columns = [(f"d={d}, {'causal' if c else 'non-causal'}", {"head_dim": d, "causal": c})
+               for d, c in sorted({(r["head_dim"], r["causal"]) for r in records})]
+    rows = [("fwd_tflops", "forward", "TFLOPS", 1.0), ("bwd_tflops", "backward", "TFLOPS", 1.0)]
+    fig = _impl_grid(records, columns, rows, "mta", "mta check failed", log=False, ax_size=ax_size)
     cfg = data["config"]
     workload = f"{cfg.get('total_tokens', '?')} tokens per batch, model width {cfg.get('model_dim', '?')}"
     fig.suptitle(f"Flash attention, {dtype}, {workload}\n{provenance_line(data['provenance'])}", fontsize=10)
@@ -123,50 +135,21 @@ def plot_conv(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
     Rows: time (ms), memory (MiB). Columns: (configuration, kernel). One line
     per implementation; a point that was skipped (the reference does not fit),
     ran out of memory or failed is left out, and mta.conv_attention points whose
-    correctness check failed are crossed out in red. Works from the committed
-    JSON on any machine. Returns the matplotlib Figure (nothing is written).
+    correctness check failed are crossed out in red. Returns the Figure.
     """
-    import matplotlib.pyplot as plt
-
     data = load_results(source)
     records = [r for r in data["results"] if "cq" in r and "ck" in r]
     if not records:
         raise ValueError("no conv results (records with cq and ck)")
-    column_keys = ("batch", "heads", "kv_heads", "head_dim", "cq", "ck")
-    columns = sorted({tuple(r[k] for k in column_keys) for r in records})
-    rows = (("fwd_ms", "forward time (ms)", 1.0), ("peak_extra_bytes", "peak extra memory (MiB)", 2.0 ** -20))
-    seq_lens = sorted({r["seq_len"] for r in records})
-
-    fig, axes = plt.subplots(len(rows), len(columns), squeeze=False, sharex=True, sharey="row",
-                             figsize=(ax_size[0] * len(columns), ax_size[1] * len(rows)))
-    for col, column in enumerate(columns):
-        where = dict(zip(column_keys, column))
-        batch, heads, kv_heads, head_dim, cq, ck = column
-        config = f"B={batch} H={heads}" + (f" Hkv={kv_heads}" if kv_heads != heads else "") + f" D={head_dim}"
-        for row, (key, what, scale) in enumerate(rows):
-            ax = axes[row][col]
-            for impl in ordered_impls(records):
-                line = _positive(_points(select(records, impl=impl, **where), key), scale)
-                if line:
-                    ax.plot(*zip(*line), **impl_style(impl))
-            failed = _positive(_points(select(records, impl="mta_conv", **where), key, only_failed_checks=True), scale)
-            if failed:
-                ax.plot(*zip(*failed), linestyle="none", marker="x", markersize=12, color="red",
-                        label="mta.conv_attention check failed")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xticks(seq_lens, [seq_len_label(n) for n in seq_lens])
-            ax.xaxis.set_minor_locator(plt.NullLocator())
-            ax.grid(alpha=0.3, which="both")
-            ax.set_title(f"{what.split(' (')[0]}, {config}, {cq}x{ck}", fontsize=9)
-            if row == len(rows) - 1:
-                ax.set_xlabel("sequence length N")
-            if col == 0:
-                ax.set_ylabel(what)
-    handles, labels = _unique_legend(axes)
-    if labels:
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), bbox_to_anchor=(0.5, -0.04),
-                   frameon=False)
+    keys = ("batch", "heads", "kv_heads", "head_dim", "cq", "ck")
+    columns = []
+    for b, h, hkv, d, cq, ck in sorted({tuple(r[k] for k in keys) for r in records}):
+        title = f"B={b} H={h}" + (f" Hkv={hkv}" if hkv != h else "") + f" D={d}, {cq}x{ck}"
+        columns.append((title, dict(zip(keys, (b, h, hkv, d, cq, ck)))))
+    rows = [("fwd_ms", "forward time", "forward time (ms)", 1.0),
+            ("peak_extra_bytes", "peak extra memory", "peak extra memory (MiB)", 2.0 ** -20)]
+    fig = _impl_grid(records, columns, rows, "mta_conv", "mta.conv_attention check failed", log=True,
+                     ax_size=ax_size)
     cfg = data["config"]
     dtype = cfg.get("dtype") or records[0].get("dtype", "?")
     causal = cfg.get("causal", records[0].get("causal"))
@@ -209,9 +192,9 @@ def plot_launch_order(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 
     return fig
 
 
-def _positive(points: list[tuple[int, float]], scale: float) -> list[tuple[int, float]]:
-    """``points`` with values scaled, keeping only positive ones (a log axis cannot show the rest)."""
-    return [(n, y * scale) for n, y in points if y > 0]
+def _scaled(points: list[tuple[int, float]], scale: float, positive: bool) -> list[tuple[int, float]]:
+    """``points`` with values scaled; with ``positive``, only positive ones (a log axis cannot show the rest)."""
+    return [(n, y * scale) for n, y in points if y > 0 or not positive]
 
 
 def _points(records: list[dict], key: str, only_failed_checks: bool = False) -> list[tuple[int, float]]:
@@ -236,4 +219,4 @@ def _unique_legend(axes) -> tuple[list, list[str]]:
 
 
 __all__ = ["IMPL_STYLES", "impl_style", "load_results", "ordered_impls", "plot_conv", "plot_flash",
-           "provenance_line", "select", "seq_len_label"]
+           "plot_launch_order", "provenance_line", "select", "seq_len_label"]
