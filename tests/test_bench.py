@@ -343,7 +343,7 @@ def test_plot_flash_rejects_a_missing_dtype():
 # --- command line ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["flash", "conv", "order"])
+@pytest.mark.parametrize("name", ["flash", "conv", "order", "startup"])
 def test_cli_without_cuda_exits_2_with_a_clear_message(name, tmp_path):
     out = tmp_path / "never.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"CUDA_VISIBLE_DEVICES": ""}
@@ -360,14 +360,15 @@ def test_cli_help_lists_every_benchmark(capsys):
         build_parser().parse_args(["--help"])
     assert exit_info.value.code == 0
     printed = capsys.readouterr().out
-    assert all(name in printed for name in ("flash", "conv", "order"))
+    assert all(name in printed for name in ("flash", "conv", "order", "startup"))
 
 
 def test_cli_common_args():
     from mta.bench.__main__ import build_parser
     args = build_parser().parse_args(["order", "--quick", "--resume", "--warmup", "3", "--rep", "4"])
     assert args.quick and args.resume and (args.warmup, args.rep) == (3, 4) and args.bench.name == "order"
-    assert build_parser().parse_args(["conv"]).out == "figures/bench_conv.json"
+    args = build_parser().parse_args(["startup"])
+    assert not hasattr(args, "warmup") and args.out == "figures/bench_startup.json"
 
 
 def test_cli_resolves_relative_out_against_the_repository_root():

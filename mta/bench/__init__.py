@@ -4,6 +4,7 @@
 * ``conv``: :mod:`mta.bench.conv`, ``mta.conv_attention`` against the materialized
   reference, ``torch.compile`` of it, ``mta.flash_attention`` and SDPA.
 * ``order``: :mod:`mta.bench.launch_order`, heaviest-first tile order against the natural one.
+* ``startup``: :mod:`mta.bench.startup`, the wait on each public function's first call.
 
 Results go to ``figures/bench_<name>.json`` with a PNG beside it;
 :mod:`mta.bench.plots` redraws them without a GPU. Submodules are imported

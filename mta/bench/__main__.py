@@ -22,7 +22,8 @@ def benchmarks() -> list:
     from .conv import ConvBenchmark
     from .flash import FlashBenchmark
     from .launch_order import LaunchOrderBenchmark
-    return [FlashBenchmark, ConvBenchmark, LaunchOrderBenchmark]
+    from .startup import StartupBenchmark
+    return [FlashBenchmark, ConvBenchmark, LaunchOrderBenchmark, StartupBenchmark]
 
 
 def repo_path(path: str) -> Path:

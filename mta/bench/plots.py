@@ -192,6 +192,52 @@ def plot_launch_order(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 
     return fig
 
 
+def plot_startup(source: Union[str, Path, dict], *, ax_size: tuple = (5.5, 3.2)):
+    """Seconds of the first call in a fresh process, log axis: one panel per head dim, one group of bars per
+    (case, dtype), a bar for an empty and for a warm Triton cache; a dot marks the second call (steady state).
+
+    A failed probe has no bar and is marked "failed". Returns the Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    data = load_results(source)
+    results = data["results"]
+    head_dims = sorted({r["head_dim"] for r in results})
+    groups = list(dict.fromkeys((r["case"], r["dtype"]) for r in results))
+    labels = data["config"].get("cases", {})
+    runs = (("empty_cache", "empty cache", "C3"), ("warm_cache", "warm cache", "C0"))
+    fig, axes = plt.subplots(len(head_dims), 1, squeeze=False, sharey=True,
+                             figsize=(max(ax_size[0], 1.25 * len(groups)), ax_size[1] * len(head_dims)))
+    for ax, d in zip(axes[:, 0], head_dims):
+        for x, (case, dtype) in enumerate(groups):
+            found = select(results, case=case, dtype=dtype, head_dim=d)
+            r = found[0] if found else {}
+            for i, (key, label, color) in enumerate(runs):
+                seconds = r.get(key, {}).get("first_call_s")
+                if seconds is not None:
+                    ax.bar(x + (i - 0.5) * 0.38, seconds, width=0.38, color=color, label=label)
+            second = r.get("warm_cache", {}).get("second_call_s")
+            if second is not None:
+                ax.plot([x], [second], linestyle="none", marker="o", color="k", markersize=4,
+                        label="second call (steady state)")
+            if r and not r.get("check", {}).get("ok", True):
+                ax.annotate("failed", (x, 0.5), xycoords=("data", "axes fraction"), ha="center", color="red")
+        ax.set_yscale("log")
+        names = [labels.get(case, case).replace(" ", "\n", 1) for case, _ in groups]  # "flash_attention\nforward"
+        ax.set_xticks(range(len(groups)), [f"{n}\n{dt}" for n, (_, dt) in zip(names, groups)], fontsize=7)
+        ax.grid(alpha=0.3, axis="y", which="both")
+        ax.set_ylabel("seconds")
+        ax.set_title(f"head dim {d}", fontsize=9)
+    handles, names = _unique_legend(axes)
+    fig.legend(handles, names, loc="lower center", ncol=len(names), bbox_to_anchor=(0.5, -0.02), frameon=False)
+    shape = data["config"].get("shape", {})
+    fig.suptitle(f"First call in a fresh process, B={shape.get('batch', '?')} Hq={shape.get('heads', '?')} "
+                 f"Hkv={shape.get('kv_heads', '?')} N={shape.get('seq_len', '?')}\n"
+                 f"{provenance_line(data['provenance'])}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
+
+
 def _scaled(points: list[tuple[int, float]], scale: float, positive: bool) -> list[tuple[int, float]]:
     """``points`` with values scaled; with ``positive``, only positive ones (a log axis cannot show the rest)."""
     return [(n, y * scale) for n, y in points if y > 0 or not positive]
@@ -219,4 +265,4 @@ def _unique_legend(axes) -> tuple[list, list[str]]:
 
 
 __all__ = ["IMPL_STYLES", "impl_style", "load_results", "ordered_impls", "plot_conv", "plot_flash",
-           "plot_launch_order", "provenance_line", "select", "seq_len_label"]
+           "plot_launch_order", "plot_startup", "provenance_line", "select", "seq_len_label"]

@@ -1,0 +1,159 @@
+"""Benchmark of the wait on the first call: every public kernel function, in a fresh process, at a new shape.
+
+For every (case, dtype, head dim) two fresh Python processes run the script
+:mod:`mta.bench.startup_probe`: the first with ``TRITON_CACHE_DIR`` set to a
+new empty directory ("empty cache": every kernel compiles, and autotunes where
+the package autotunes), the second with the same directory ("warm cache":
+compiled kernels are loaded from disk). The environment is otherwise the
+user's own. Each probe reports its import times, the first call's wall time
+(the number this benchmark is about) and a second call's (steady state, for
+contrast). A probe that fails is a result too: its stderr tail is recorded,
+printed, and the exit status is 1.
+
+The cases are :data:`mta.bench.startup_probe.CASES`; a new public function
+joins there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from . import startup_probe
+from .harness import Benchmark, Tools, failure_line, text_table
+from .provenance import REPO_ROOT
+from .startup_probe import CASES
+
+DTYPES = ("bfloat16", "float16", "float32")
+HEAD_DIMS = (64, 128)
+QUICK_DTYPES = ("bfloat16", "float32")
+QUICK_HEAD_DIMS = (128,)
+BATCH, HEADS, KV_HEADS, SEQ_LEN = 1, 8, 2, 1536
+#: Longest wait for one probe (an empty cache with autotuning compiles many kernels).
+PROBE_TIMEOUT_S = 1800
+RUNS = ("empty_cache", "warm_cache")
+
+
+@dataclass(frozen=True)
+class StartupShape:
+    case: str
+    dtype: str
+    head_dim: int
+    batch: int = BATCH
+    heads: int = HEADS
+    kv_heads: int = KV_HEADS
+    seq_len: int = SEQ_LEN
+
+    def label(self) -> str:
+        return f"{self.case} {self.dtype} d={self.head_dim} N={self.seq_len}"
+
+
+def startup_shapes(quick: bool = False) -> list[StartupShape]:
+    dtypes, head_dims = (QUICK_DTYPES, QUICK_HEAD_DIMS) if quick else (DTYPES, HEAD_DIMS)
+    return [StartupShape(case.name, dtype, d) for case in CASES for dtype in dtypes for d in head_dims]
+
+
+def _tail(text, lines: int = 20) -> str:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return "\n".join((text or "").strip().splitlines()[-lines:])
+
+
+def run_probe(shape: StartupShape, cache_dir, timeout: float = PROBE_TIMEOUT_S) -> dict:
+    """One probe in a fresh Python process with ``TRITON_CACHE_DIR=cache_dir``: its JSON line, plus the process's
+    wall time; or ``error`` and ``stderr_tail`` if it fails."""
+    cmd = [sys.executable, startup_probe.__file__, shape.case, shape.dtype, str(shape.head_dim),
+           "--seq-len", str(shape.seq_len), "--batch", str(shape.batch), "--heads", str(shape.heads),
+           "--kv-heads", str(shape.kv_heads)]
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache_dir)}
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        return {"error": f"timed out after {timeout} s", "stderr_tail": _tail(exc.stderr)}
+    result = {"process_s": time.perf_counter() - start}
+    if done.returncode != 0:
+        return {**result, "error": f"the probe exited with status {done.returncode}", "stderr_tail": _tail(done.stderr)}
+    try:
+        return {**result, **json.loads(done.stdout.strip().splitlines()[-1])}
+    except (IndexError, ValueError):
+        return {**result, "error": "the probe printed no JSON line", "stderr_tail": _tail(done.stderr)}
+
+
+def startup_check(runs: dict[str, dict]) -> dict:
+    """ok: every run returned a result with a finite output; error: what went wrong and the stderr's last lines."""
+    problems = []
+    for which, r in runs.items():
+        if r.get("error"):
+            problems.append(f"{which}: {r['error']}: " + " | ".join(_tail(r.get("stderr_tail"), 3).splitlines()))
+        elif r.get("finite") is False:
+            problems.append(f"{which}: the output is not finite")
+    return {"ok": not problems, "error": "; ".join(problems) or None}
+
+
+class StartupBenchmark(Benchmark):
+    name, out = "startup", "figures/bench_startup.json"
+    help = "wall time of the first call of every public kernel function in a fresh process"
+    description = ("Seconds a user waits on the first call of mta.flash_attention (forward; forward+backward) and "
+                   "mta.conv_attention in a fresh Python process at a new shape (B=1, Hq=8, Hkv=2, N=1536), "
+                   "with an empty and with a warm Triton cache.")
+    quick_help = "bf16 and fp32, d=128"
+    exit_1 = "a probe failed or gave a non-finite output"
+    timed = False
+    Shape = StartupShape
+
+    def __init__(self, runner: Callable[[StartupShape, str], dict] = run_probe):
+        self.runner = runner
+
+    def shapes(self, quick):
+        return startup_shapes(quick)
+
+    def config(self, quick, warmup, rep):
+        shapes = startup_shapes(quick)
+        return {"benchmark": "startup", "quick": quick, "cases": {c.name: c.label for c in CASES},
+                "dtypes": list(dict.fromkeys(s.dtype for s in shapes)),
+                "head_dims": list(dict.fromkeys(s.head_dim for s in shapes)),
+                "shape": {"batch": BATCH, "heads": HEADS, "kv_heads": KV_HEADS, "seq_len": SEQ_LEN},
+                "inputs": "q, k, v, dout: torch.randn; weight [Hq, 6, 11]: 0.2 * torch.randn in float32; causal",
+                "runs": "each a fresh `python mta/bench/startup_probe.py`; empty_cache: TRITON_CACHE_DIR a new "
+                        "empty directory, warm_cache: the same directory again; the environment otherwise as given",
+                "timing": "time.perf_counter around the call and torch.cuda.synchronize; first_call_s is the first "
+                          "call in the process, second_call_s the next one",
+                "MTA_AUTOTUNE": os.environ.get("MTA_AUTOTUNE")}
+
+    def measure_shape(self, shape: StartupShape, tools: Tools) -> list[dict]:
+        """One record: both runs, empty cache first, in one new temporary cache directory."""
+        with tempfile.TemporaryDirectory(prefix="mta-triton-cache-") as cache:
+            runs = {which: self.runner(shape, cache) for which in RUNS}
+        check = startup_check(runs)
+        if not check["ok"]:
+            tools.warn(failure_line(self, None, shape, check))
+        return [{**asdict(shape), **runs, "check": check}]
+
+    def report(self, data):
+        return format_table(data["results"])
+
+    def plot(self, data):
+        from .plots import plot_startup
+        return plot_startup(data)
+
+
+def format_table(results: list[dict]) -> str:
+    """Seconds per (case, dtype, head dim): imports and second call (of the warm run, else the empty one), and
+    the first call with an empty and with a warm cache."""
+    columns = [("case", ""), ("dtype", ""), ("d", "{}"), ("import", "{:.2f}"), ("first call, empty", "{:.3f}"),
+               ("first call, warm", "{:.3f}"), ("second call", "{:.4f}"), ("", "")]
+    rows = []
+    for r in results:
+        empty, warm = r.get("empty_cache", {}), r.get("warm_cache", {})
+        either = warm if "import_mta_s" in warm else empty
+        imports = either["import_torch_s"] + either["import_mta_s"] if "import_mta_s" in either else None
+        rows.append([r["case"], r["dtype"], r["head_dim"], imports, empty.get("first_call_s"),
+                     warm.get("first_call_s"), either.get("second_call_s"), "" if r["check"]["ok"] else "!"])
+    return "seconds (! = a probe failed)\n" + text_table(columns, rows)

@@ -1,0 +1,127 @@
+"""The first call of one public kernel function, in this fresh process: what ``python -m mta.bench startup`` runs.
+
+``python mta/bench/startup_probe.py CASE DTYPE HEAD_DIM [--seq-len N ...]``
+(a script, not ``-m``: that would import the package ``mta``, and torch,
+before the probe starts its clock) imports torch and mta (each import timed), makes random inputs on
+``mta.runtime.DEVICE``, then times with ``time.perf_counter`` the first call
+and a synchronize (compiling, autotuning, loading kernels: what a user waits
+for), and a second call the same way (steady state, for contrast). It prints
+one JSON line. A failing call raises: the process exits non-zero with the
+traceback on stderr. On the CPU (Triton's interpreter) it runs too, and
+skips dtypes the interpreter cannot compute exactly (bfloat16).
+
+To measure a new public function, add one :class:`Case` to :data:`CASES`.
+Only the standard library is imported before the timed imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+
+def flash_forward(mta, x: dict):
+    return mta.flash_attention(x["q"], x["k"], x["v"], causal=True)
+
+
+def flash_forward_backward(mta, x: dict):
+    out = mta.flash_attention(x["q"], x["k"], x["v"], causal=True)
+    out.backward(x["dout"])
+    return out, x["q"].grad, x["k"].grad, x["v"].grad
+
+
+def conv_forward(mta, x: dict):
+    return mta.conv_attention(x["q"], x["k"], x["v"], x["weight"], causal=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A public function's first call: ``call(mta, inputs) -> tensor(s)``, checked finite afterwards.
+
+    ``grad``: q, k, v (and weight) require grad; otherwise the call runs under ``torch.no_grad()``.
+    """
+
+    name: str
+    label: str
+    call: Callable
+    grad: bool = False
+
+
+CASES = (
+    Case("flash_forward", "flash_attention forward", flash_forward),
+    Case("flash_forward_backward", "flash_attention forward+backward", flash_forward_backward, grad=True),
+    Case("conv_forward", "conv_attention forward (6x11)", conv_forward),
+)
+KERNEL_SIZE = (6, 11)
+
+
+def make_inputs(torch, device, dtype, batch: int, heads: int, kv_heads: int, seq_len: int, head_dim: int,
+                grad: bool) -> dict:
+    """Standard-normal q [B, Hq, N, D], k, v [B, Hkv, N, D] and dout; weight 0.2 * randn [Hq, 6, 11] in fp32."""
+    x = {"q": torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype),
+         "k": torch.randn(batch, kv_heads, seq_len, head_dim, device=device, dtype=dtype),
+         "v": torch.randn(batch, kv_heads, seq_len, head_dim, device=device, dtype=dtype),
+         "dout": torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype),
+         "weight": 0.2 * torch.randn(heads, *KERNEL_SIZE, device=device, dtype=torch.float32)}
+    if grad:
+        for name in ("q", "k", "v", "weight"):
+            x[name].requires_grad_()
+    return x
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python mta/bench/startup_probe.py", description=__doc__.splitlines()[0])
+    parser.add_argument("case", choices=[c.name for c in CASES])
+    parser.add_argument("dtype", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("head_dim", type=int)
+    parser.add_argument("--seq-len", type=int, default=1536)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    case = next(c for c in CASES if c.name == args.case)
+    start = time.perf_counter()
+    import torch
+    imported_torch = time.perf_counter()
+    import mta
+    from mta import runtime
+    result = {"import_torch_s": imported_torch - start, "import_mta_s": time.perf_counter() - imported_torch,
+              "device": str(runtime.DEVICE)}
+    dtype = getattr(torch, args.dtype)
+    if dtype not in runtime.SAFE_DTYPES:
+        result["skipped"] = f"{args.dtype} is not exact on {runtime.describe()}"
+        print(json.dumps(result))
+        return 0
+    sync = torch.cuda.synchronize if runtime.DEVICE.type == "cuda" else (lambda: None)
+    torch.manual_seed(0)
+    x = make_inputs(torch, runtime.DEVICE, dtype, args.batch, args.heads, args.kv_heads, args.seq_len,
+                    args.head_dim, case.grad)
+    finite = True
+    for key in ("first_call_s", "second_call_s"):
+        for t in x.values():
+            t.grad = None
+        sync()
+        begin = time.perf_counter()
+        with torch.set_grad_enabled(case.grad):
+            out = case.call(mta, x)
+        sync()
+        result[key] = time.perf_counter() - begin
+        outs = out if isinstance(out, tuple) else (out,)
+        finite = finite and all(bool(torch.isfinite(t).all()) for t in outs)
+    result["finite"] = finite
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path[0] = str(Path(__file__).resolve().parents[2])  # import mta from this checkout, not from mta/bench/
+    sys.exit(main())
