@@ -139,6 +139,16 @@ def stream_descriptors(q, v, kf):
     return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1] * t.dim()) for t in (q, kf, v))
 
 
+def conv_forward_config(q: torch.Tensor, cq: int, causal: bool) -> dict:
+    """The table's tile for the fused kernel on ``q [B, Hq, N, D]``: the held-query tile where its ``cq`` shifted
+    query tiles fit on chip (:func:`mta.conv_forward.holds_queries`), else the streamed tile."""
+    block_d = head_dim_block(q.shape[-1])
+    config = tuning.config_for("conv_forward", block_d, q.dtype, causal)
+    if not holds_queries(config["BLOCK_M"], cq, block_d, q.element_size()):
+        config = tuning.config_for("conv_forward_streamed", block_d, q.dtype, causal)
+    return config
+
+
 def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool, scale: float,
                         kernel=None, **config):
     """Launch the fused kernel on the pre-passes' ``kf, cd`` (:func:`conv_prepasses`) for a ``(cq, ck)`` kernel:
@@ -155,9 +165,7 @@ def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
     qd, kfd, vd = stream_descriptors(q, v, kf)
     if not config and not tuning.AUTOTUNE:
-        config = tuning.config_for("conv_forward", block_d, q.dtype, causal)
-        if not holds_queries(config["BLOCK_M"], cq, block_d, q.element_size()):
-            config = tuning.config_for("conv_forward_streamed", block_d, q.dtype, causal)
+        config = conv_forward_config(q, cq, causal)
     launch_tiled(
         "conv_forward", kernel or conv_forward_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
         (q, kf, v, cd, o, lse, qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),

@@ -1,8 +1,6 @@
 """The launch-order benchmark's machinery, on any device: natural-order twins of the kernels, the shipped
 tile config, one measured shape with a fake timer, and the plot."""
 
-import types
-
 import pytest
 import torch
 import triton
@@ -12,7 +10,7 @@ from mta import runtime, tuning
 from mta.launch_order import heaviest_first
 from mta.bench import launch_order as lo
 from mta.bench.harness import Tools
-from mta.bench.launch_order import _shipped_config, conv_launcher, flash_launcher, untuned, with_natural_order
+from mta.bench.launch_order import _shipped_config, conv_launcher, flash_launcher, with_natural_order
 from mta.bench.plots import plot_launch_order
 from mta.conv_forward import conv_forward_kernel
 from mta.flash_forward import flash_forward_kernel
@@ -28,8 +26,8 @@ def test_flash_forward_twin_gives_the_same_output():
     launch = flash_launcher(q, k, v)
     cfg = _shipped_config("flash_forward", q)
     twin = with_natural_order(flash_forward_kernel)
-    assert twin.fn.__annotations__ == untuned(flash_forward_kernel).fn.__annotations__  # the constexpr marks
-    assert torch.equal(launch(untuned(flash_forward_kernel), cfg), launch(twin, cfg))
+    assert twin.fn.__annotations__ == flash_forward_kernel.fn.__annotations__  # the constexpr marks
+    assert torch.equal(launch(flash_forward_kernel, cfg), launch(twin, cfg))
 
 
 def test_conv_forward_twin_gives_the_same_output():
@@ -37,7 +35,7 @@ def test_conv_forward_twin_gives_the_same_output():
     q, k, v = qkv(2, 41, 16)
     launch = conv_launcher(q, k, v, torch.randn(2, 6, 11, device=runtime.DEVICE) * 0.2)
     cfg = _shipped_config("conv_forward", q)
-    o = launch(untuned(conv_forward_kernel), cfg)
+    o = launch(conv_forward_kernel, cfg)
     assert torch.isfinite(o).all()
     assert torch.equal(o, launch(with_natural_order(conv_forward_kernel), cfg))
 
@@ -73,16 +71,10 @@ def _plain(X, BLOCK: tl.constexpr):
     tl.store(X + tl.arange(0, BLOCK), tl.zeros([BLOCK], dtype=tl.float32))
 
 
-def test_untuned_takes_an_autotuned_or_a_plain_kernel():
-    tuned = triton.autotune(configs=[triton.Config({"BLOCK": 16})], key=[])(_plain)
-    assert untuned(tuned) is _plain and untuned(_plain) is _plain
-
-
 def test_shipped_config_asks_the_tile_table_when_there_is_one(monkeypatch):
     asked = []
     monkeypatch.setattr(tuning, "config_for", lambda *a: asked.append(a) or {"BLOCK_M": 32, "BLOCK_N": 16,
-                                                                            "num_warps": 2, "num_stages": 1},
-                        raising=False)
+                                                                            "num_warps": 2, "num_stages": 1})
     q = torch.zeros(1, 1, 4, 80, dtype=torch.float16)
     assert _shipped_config("conv_forward", q, causal=False) == {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 2,
                                                                  "num_stages": 1}
@@ -93,8 +85,6 @@ def test_shipped_config_asks_the_tile_table_when_there_is_one(monkeypatch):
 def test_shipped_config_is_the_tile_the_conv_launcher_takes(head_dim, cq, monkeypatch):
     """The MTA launcher picks between two tables by a rule; the benchmark's twin must get the same tile."""
     import mta.conv
-    if not hasattr(tuning, "config_for"):
-        pytest.skip("the package autotunes")
     monkeypatch.setattr(tuning, "gpu_family", lambda device=None: "hopper")
     monkeypatch.setattr(tuning, "AUTOTUNE", False)
     launched = []
@@ -103,18 +93,6 @@ def test_shipped_config_is_the_tile_the_conv_launcher_takes(head_dim, cq, monkey
     kf = torch.zeros(1, 2, cq, 64, head_dim, dtype=torch.float16, device=runtime.DEVICE)
     mta.conv.launch_conv_forward(q, q, kf, torch.zeros(16, device=runtime.DEVICE), (cq, 11), True, 1.0)
     assert launched == [_shipped_config("conv_forward", q, kernel_size=(cq, 11))]
-
-
-def test_shipped_config_falls_back_to_the_autotuner(monkeypatch):
-    monkeypatch.delattr(tuning, "config_for", raising=False)
-    first, best = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2), \
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3)
-    kernel = types.SimpleNamespace(configs=[first, best])
-    monkeypatch.setattr(lo, "shipped_kernels", lambda: {"flash_forward": kernel})
-    q = torch.zeros(1, 1, 4, 64)
-    assert _shipped_config("flash_forward", q) == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
-    kernel.best_config = best  # what the autotuner picked on its last run
-    assert _shipped_config("flash_forward", q) == {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
 
 
 @pytest.mark.parametrize("kernel", ["flash", "conv"])

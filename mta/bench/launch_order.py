@@ -41,11 +41,6 @@ def natural_order(HEAVY_LAST: tl.constexpr):
     return tl.program_id(0), tl.program_id(1)
 
 
-def untuned(kernel):
-    """The kernel launched with an explicit config: what ``@triton.autotune`` wraps, or a plain kernel itself."""
-    return kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
-
-
 def _is_jit(x) -> bool:
     """A ``@triton.jit`` function (compiled, or run by the interpreter)."""
     from triton.runtime.interpreter import InterpretedFunction
@@ -77,9 +72,8 @@ def _natural_twin(jit_fn, **jit_options):
 
 
 def with_natural_order(kernel):
-    """:func:`untuned` ``kernel`` built again with its tiles numbered the natural way (:func:`_natural_twin`),
+    """``kernel`` built again with its tiles numbered the natural way (:func:`_natural_twin`),
     with the same ``@triton.heuristics``."""
-    kernel = untuned(kernel)
     heuristics = []
     while isinstance(kernel, triton.runtime.Heuristics):
         heuristics.append(kernel.values)
@@ -92,11 +86,6 @@ def with_natural_order(kernel):
     return twin
 
 
-def launch_config(cfg) -> dict:
-    """A ``triton.Config`` as launch keywords."""
-    return {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-
-
 def shipped_kernels() -> dict:
     """``{tuning name: the kernel the package launches}``."""
     from mta.conv_forward import conv_forward_kernel
@@ -106,25 +95,13 @@ def shipped_kernels() -> dict:
 
 def _shipped_config(name: str, q: torch.Tensor, causal: bool = True, kernel_size=KERNEL_SIZE) -> dict:
     """Launch keywords (``BLOCK_M, BLOCK_N, num_warps, num_stages``) of the tile the shipped kernel ``name``
-    ("flash_forward", "conv_forward") takes for ``q``.
+    ("flash_forward", "conv_forward") takes for ``q``: the package's own table lookup."""
+    from mta.conv import conv_forward_config
+    from mta.launch import head_dim_block
 
-    From ``mta.tuning.config_for`` where the package has it, with the rule of
-    :func:`mta.conv.launch_conv_forward` for the MTA kernel (a tile too big to
-    hold its ``cq`` shifted query tiles takes the streamed tile); else, from an
-    autotuned kernel, the config its autotuner picked last (run the shipped
-    function on these inputs first), or its only one.
-    """
-    if hasattr(tuning, "config_for"):
-        from mta.flash import head_dim_block
-        block_d = head_dim_block(q.shape[-1])
-        cfg = tuning.config_for(name, block_d, q.dtype, causal)
-        if name == "conv_forward":
-            from mta.conv_forward import holds_queries
-            if not holds_queries(cfg["BLOCK_M"], kernel_size[0], block_d, q.element_size()):
-                cfg = tuning.config_for("conv_forward_streamed", block_d, q.dtype, causal)
-        return dict(cfg)
-    kernel = shipped_kernels()[name]
-    return launch_config(getattr(kernel, "best_config", None) or kernel.configs[0])
+    if name == "conv_forward":
+        return conv_forward_config(q, kernel_size[0], causal)
+    return tuning.config_for(name, head_dim_block(q.shape[-1]), q.dtype, causal)
 
 
 def flash_launcher(q, k, v):
@@ -187,13 +164,13 @@ class LaunchOrderBenchmark(Benchmark):
                                dtype=getattr(torch, self.dtype)) for _ in range(3))
         weight = torch.randn(shape.heads, *KERNEL_SIZE, device=tools.device) * 0.2
         if shape.kernel == "flash":
-            mta.flash_attention(q, k, v, causal=True)  # warm up (and an autotuner picks its config)
+            mta.flash_attention(q, k, v, causal=True)  # warm up
             name, launch = "flash_forward", flash_launcher(q, k, v)
         else:
             mta.conv_attention(q, k, v, weight, causal=True)
             name, launch = "conv_forward", conv_launcher(q, k, v, weight)
         cfg = _shipped_config(name, q)
-        heaviest = untuned(shipped_kernels()[name])
+        heaviest = shipped_kernels()[name]
         if name not in self._natural:
             self._natural[name] = with_natural_order(shipped_kernels()[name])
         natural = self._natural[name]
