@@ -151,7 +151,7 @@ def conv_dq_kernel(Q, KF, V, DO, LSE, DELTA, CD, GQ,
 @triton.jit
 def _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, lse_base, delta_base, cd_base,
                       stride_qm, stride_qd, stride_dom, stride_dod, offs_k, offs_d, start, stop, n, qk_scale,
-                      DIAGONAL: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr,
+                      DIAGONAL: tl.constexpr, MASK_KEYS: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr,
                       E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
     """Query tiles ``[start, stop)`` of one query head into ``dv`` and ``U`` (``u_hi``, ``u_lo``: shifts as in
@@ -159,8 +159,8 @@ def _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, lse_bas
 
     ``C`` is made as the forward makes it (the same shifted-query tiles, the same products). ``DIAGONAL``:
     rows within ``E`` of the keys (masked diagonals put in, causal mask; ``dC`` kept only where
-    ``i - j >= E``). Keys past ``n`` and rows past ``n`` only touch rows of ``dV``, ``U`` that are not stored
-    (rows past ``n`` read lse = +inf, so P = 0)."""
+    ``i - j >= E``). ``MASK_KEYS``: keys past ``n`` get P = 0 (not causal; causally they are in the
+    future of every row). Rows past ``n`` read lse = +inf, so P = 0."""
     d_ok = offs_d < D
     for start_m in range(start, stop, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -171,6 +171,8 @@ def _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, lse_bas
             q_lo = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
             c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
         c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
+        if MASK_KEYS:
+            c = tl.where((offs_k < n)[None, :], c, float("-inf"))
         lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         p = tl.math.exp2(c - lse2[:, None])
         do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
@@ -241,12 +243,12 @@ def conv_dkdv_kernel(Q, KF, V, DO, LSE, DELTA, CD, U, DV,
             u_lo = u_hi  # unused
         dv, u_hi, u_lo = _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, LSE + bh * n,
                                            DELTA + bh * n, CD + bh * n * E_PAD, stride_qm, stride_qd, stride_dom,
-                                           stride_dod, offs_k, offs_d, start, m_full, n, qk_scale, CAUSAL, CQ, QA,
-                                           QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION)
+                                           stride_dod, offs_k, offs_d, start, m_full, n, qk_scale, CAUSAL, False, CQ,
+                                           QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION)
         dv, u_hi, u_lo = _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, LSE + bh * n,
                                            DELTA + bh * n, CD + bh * n * E_PAD, stride_qm, stride_qd, stride_dom,
-                                           stride_dod, offs_k, offs_d, m_full, n, n, qk_scale, False, CQ, QA, QB,
-                                           E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION)
+                                           stride_dod, offs_k, offs_d, m_full, n, n, qk_scale, False, not CAUSAL, CQ,
+                                           QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION)
         u_base = U + bh * CQ * n * D
         _store_shifts(u_base, n * D, D, u_hi, offs_k, n, 0, QA, CQ, D, BLOCK_D)
         if QB > 0:
@@ -269,8 +271,8 @@ def _near_dc(cd_base, pv_base, lse_base, delta_base, rows, n, qk_scale, E: tl.co
     pv = tl.load(pv_base + rows[:, None] * E_PAD + delta, mask=ok, other=0.0)
     lse2 = tl.load(lse_base + rows, mask=row_ok, other=0.0) * LOG2E
     dl = tl.load(delta_base + rows, mask=row_ok, other=0.0)
-    p = tl.math.exp2(cd * qk_scale - lse2[:, None])
-    return tl.where(ok, p * (pv - dl[:, None]), 0.0)
+    p = tl.math.exp2(tl.where(ok, cd * qk_scale - lse2[:, None], float("-inf")))
+    return p * (pv - dl[:, None])
 
 
 @triton.jit(do_not_specialize=["n"])
