@@ -182,12 +182,20 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
     return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), causal, scale)
 
 
-def _held_rows(config: dict, key: str, cq: int, block_d: int, elem_bytes: int) -> dict:
-    """``config`` with its owned rows ``config[key]`` halved (down to 16) until the ``rows x (QA + QB) * block_d``
-    block a backward program holds, 16-bit operand and fp32 accumulator, fits :data:`conv_backward.HELD_BYTES`."""
+def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d: int, elem_bytes: int) -> dict:
+    """``config`` with its owned rows ``config[owned]`` and streamed rows ``config[streamed]`` halved (down to 16,
+    the larger share first) until what a backward program keeps on chip fits :data:`conv_backward.HELD_BYTES`:
+    ``owned x (QA + QB) * block_d`` held 16-bit operand plus its fp32 accumulator, and one streamed
+    ``streamed x (QA + QB) * block_d`` operand."""
     config = dict(config)
     cols = sum(query_shift_groups(cq)) * block_d
-    while config[key] > 16 and config[key] * cols * (elem_bytes + 4) > conv_backward.HELD_BYTES:
+
+    def shares():
+        return config[owned] * cols * (elem_bytes + 4), config[streamed] * cols * elem_bytes
+
+    while sum(shares()) > conv_backward.HELD_BYTES and (config[owned] > 16 or config[streamed] > 16):
+        held, stream = shares()
+        key = owned if (held >= stream and config[owned] > 16) or config[streamed] <= 16 else streamed
         config[key] //= 2
     return config
 
@@ -231,23 +239,24 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
                 PRECISION=dot_precision(q.dtype))
     config = None
     if not tuning.AUTOTUNE:
-        config = _held_rows(tuning.config_for("conv_dq", block_d, q.dtype, causal), "BLOCK_M", cq, block_d,
-                            q.element_size())
+        config = _fit_backward_tile(tuning.config_for("conv_dq", block_d, q.dtype, causal), "BLOCK_M", "BLOCK_N",
+                                    cq, block_d, q.element_size())
     launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
                  (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
                   N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype, config=config,
                  key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     if not tuning.AUTOTUNE:
-        config = _held_rows(tuning.config_for("conv_dkdv", block_d, q.dtype, causal), "BLOCK_N", cq, block_d,
-                            q.element_size())
+        config = _fit_backward_tile(tuning.config_for("conv_dkdv", block_d, q.dtype, causal), "BLOCK_N",
+                                    "BLOCK_M", cq, block_d, q.element_size())
     launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_N"]), B * Hkv),
                  (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
                   *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype, config=config,
                  key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     del kf
 
-    # Post-passes: memory-bound. The interpreter pays per operation, so it gets long tiles.
-    block_r = 128 if runtime.INTERPRET else 64
+    # Post-passes: memory-bound. The interpreter pays per operation, so it gets long tiles; on a GPU the folds'
+    # tiles shrink with the head dim (a few fp32 [rows, block_d] tiles live in registers: no spills).
+    block_r = 128 if runtime.INTERPRET else max(16, min(64, 4096 // block_d))
     tiles = triton.cdiv(N, block_r)
     ep_pad = _pad16(e_past + 1)
     dw_parts = []

@@ -41,7 +41,7 @@ from .launch import NO_SPECIALIZE
 
 #: Largest ``rows x (QA + QB) * BLOCK_D`` block a tiled backward program holds (16-bit operand plus its fp32
 #: accumulator of the same shape), in bytes; the launcher halves the owned rows (down to 16) until it fits.
-HELD_BYTES = 96 * 1024
+HELD_BYTES = 128 * 1024
 
 
 @triton.jit
