@@ -1,7 +1,8 @@
-"""``mta.conv_attention``: Multi-Token Attention's forward, fused in Triton.
+"""``mta.conv_attention``: Multi-Token Attention, fused in Triton, differentiable.
 
-The kernel is in :mod:`mta.conv_forward`; this module checks inputs, folds
-the key axis of the convolution into the keys, and launches it.
+The kernels are in :mod:`mta.conv_forward` and :mod:`mta.conv_backward`; this
+module checks inputs, folds the key axis of the convolution into the keys,
+launches them and ties them together with ``torch.autograd.Function``.
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from __future__ import annotations
 import torch
 import triton
 
-from . import conv_forward, runtime, tuning
+from . import conv_backward, conv_forward, runtime, tuning
 from ._checks import check_weight, resolve_scale
+from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_kernel, conv_dq_kernel,
+                            conv_near_kernel)
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
-                           holds_queries, past_scores_kernel)
+                           holds_queries, past_scores_kernel, query_shift_groups)
+from .flash_backward import rowsum_do_o_kernel
 from .launch import (check_kernel_device, check_kernel_inputs, dot_precision, head_dim_block, launch_tiled,
                      size_bucket)
 
@@ -75,14 +79,16 @@ def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
     Hkv = k.shape[1]
     width = _pad16(reach + 1)
     p = torch.empty((B, Hq, N, width), device=q.device, dtype=torch.float32)
-    block_r = 16  # on an H200, 16 rows per program is fastest at d = 64 and 128
+    # On an H200, 16 rows per program is fastest at d = 64 and 128; the interpreter pays per operation.
+    block_r = 128 if runtime.INTERPRET else 16
     past_scores_kernel[(triton.cdiv(N, block_r), B * Hq)](
         q, k, p, *q.stride(), *k.stride(), *p.stride()[:3], N, Hq, Hq // Hkv,
         EP=reach, EP_PAD=width, D=D, BLOCK_D=head_dim_block(D), BLOCK_R=block_r, num_warps=4)
     return p
 
 
-def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor,
+                    past: torch.Tensor | None = None) -> torch.Tensor:
     """``CD[b, h, i, delta] = C[i, i - delta] / scale``, the causal convolved scores on the diagonals
     ``0 <= delta < E = cq - 1 + pk`` where folded keys would be wrong (zero for ``delta >= E``).
 
@@ -91,6 +97,7 @@ def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor) -> t
 
     Args:
         q: ``[B, Hq, N, D]``; k: ``[B, Hkv, N, D]``; weight: ``[Hq, cq, ck]`` fp32.
+        past: the past scores ``past_scores(q, k, E')`` if already made (the backward needs them too).
     Returns:
         ``[B, Hq, N, max(16, next_pow2(E))]`` fp32, contiguous.
     """
@@ -99,7 +106,7 @@ def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor) -> t
     B, Hq, N, _ = q.shape
     cq, ck = weight.shape[1:]
     e, e_past = diagonal_reach(cq, ck)
-    p = past_scores(q, k, e_past)
+    p = past_scores(q, k, e_past) if past is None else past
     cd = torch.empty((B, Hq, N, _pad16(e)), device=q.device, dtype=torch.float32)
     block_r = 16 if runtime.INTERPRET else 64
     diagonal_scores_kernel[(triton.cdiv(N, block_r), B * Hq)](
@@ -183,22 +190,130 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
     return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), causal, scale)
 
 
+def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d: int, elem_bytes: int) -> dict:
+    """``config`` with its owned rows ``config[owned]`` and streamed rows ``config[streamed]`` halved (down to 16,
+    the larger share first) until what a backward program keeps on chip fits :data:`conv_backward.HELD_BYTES`:
+    ``owned x (QA + QB) * block_d`` held 16-bit operand plus its fp32 accumulator, and one streamed
+    ``streamed x (QA + QB) * block_d`` operand."""
+    config = dict(config)
+    cols = sum(query_shift_groups(cq)) * block_d
+
+    def shares():
+        return config[owned] * cols * (elem_bytes + 4), config[streamed] * cols * elem_bytes
+
+    while sum(shares()) > conv_backward.HELD_BYTES and (config[owned] > 16 or config[streamed] > 16):
+        held, stream = shares()
+        key = owned if (held >= stream and config[owned] > 16) or config[streamed] <= 16 else streamed
+        config[key] //= 2
+    return config
+
+
+def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
+    """``dq, dk, dv, dweight`` of :func:`conv_attention` (the split into far and near parts:
+    :mod:`mta.conv_backward`). ``dq, dk, dv`` in the dtypes of ``q, k, v``; ``dweight`` ``[Hq, cq, ck]`` fp32,
+    summed over the batch.
+
+    Order: the pre-passes again (folded keys, past and diagonal scores: recomputed, cheaper than keeping
+    ``cq`` folded copies of K alive between forward and backward), ``Delta``, the dQ-side and dK/dV-side
+    tiled kernels (``Gq``, ``dV``, ``U``), the near-diagonal kernel (causal), then the two folds.
+    """
+    B, Hq, N, D = q.shape
+    Hkv = k.shape[1]
+    cq, ck = weight.shape[1:]
+    e, e_past = diagonal_reach(cq, ck)
+    near = causal and e > 0
+    block_d = head_dim_block(D)
+    qa, qb = query_shift_groups(cq)
+    w = weight.detach().float().contiguous()
+    kf = fold_keys(k, w, Hq)
+    dev = q.device
+    if near:
+        pq = past_scores(q, k, e_past)
+        cd = diagonal_scores(q, k, w, past=pq)
+    else:
+        cd = torch.zeros(16, device=dev, dtype=torch.float32)
+    e_pad = _pad16(e)
+
+    delta = torch.empty_like(lse)
+    rowsum_block = 64
+    rowsum_do_o_kernel[(triton.cdiv(N, rowsum_block), B * Hq)](
+        o, do, delta, *o.stride(), *do.stride(), N, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
+
+    gq = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
+    u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    bucket = size_bucket(N)
+    meta = dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=e_pad, QA=qa, QB=qb, D=D, BLOCK_D=block_d,
+                PRECISION=dot_precision(q.dtype))
+    config = None
+    if not tuning.AUTOTUNE:
+        config = _fit_backward_tile(tuning.config_for("conv_dq", block_d, q.dtype, causal), "BLOCK_M", "BLOCK_N",
+                                    cq, block_d, q.element_size())
+    launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
+                 (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
+                  N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype, config=config,
+                 key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
+    if not tuning.AUTOTUNE:
+        config = _fit_backward_tile(tuning.config_for("conv_dkdv", block_d, q.dtype, causal), "BLOCK_N",
+                                    "BLOCK_M", cq, block_d, q.element_size())
+    launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_N"]), B * Hkv),
+                 (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
+                  *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype, config=config,
+                 key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
+    del kf
+
+    # Post-passes: memory-bound. The interpreter pays per operation, so it gets long tiles; on a GPU the folds'
+    # tiles shrink with the head dim (a few fp32 [rows, block_d] tiles live in registers: no spills).
+    block_r = 128 if runtime.INTERPRET else max(16, min(64, 4096 // block_d))
+    tiles = triton.cdiv(N, block_r)
+    ep_pad = _pad16(e_past + 1)
+    dw_parts = []
+    if near:
+        pv = past_scores(do, v, e - 1)  # dO_i . v_{i - delta} on the E masked diagonals
+        g = torch.empty((B, Hq, N, ep_pad), device=dev, dtype=torch.float32)
+        dwn = torch.empty((tiles, B, Hq, cq, ck), device=dev, dtype=torch.float32)
+        conv_near_kernel[(tiles, B * Hq)](cd, pv, pq, lse, delta, w, g, dwn, N, Hq, scale, CQ=cq, CK=ck, E=e,
+                                          E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=block_r, num_warps=4)
+        dw_parts.append(dwn)
+    else:
+        g = torch.zeros(16, device=dev, dtype=torch.float32)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    conv_dq_fold_kernel[(tiles, B * Hq)](gq, g, k, dq, *k.stride(), *dq.stride(), N, Hq, Hq // Hkv, scale,
+                                         NEAR=near, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d,
+                                         BLOCK_R=block_r, num_warps=4)
+    del gq
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dwf = torch.empty((tiles, B, Hq, cq, ck), device=dev, dtype=torch.float32)
+    conv_dk_fold_kernel[(tiles, B * Hkv)](u, g, q, k, w, dk, dwf, *q.stride(), *k.stride(), *dk.stride(), N, Hkv,
+                                          Hq // Hkv, scale, NEAR=near, CQ=cq, CK=ck, EP=e_past, EP_PAD=ep_pad, D=D,
+                                          BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4)
+    dw_parts.append(dwf)
+    # Fixed-order reductions over the per-program partials: deterministic.
+    dweight = torch.cat(dw_parts).sum(dim=(0, 1)) * scale
+    return dq, dk, dv, dweight
+
+
 class ConvAttention(torch.autograd.Function):
+    """Forward saves ``q, k, v, o``, the fp32 ``lse`` and the weight; backward recomputes the folded keys and
+    diagonal scores (cheap, O(N)) and the tiles of ``C`` and ``P`` from them."""
+
     @staticmethod
     def forward(ctx, q, k, v, weight, causal, scale):
         o, lse = conv_attention_forward(q, k, v, weight, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse, weight)
+        ctx.causal, ctx.scale = causal, scale
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
-        raise NotImplementedError(
-            "the backward of mta.conv_attention (dq, dk, dv, dweight) is not implemented yet (chapter 05); "
-            "for gradients use mta.conv_attention_reference, which autograd differentiates")
+        q, k, v, o, lse, weight = ctx.saved_tensors
+        dq, dk, dv, dweight = conv_attention_backward(do, q, k, v, o, lse, weight, ctx.causal, ctx.scale)
+        return dq, dk, dv, dweight.to(weight.dtype), None, None
 
 
 def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None = None, return_lse: bool = False):
-    """Multi-Token Attention (key-query convolution before the softmax), fused, O(N) memory.
+    """Multi-Token Attention (key-query convolution before the softmax), fused, O(N) memory, differentiable.
 
     Exactly :func:`mta.conv_attention_reference` (the definition in ``docs/mta-semantics.md``)
     without materializing any N x N matrix.
@@ -209,9 +324,10 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
         weight: ``[Hq, cq, ck]``, ``1 <= cq <= 32``, odd ``ck <= 33``; any float dtype, used in fp32.
         causal: the MTA case (default).
         scale: default ``D ** -0.5``, applied before the convolution.
-        return_lse: also return the fp32 log-sum-exp of each row of the convolved scores.
+        return_lse: also return the fp32 log-sum-exp of each row of the convolved scores (not differentiable).
 
-    Forward only for now: backward raises ``NotImplementedError``.
+    Differentiable in ``q``, ``k``, ``v`` and ``weight`` (fused backward, :mod:`mta.conv_backward`): the
+    gradients come in the dtypes of their inputs, the weight's summed over the batch.
     """
     _, Hq, _, Nq, Nk, D = check_kernel_inputs(q, k, v)
     if Nq != Nk:

@@ -81,13 +81,6 @@ def test_causality():
     assert not torch.allclose(after[:, :, t], before[:, :, t])
 
 
-def test_backward_is_not_implemented_yet():
-    q, k, v = (x.requires_grad_() for x in rand_qkv(1, 1, 1, 8, 8, 16))
-    out = mta.conv_attention(q, k, v, torch.ones(1, 1, 1, device=DEVICE))
-    with pytest.raises(NotImplementedError, match="conv_attention_reference"):
-        out.sum().backward()
-
-
 def test_bad_inputs_raise_clear_errors():
     q, k, v = rand_qkv(1, 2, 1, 8, 8, 16)
     with pytest.raises(ValueError, match="must be odd"):

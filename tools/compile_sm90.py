@@ -13,6 +13,8 @@ launch instead of running it, as an sm_90 GPU would see it.
   candidate (tuning.CANDIDATES); resources (regs, spills, smem) and wgmma use.
 * conv-variants: every dtype, awkward head dims and kernel sizes, at the table's tile: does it compile and fit?
 * flash: flash_forward_kernel at every candidate, same report.
+* conv-backward: every kernel the MTA backward launches (``mta.conv.conv_attention_backward``, its pre-passes
+  included), at the table's tile as the launcher shrinks it, for a spread of dtypes, head dims and kernels.
 
 --ptxas PATH sets TRITON_PTXAS_PATH (e.g. /usr/local/bin/ptxas for CUDA 13.0);
 by default Triton's bundled ptxas is used.
@@ -36,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 ap = argparse.ArgumentParser()
-ap.add_argument("what", nargs="?", default="all", choices=["conv", "conv-variants", "flash", "all"])
+ap.add_argument("what", nargs="?", default="all", choices=["conv", "conv-variants", "flash", "conv-backward", "all"])
 ap.add_argument("--ptxas", default=None, help="ptxas binary (sets TRITON_PTXAS_PATH)")
 ap.add_argument("--out", default=None, help="where to keep PTX/cubin/SASS of interesting cases")
 ap.add_argument("--keep-cache", action="store_true", help="use the default Triton cache dir")
@@ -235,7 +237,7 @@ def report(name, D, causal, cfg, kernel, args, kw):
         line = head + f"FAIL   {type(err).__name__}: {short_err(err)}"
         print(line, flush=True)
         return line
-    tag = f"{name}_D{D}_c{int(causal)}_{bm}x{bn}_w{w}_s{st}"
+    tag = f"{name}_D{D}_c{int(causal)}_{bm}x{bn}_w{w}_s{st}".replace(":", "_")
     r = resources(ck, tag)
     line = head + (f"{'OK':6} {r['regs']!s:>4} {r['spill_st']!s:>7} {r['spill_ld']!s:>7} {r['stack']!s:>5} "
                    f"{r['smem']!s:>6} {r['wgmma_ptx']:>10} {r['hgmma']:>5} {r['hmma']:>5}")
@@ -274,6 +276,55 @@ def run_conv_variants():
     return rows
 
 
+def conv_backward_launches(D, causal, cq, ck, dtype, B=2, Hq=8, Hkv=4, N=N_RES):
+    """Every launch of :func:`mta.conv.conv_attention_backward` (name, kernel, args, kwargs), heuristics applied:
+    its kernels are swapped for stand-ins that record instead of running."""
+    import mta.conv as conv
+    names = ["fold_keys_kernel", "past_scores_kernel", "diagonal_scores_kernel", "rowsum_do_o_kernel",
+             "conv_dq_kernel", "conv_dkdv_kernel", "conv_near_kernel", "conv_dq_fold_kernel", "conv_dk_fold_kernel"]
+    saved = {n: getattr(conv, n) for n in names}
+    saved_check = conv.check_kernel_device
+    stand_ins = {n: RecordedLaunch(k) for n, k in saved.items()}
+    try:
+        for n, k in stand_ins.items():
+            setattr(conv, n, k)
+        conv.check_kernel_device = lambda **tensors: None  # CPU tensors stand in for the GPU's
+        q, do, o = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(3))
+        k, v = (torch.empty(B, Hkv, N, D, dtype=dtype) for _ in range(2))
+        lse, w = torch.empty(B, Hq, N), torch.empty(Hq, cq, ck)
+        conv.conv_attention_backward(do, q, k, v, o, lse, w, causal, D ** -0.5)
+    finally:
+        for n, k in saved.items():
+            setattr(conv, n, k)
+        conv.check_kernel_device = saved_check
+    out = []
+    for n, stand_in in stand_ins.items():
+        for args, kwargs in stand_in.launches:
+            out.append((n, saved[n], args, with_heuristics(saved[n], args, kwargs)))
+    return out
+
+
+def run_conv_backward():
+    """The backward's kernels at the table's Hopper tile (shrunk by the launcher as it would be)."""
+    print("\n=== MTA backward kernels (mta.conv.conv_attention_backward), Hopper tiles ===")
+    print(HDR)
+    rows = []
+    cases = [(torch.bfloat16, D, cq, ck, causal) for D in (64, 128) for cq, ck in ((6, 11), (11, 15))
+             for causal in (True, False)]
+    cases += [(torch.float16, 96, 2, 9, True), (torch.float16, 16, 16, 15, True), (torch.bfloat16, 256, 6, 11, True),
+              (torch.float32, 64, 6, 11, True), (torch.float32, 128, 3, 3, False), (torch.bfloat16, 64, 1, 1, True)]
+    for dtype, D, cq, ck, causal in cases:
+        for name, kernel, args, kw in conv_backward_launches(D, causal, cq, ck, dtype):
+            if name in ("fold_keys_kernel", "past_scores_kernel", "diagonal_scores_kernel", "rowsum_do_o_kernel"):
+                continue  # the forward's pre-passes and flash's rowsum: compiled by the other modes
+            cfg = (kw.get("BLOCK_M", kw.get("BLOCK_R", 0)), kw.get("BLOCK_N", 0), kw.get("num_warps", 4),
+                   kw.get("num_stages", 0))
+            dt = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}[dtype]
+            label = f"{dt}:{cq}x{ck}:{name.replace('conv_', '').replace('_kernel', '')}"
+            rows.append(report(label, D, causal, cfg, kernel, args, kw))
+    return rows
+
+
 def run_flash():
     print(f"\n=== flash_forward_kernel bf16 tuned configs (B={B_RES} H={H_RES} N={N_RES}) ===")
     print(HDR)
@@ -296,3 +347,5 @@ if __name__ == "__main__":
         run_conv_variants()
     if cli.what in ("flash", "all"):
         run_flash()
+    if cli.what in ("conv-backward", "all"):
+        run_conv_backward()

@@ -1,0 +1,234 @@
+"""The backward of ``mta.conv_attention`` (dq, dk, dv, dweight) against autograd through the float64 reference.
+
+On the CPU the kernels run in Triton's interpreter: small head dims (one case at D = 96) and a few
+well-chosen shapes rather than the full cross product, so the file stays quick.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mta
+from conftest import DEVICE, ON_GPU, rand, rand_qkv
+
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+NAMES = ("dq", "dk", "dv", "dweight")
+
+
+def check(name, out, ref, tol):
+    out, ref = out.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(out).all(), f"{name} is not finite"
+    err, bound = (out - ref).norm().item(), tol * ref.norm().item() + 1e-6 * math.sqrt(ref.numel())
+    assert err <= bound, f"{name}: error {err:.3g} > {bound:.3g}"
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Buffers the kernels allocate start as NaN: an element they never write fails the check."""
+    empty_like, empty = torch.empty_like, torch.empty
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: empty_like(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+
+
+def grads(fn, q, k, v, weight, do, **kwargs):
+    """``(dq, dk, dv, dweight)`` of ``<fn(q, k, v, weight), do>``."""
+    xs = [x.detach().clone().requires_grad_() for x in (q, k, v, weight)]
+    fn(*xs, **kwargs).backward(do)
+    return tuple(x.grad for x in xs)
+
+
+def reference_grads(q, k, v, weight, do, causal):
+    return grads(mta.conv_attention_reference, *(x.cpu().double() for x in (q, k, v, weight, do)), causal=causal)
+
+
+def run_case(N, cq, ck, causal, dtype, Hq=2, Hkv=1, D=16, B=1):
+    q, k, v = rand_qkv(B, Hq, Hkv, N, N, D, dtype=dtype)
+    weight = rand(Hq, cq, ck, scale=0.2)  # fp32 weight, as a model keeps it
+    do = rand(B, Hq, N, D, dtype=dtype)
+    out = grads(mta.conv_attention, q, k, v, weight, do, causal=causal)
+    ref = reference_grads(q, k, v, weight, do, causal)
+    for name, x, y, like in zip(NAMES, out, ref, (q, k, v, weight)):
+        assert x.dtype == like.dtype and x.shape == like.shape, name
+        check(name, x, y, TOL[dtype])
+
+
+# N < cq and N < ck (5 with 11 x 15), cq = 16 > the interpreter's 16-row tile and E = 22 masked diagonals
+# spanning two key tiles (16 x 15), 1 x 1 (no near part), N = 1. More kernels and lengths below.
+@pytest.mark.parametrize("N,cq,ck", [(1, 6, 11), (5, 11, 15), (24, 16, 15), (100, 1, 1), (100, 6, 11),
+                                     (200, 2, 9)], ids=str)
+def test_causal_lengths_and_kernels(N, cq, ck, poisoned_outputs):
+    run_case(N, cq, ck, True, torch.float32)
+
+
+@pytest.mark.parametrize("N,cq,ck,causal,dtype", [
+    (37, 6, 11, False, torch.float32), (5, 11, 15, False, torch.float32), (100, 3, 3, False, torch.float16),
+    (100, 6, 11, True, torch.float16), (37, 3, 3, True, torch.float16),
+] + ([(100, 6, 11, True, torch.bfloat16), (100, 2, 9, False, torch.bfloat16)] if ON_GPU else []), ids=str)
+def test_dtypes_and_noncausal(N, cq, ck, causal, dtype, poisoned_outputs):
+    run_case(N, cq, ck, causal, dtype)
+
+
+@pytest.mark.parametrize("N,causal", [(26, True), (20, False)])
+def test_gqa_head_dim_96_and_batch(N, causal, poisoned_outputs):
+    """Hq = 4 query heads on Hkv = 2 kv heads (dk, dv sum over a group), D = 96 (padded to 128),
+    B = 2 (dweight sums over the batch)."""
+    run_case(N, 6, 11, causal, torch.float32, Hq=4, Hkv=2, D=96, B=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gradients_are_exactly_causal(dtype):
+    """A loss on the outputs before t gives exactly zero gradient to q, k, v at t and after, however big the
+    future keys, queries and values are: nothing of the future leaks through the folded keys."""
+    N, t = 40, 21
+    q, k, v = rand_qkv(1, 2, 1, N, N, 16, dtype=dtype)
+    weight = rand(2, 6, 11, scale=0.2)
+    for x in (q, k, v):
+        x[:, :, t:] = 1e3 if dtype == torch.float32 else 40.0
+    do = rand(1, 2, N, 16, dtype=dtype)
+    do[:, :, t:] = 0
+    dq, dk, dv, dw = grads(mta.conv_attention, q, k, v, weight, do)
+    for name, g in zip(NAMES, (dq, dk, dv)):
+        assert torch.isfinite(g).all(), name
+        assert torch.equal(g[:, :, t:], torch.zeros_like(g[:, :, t:])), f"{name} leaks into rows >= {t}"
+        assert g[:, :, :t].abs().amax() > 0, name
+    assert torch.isfinite(dw).all()
+
+
+def test_bitwise_deterministic():
+    q, k, v = rand_qkv(2, 4, 2, 24, 24, 16)
+    weight, do = rand(4, 3, 5, scale=0.2), rand(2, 4, 24, 16)
+    first = grads(mta.conv_attention, q, k, v, weight, do)
+    second = grads(mta.conv_attention, q, k, v, weight, do)
+    for name, x, y in zip(NAMES, first, second):
+        assert torch.equal(x, y), name
+
+
+def test_large_logits_give_finite_gradients():
+    """q, k scaled by 30: logits of order 1e3, saturated softmax rows. The gradients stay finite and as close
+    to the fp64 reference as the same method in fp32 torch (:func:`split_backward`) gets: ``dC = P (dP - Delta)``
+    with ``Delta`` taken from ``O``, as flash attention does, cancels to about ``eps * |dO| |v|`` per score,
+    and the fp32 rounding of the logits moves ``P`` by about ``eps * 1e3``."""
+    q, k, v = rand_qkv(1, 2, 1, 50, 50, 16)
+    q, k = q * 30, k * 30
+    weight, do = rand(2, 6, 11, scale=0.2), rand(1, 2, 50, 16)
+    out = grads(mta.conv_attention, q, k, v, weight, do)
+    ref = reference_grads(q, k, v, weight, do, True)
+    fp32 = split_backward(*(x.cpu() for x in (q, k, v, weight, do)), True, 16 ** -0.5)
+    for name, x, y, z in zip(NAMES, out, ref, fp32):
+        assert torch.isfinite(x).all(), name
+        x, z = x.double().cpu(), z.double()
+        bound = 3 * (z - y).norm() + 1e-4 * y.norm() + 1e-6 * math.sqrt(y.numel())
+        assert (x - y).norm() <= bound, name
+
+
+def test_identity_kernel_gradients_equal_flash_attention():
+    q, k, v = rand_qkv(1, 2, 1, 40, 40, 32)
+    weight = torch.zeros(2, 6, 11, device=DEVICE)
+    weight[:, 5, 5] = 1.0
+    do = rand(1, 2, 40, 32)
+    mine = grads(mta.conv_attention, q, k, v, weight, do)
+    flash = grads(lambda q, k, v, w: mta.flash_attention(q, k, v, causal=True), q, k, v, weight, do)
+    for name, x, y in zip(NAMES[:3], mine, flash):
+        check(name, x, y, TOL[torch.float32])
+
+
+def test_weight_dtype_kept_with_half_activations():
+    """fp16 q, k, v with an fp32 kernel (and an fp16 one): each gradient in its input's dtype."""
+    q, k, v = rand_qkv(1, 2, 1, 20, 20, 16, dtype=torch.float16)
+    do = rand(1, 2, 20, 16, dtype=torch.float16)
+    for wdtype in (torch.float32, torch.float16):
+        weight = rand(2, 3, 5, scale=0.2, dtype=wdtype)
+        dq, dk, dv, dw = grads(mta.conv_attention, q, k, v, weight, do)
+        assert (dq.dtype, dk.dtype, dv.dtype, dw.dtype) == (torch.float16,) * 3 + (wdtype,)
+        check("dweight", dw, reference_grads(q, k, v, weight, do, True)[3], TOL[torch.float16])
+
+
+def test_only_some_inputs_need_gradients():
+    q, k, v = rand_qkv(1, 2, 1, 20, 20, 16)
+    weight = rand(2, 3, 5, scale=0.2)
+    q.requires_grad_()
+    mta.conv_attention(q, k, v, weight).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all() and weight.grad is None
+
+
+def shift(x, s):
+    """``y[:, :, r] = x[:, :, r + s]``, zero where ``r + s`` falls outside the rows."""
+    n, y = x.shape[2], torch.zeros_like(x)
+    if 0 <= s < n:
+        y[:, :, :n - s] = x[:, :, s:]
+    elif -n < s < 0:
+        y[:, :, -s:] = x[:, :, :n + s]
+    return y
+
+
+# The split the kernels implement, in plain float64 torch: far part through folded keys, near diagonals
+# through the past scores. Checked against autograd so that the kernels' math is pinned down on its own.
+def split_backward(q, k, v, w, do, causal, scale):
+    B, Hq, N, D = q.shape
+    G = Hq // k.shape[1]
+    cq, ck = w.shape[1:]
+    pk = (ck - 1) // 2
+    e_near, e_past = (cq - 1 + pk, ck + cq - 3) if causal else (0, 0)
+    ke, ve = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
+    s = scale * q @ ke.transpose(-1, -2)
+    c = F.conv2d(F.pad(s.masked_fill(j > i, 0) if causal else s, (pk, pk, cq - 1, 0)), w[:, None], groups=Hq)
+    p = torch.softmax(c.masked_fill(j > i, float("-inf")) if causal else c, -1)
+    dc = p * (do @ ve.transpose(-1, -2) - (do * (p @ ve)).sum(-1, keepdim=True))
+    dv = (p.transpose(-1, -2) @ do).unflatten(1, (-1, G)).sum(2)
+    dc_far = dc * (i - j >= e_near) if causal else dc
+    kp = F.pad(ke, (0, 0, pk, pk))
+    kf = torch.stack([sum(w[:, a, b, None, None] * kp[:, :, b:b + N] for b in range(ck)) for a in range(cq)], 2)
+    qs = torch.stack([F.pad(q, (0, 0, cq - 1, 0))[:, :, a:a + N] for a in range(cq)], 2)  # q[i - (cq-1) + a]
+    gq = F.pad(dc_far[:, :, None] @ kf, (0, 0, 0, cq - 1))  # Gq_a[i], zero past N
+    dq = scale * sum(gq[:, :, a, cq - 1 - a:cq - 1 - a + N] for a in range(cq))
+    u = F.pad(dc_far.transpose(-1, -2)[:, :, None] @ qs, (0, 0, pk, pk))  # U_a[x - pk]
+    dk = scale * sum(w[:, a, b, None, None] * u[:, :, a, 2 * pk - b:2 * pk - b + N] for a in range(cq) for b in range(ck))
+    dw = scale * torch.stack([torch.stack([(u[:, :, a, 2 * pk - b:2 * pk - b + N] * ke).sum((0, 2, 3))
+                                           for b in range(ck)], -1) for a in range(cq)], 1)
+    if e_near:
+        dcd = torch.stack([(dc * (i - j == d)).sum(-1) for d in range(e_near)], -1)  # DC[i, d] = dC[i, i - d]
+        past = torch.stack([(q * shift(ke, -e)).sum(-1) for e in range(e_past + 1)], -1)  # q_r . k_{r-e}
+        g = torch.zeros(B, Hq, N, e_past + 1, dtype=q.dtype)
+        for a in range(cq):
+            for d in range(e_near):
+                for e in range(e_past + 1):
+                    b = a - e + d + pk - (cq - 1)
+                    if 0 <= b < ck:
+                        g[..., e] += shift(dcd[..., d], cq - 1 - a) * w[:, a, b, None]
+                        # the score S[r, r - e] of row r = i - (cq-1) + a (rows before 0: padding)
+                        dw[:, a, b] += scale * (dcd[..., d] * shift(past[..., e], -(cq - 1 - a))).sum((0, 2))
+        for e in range(e_past + 1):
+            dq += scale * g[..., e, None] * shift(ke, -e)
+            dk += scale * shift(g[..., e, None] * q, e)
+    return dq, dk.unflatten(1, (-1, G)).sum(2), dv, dw
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("N,cq,ck", [(7, 1, 1), (7, 11, 15), (23, 2, 9), (23, 3, 3), (40, 6, 11)], ids=str)
+def test_split_backward_in_float64(N, cq, ck, causal):
+    q, k, v = (rand(2, h, N, 8, dtype=torch.float64, device="cpu") for h in (4, 2, 2))
+    w, do = rand(4, cq, ck, scale=0.3, dtype=torch.float64, device="cpu"), rand(2, 4, N, 8, dtype=torch.float64,
+                                                                                 device="cpu")
+    ref = reference_grads(q, k, v, w, do, causal)
+    for name, x, y in zip(NAMES, split_backward(q, k, v, w, do, causal, 8 ** -0.5), ref):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("cq,block_d,elem", [(1, 64, 2), (6, 64, 2), (6, 128, 2), (11, 128, 2), (6, 64, 4), (32, 256, 4)])
+def test_backward_tiles_shrink_to_fit(cq, block_d, elem):
+    """The launcher halves a backward tile's owned and streamed rows (never below 16) until what a program keeps
+    on chip fits ``HELD_BYTES``, or both are 16."""
+    tile = mta.conv._fit_backward_tile({"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8}, "BLOCK_M", "BLOCK_N", cq,
+                                       block_d, elem)
+    cols = sum(mta.conv_forward.query_shift_groups(cq)) * block_d
+    on_chip = tile["BLOCK_M"] * cols * (elem + 4) + tile["BLOCK_N"] * cols * elem
+    assert tile["BLOCK_M"] >= 16 and tile["BLOCK_N"] >= 16 and tile["num_warps"] == 8
+    assert on_chip <= mta.conv_backward.HELD_BYTES or tile["BLOCK_M"] == tile["BLOCK_N"] == 16
+    if cq == 1 and block_d == 64:
+        assert (tile["BLOCK_M"], tile["BLOCK_N"]) == (64, 128)  # small enough: left alone
