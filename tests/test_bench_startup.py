@@ -44,9 +44,10 @@ def test_the_probe_skips_bfloat16_in_the_interpreter(capsys):
 
 
 def test_the_cases_and_shapes():
-    assert [c.name for c in probe.CASES] == ["flash_forward", "flash_forward_backward", "conv_forward"]
+    assert [c.name for c in probe.CASES] == ["flash_forward", "flash_forward_backward", "conv_forward",
+                                             "conv_forward_backward"]
     full, quick = sb.startup_shapes(), sb.startup_shapes(quick=True)
-    assert len(full) == 3 * 3 * 2 and len(quick) == 3 * 2 * 1
+    assert len(full) == 4 * 3 * 2 and len(quick) == 4 * 2 * 1
     assert {(s.dtype, s.head_dim) for s in quick} == {("bfloat16", 128), ("float32", 128)}
     assert {(s.batch, s.heads, s.kv_heads, s.seq_len) for s in full} == {(1, 8, 2, 1536)}
 
@@ -137,7 +138,7 @@ def synthetic(fail=None):
 
 def test_table_shows_seconds_per_case():
     lines = sb.format_table(synthetic(fail=("flash_forward", False))["results"]).splitlines()
-    assert len(lines) == 3 + 18
+    assert len(lines) == 3 + 24
     rows = {tuple(line.split()[:3]): line.split()[3:] for line in lines[3:]}
     # import (torch + mta), first call with an empty cache, with a warm one, second call.
     assert rows[("flash_forward_backward", "float16", "128")] == ["1.50", "20.000", "2.000", "0.0010"]

@@ -39,6 +39,12 @@ def conv_forward(mta, x: dict):
     return mta.conv_attention(x["q"], x["k"], x["v"], x["weight"], causal=True)
 
 
+def conv_forward_backward(mta, x: dict):
+    out = mta.conv_attention(x["q"], x["k"], x["v"], x["weight"], causal=True)
+    out.backward(x["dout"])
+    return out, x["q"].grad, x["k"].grad, x["v"].grad, x["weight"].grad
+
+
 @dataclass(frozen=True)
 class Case:
     """A public function's first call: ``call(mta, inputs) -> tensor(s)``, checked finite afterwards.
@@ -56,6 +62,7 @@ CASES = (
     Case("flash_forward", "flash_attention forward", flash_forward),
     Case("flash_forward_backward", "flash_attention forward+backward", flash_forward_backward, grad=True),
     Case("conv_forward", "conv_attention forward (6x11)", conv_forward),
+    Case("conv_forward_backward", "conv_attention forward+backward (6x11)", conv_forward_backward, grad=True),
 )
 KERNEL_SIZE = (6, 11)
 
