@@ -178,7 +178,7 @@ def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool
         (q, kf, v, cd, o, lse, qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
          N, N, Hq, Hq // v.shape[1], scale, size_bucket(N)),
         dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), D=D, BLOCK_D=block_d,
-             PRECISION=dot_precision(q.dtype)),
+             PRECISION=dot_precision(q.dtype, split_fp32=False)),
         dtype=q.dtype, config=config or None, pre_hook=fit_stream_descriptors,
         key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     return o, lse

@@ -65,12 +65,16 @@ def size_bucket(n: int) -> int:
     return triton.next_power_of_2(max(n, 1))
 
 
-def dot_precision(dtype: torch.dtype) -> str:
+def dot_precision(dtype: torch.dtype, split_fp32: bool = True) -> str:
     """fp32 inputs get fp32-accurate products: each one as three TF32 products on the tensor cores
     (``"tf32x3"``: the high and low halves of each operand, the tiny low x low term dropped), not plain TF32
     (a 10-bit mantissa). True fp32 products (``"ieee"``) run on the CUDA cores and take several times longer
-    to compile and run, for no accuracy the fp32 tests can see. fp16/bf16 use the tensor cores directly."""
-    return "tf32x3" if dtype == torch.float32 else "tf32"
+    to compile and run, for no accuracy the fp32 tests can see; ``split_fp32=False`` asks for them where the
+    split operands would not fit in shared memory (the MTA forward's wide shifted-query tiles: 308 KB for
+    11 x 15 at d = 32, more than an H100 has). fp16/bf16 use the tensor cores directly."""
+    if dtype != torch.float32:
+        return "tf32"
+    return "tf32x3" if split_fp32 else "ieee"
 
 
 def fits_on_chip(config: dict, block_d: int, elem_bytes: int, shared_bytes: int) -> bool:

@@ -159,9 +159,9 @@ def test_plot_startup_groups_bars_by_case_and_dtype_per_head_dim(tmp_path):
         assert len(fig.axes) == 2 and all(ax.get_yscale() == "log" for ax in fig.axes)
         assert [ax.get_title() for ax in fig.axes] == ["head dim 64", "head dim 128"]
         ax = fig.axes[1]
-        assert len(ax.get_xticks()) == 9  # 3 cases x 3 dtypes
+        assert len(ax.get_xticks()) == 12  # 4 cases x 3 dtypes
         heights = sorted(p.get_height() for p in ax.patches)
-        assert len(heights) == 2 * 9 - 3  # the failed empty-cache runs of conv have no bar
+        assert len(heights) == 2 * 12 - 3  # the failed empty-cache runs of conv have no bar
         assert heights[0] == 2.0 and heights[-1] == 20.0
         assert sum(t.get_text() == "failed" for t in ax.texts) == 3
         assert "NVIDIA H100" in fig._suptitle.get_text() and "N=1536" in fig._suptitle.get_text()
