@@ -1,19 +1,23 @@
-"""The conv benchmark on the CPU: shapes, the reference's memory fit, the measuring loop with
-fake timers (OOM, skips, failed checks), ratios and the headline, the table, the figure, resuming,
-the command line."""
+"""The conv benchmark on the CPU: shapes, the reference's memory fit (its live N x N matrices counted
+op by op), the measuring loop with fake timers over both passes (OOM, skips of one pass or all,
+failed checks of the output and of the gradients), ratios and the headline, the tables, the figure
+(also from the older forward-only JSON), resuming, the command line."""
 
 from __future__ import annotations
 
 import json
 import pathlib
+import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from mta.bench import conv as cb
 from mta.bench import harness, plots
 from mta.figures import FIGURES_DIR
-from mta.reference import conv_attention_reference
+from mta.reference import conv_attention_reference, naive_attention
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GIB = 2 ** 30
@@ -57,9 +61,60 @@ def test_random_inputs_are_bf16_activations_and_per_head_fp32_weights():
 # --- the reference's memory fit --------------------------------------------------------------
 
 
-def test_reference_estimate_is_six_fp32_n_by_n_matrices():
+def test_reference_estimate_is_six_fp32_n_by_n_matrices_and_eight_with_the_backward():
     assert cb.reference_bytes_estimate(1, 8, 8192) == 6 * 8 * 8192 * 8192 * 4
     assert cb.reference_bytes_estimate(2, 16, 1024) == 2 * cb.reference_bytes_estimate(1, 16, 1024)
+    assert cb.reference_bytes_estimate(1, 8, 8192, cb.REFERENCE_LIVE_MATRICES_BACKWARD) == 8 * 8 * 8192 * 8192 * 4
+
+
+class LiveStorages(TorchDispatchMode):
+    """The peak bytes of the storages that ops made inside the mode and that are still alive (what a caching
+    allocator's peak counts, less the kernels' own workspaces): PyTorch keeps a storage's Python object as long
+    as the storage lives, so a finalizer on it sees the storage freed."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.seen = set()
+
+    def _freed(self, key, nbytes):
+        self.live -= nbytes
+        self.seen.discard(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            storage = t.untyped_storage() if isinstance(t, torch.Tensor) else None
+            if storage is not None and storage._cdata not in self.seen:
+                self.seen.add(storage._cdata)
+                self.live += storage.nbytes()
+                weakref.finalize(storage, self._freed, storage._cdata, storage.nbytes())
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+def live_matrices(fn, batch, heads, seq_len):
+    """The peak of ``fn()`` in fp32 ``[B, H, N, N]`` matrices, op by op."""
+    with LiveStorages() as mode:
+        fn()
+    return mode.peak / (batch * heads * seq_len * seq_len * 4)
+
+
+@pytest.mark.parametrize("cq, ck", [(6, 11), (11, 11)])
+def test_the_matrix_counts_bound_what_the_reference_keeps_alive(cq, ck):
+    """The reference's forward, and its forward+backward with every input requiring grad, counted op by op on
+    the CPU: the backward keeps more N x N matrices alive (padded scores and softmax saved, then dP and dC),
+    and each count is under its bound with room for what ops cannot show (cuDNN workspaces, logsumexp's
+    temporary)."""
+    shape = cb.ConvShape("bfloat16", 1, 4, 4, 16, cq, ck, 256)
+    q, k, v, w = cb.random_inputs(shape, "cpu")
+    dout = torch.randn_like(q)
+    forward = live_matrices(lambda: cb.conv_reference(q, k, v, w, True), 1, 4, 256)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, w)]
+    both = live_matrices(lambda: cb.conv_reference(*leaves, True).backward(dout), 1, 4, 256)
+    assert all(t.grad is not None for t in leaves)
+    assert 3 <= forward < 3.5 and 4 <= both < 4.6, (forward, both)  # the counts the constants' comments give
+    assert forward * 1.5 < cb.REFERENCE_LIVE_MATRICES and both * 1.5 < cb.REFERENCE_LIVE_MATRICES_BACKWARD
 
 
 @pytest.mark.parametrize("free_gib", [79, 139])
@@ -80,6 +135,23 @@ def test_memory_fit_skips_big_n_only(free_gib):
     # The correctness check on a slice of heads: how many heads of the reference fit.
     assert big["heads_that_fit"] == int(0.6 * free_gib * GIB // (6 * 16384 * 16384 * 4))
     assert 1 <= big["heads_that_fit"] < 16
+
+
+@pytest.mark.parametrize("free_gib", [79, 139])
+def test_memory_fit_of_each_pass_and_of_the_gradient_check(free_gib):
+    """Eight matrices for the forward+backward: on these GPUs the same shapes run as for the forward; the
+    float64 gradient check (16 fp32-sized matrices) takes a slice of heads from N=8192 on."""
+    for s in cb.conv_shapes():
+        fits = cb.reference_fits(s, free_gib * GIB)
+        m = s.heads * s.seq_len ** 2 * 4
+        assert fits["fwd"] == cb.reference_fit(s, free_gib * GIB)
+        assert fits["fwd_bwd"]["estimate_bytes"] == 8 * m and fits["grad"]["estimate_bytes"] == 16 * m
+        assert fits["fwd_bwd"]["fits"] is (8 * m <= 0.6 * free_gib * GIB) is fits["fwd"]["fits"]
+        assert fits["grad"]["heads_that_fit"] >= 1
+        if not fits["fwd_bwd"]["fits"]:
+            assert fits["fwd_bwd"]["reason"].startswith("not run: the reference's forward+backward needs")
+    small = cb.reference_fits(cb.ConvShape("bfloat16", 1, 16, 16, 128, 6, 11, 8192), 79 * GIB)
+    assert small["fwd_bwd"]["fits"] and small["grad"]["heads_that_fit"] == int(0.6 * 79 * GIB // (16 * 8192 ** 2 * 4))
 
 
 def test_head_slice_keeps_gqa_groups_whole():
@@ -103,17 +175,25 @@ def test_oom_is_recognized_also_when_wrapped():
 
 # --- the measuring loop, on the CPU with fake timers ------------------------------------------
 
-FWD_MS = {"mta_conv": 2.0, "mta_flash": 1.0, "sdpa": 0.5, "conv_reference": 80.0, "conv_reference_compiled": 40.0}
-PEAK = {"mta_conv": 1000, "mta_flash": 500, "sdpa": 400, "conv_reference": 100_000, "conv_reference_compiled": 60_000}
+FWD_MS = {"mta_conv": 2.0, "mta_flash": 1.0, "sdpa_flash": 0.5, "sdpa_cudnn": 0.4, "conv_reference": 80.0,
+          "conv_reference_compiled": 40.0}
+PEAK = {"mta_conv": 1000, "mta_flash": 500, "sdpa_flash": 400, "sdpa_cudnn": 300, "conv_reference": 100_000,
+        "conv_reference_compiled": 60_000}
+#: The forward+backward's numbers: those of the forward times a factor of each implementation's.
+FWD_BWD_MS = {name: ms * (3 + i) for i, (name, ms) in enumerate(FWD_MS.items())}
+FWD_BWD_PEAK = {name: b * (2 + i) for i, (name, b) in enumerate(PEAK.items())}
 
 
 class FakeGPU:
-    """A timer and a memory probe that run the call, as real ones would (errors surface there),
-    and report the numbers of the implementation that ran last (see :func:`measured`)."""
+    """A timer and a memory probe that run the call, as real ones would (errors surface there; the
+    timer runs ``before_each`` first), and report the numbers of the implementation that ran last
+    (see :func:`measured`)."""
 
     current_ms = current_bytes = None
 
     def timer(self, fn, before_each=None):
+        if before_each is not None:
+            before_each()
         fn()
         return self.current_ms
 
@@ -126,9 +206,12 @@ GPU = FakeGPU()
 
 
 def measured(name, fn):
-    """``fn`` wrapped so that the fake timer and memory probe report ``name``'s numbers."""
+    """``fn`` wrapped so that the fake timer and memory probe report ``name``'s numbers, those of the
+    forward+backward when the inputs require grad."""
     def impl(q, k, v, weight, causal):
-        GPU.current_ms, GPU.current_bytes = FWD_MS[name], PEAK[name]
+        backward = q.requires_grad
+        GPU.current_ms = (FWD_BWD_MS if backward else FWD_MS)[name]
+        GPU.current_bytes = (FWD_BWD_PEAK if backward else PEAK)[name]
         return fn(q, k, v, weight, causal)
     return impl
 
@@ -141,11 +224,36 @@ def wrong(q, k, v, weight, causal):
     return conv_attention_reference(q, k, v, weight.flip(-1), causal=causal)  # a mirrored kernel: a plausible bug
 
 
-plain = cb.sdpa  # plain attention (GQA too), ignores the weight
+def doubled_backward(q, k, v, weight, causal):
+    out = exact(q, k, v, weight, causal)
+    return 2 * out - out.detach()  # the right output, every gradient twice too large
+
+
+def no_weight_grad(q, k, v, weight, causal):
+    return exact(q, k, v, weight.detach(), causal)  # a backward that forgets dweight
+
+
+def plain(q, k, v, weight, causal):
+    """Plain attention (GQA too), ignores the weight."""
+    return naive_attention(q, k, v, causal=causal)
 
 
 def out_of_memory(q, k, v, weight, causal):
     raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 GiB")
+
+
+class OutOfMemoryInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out):
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 GiB")
+
+
+def backward_out_of_memory(q, k, v, weight, causal):
+    return OutOfMemoryInBackward.apply(exact(q, k, v, weight, causal))
 
 
 def compile_failure(q, k, v, weight, causal):
@@ -153,7 +261,7 @@ def compile_failure(q, k, v, weight, causal):
 
 
 def impls(**override):
-    base = {"mta_conv": exact, "mta_flash": plain, "sdpa": plain, "conv_reference": exact,
+    base = {"mta_conv": exact, "mta_flash": plain, "sdpa_flash": plain, "sdpa_cudnn": plain, "conv_reference": exact,
             "conv_reference_compiled": exact}
     base.update(override)
     return {name: measured(name, fn) for name, fn in base.items()}
@@ -175,46 +283,116 @@ def run_tiny(impl_dict, shapes=TINY, free=PLENTY):
     return harness.run_shapes(bench(impl_dict, free), shapes, TOOLS, progress=False)
 
 
-def test_records_carry_times_memory_and_a_passing_check():
+def test_records_carry_both_passes_and_a_passing_check_of_output_and_gradients():
     results = run_tiny(impls())
-    assert len(results) == 5 * len(TINY)
+    assert len(results) == 6 * len(TINY)
     for r in results:
-        assert r["status"] == "ok" and r["error"] is None
+        assert r["status"] == "ok" and r["error"] is None and r["bwd_error"] is None
         assert r["fwd_ms"] == FWD_MS[r["impl"]] and r["peak_extra_bytes"] == PEAK[r["impl"]]
+        assert r["fwd_bwd_ms"] == FWD_BWD_MS[r["impl"]] and r["fwd_bwd_peak_extra_bytes"] == FWD_BWD_PEAK[r["impl"]]
         assert ("check" in r) == (r["impl"] == "mta_conv")
     for r in plots.select(results, impl="mta_conv"):
         check = r["check"]
         assert check["ok"] and check["rel_err"] < 1e-6 and check["heads_checked"] == 4, check
         assert "all heads" in check["reference"] and check["reference_fit"]["fits"]
+        assert set(check["grad_rel_err"]) == {"dq", "dk", "dv", "dweight"} and check["grad_heads_checked"] == 4
+        assert all(e < 1e-5 for e in check["grad_rel_err"].values()), check  # fp32 against float64
+        assert check["grad_tolerance"] == 1e-3 and "float64" in check["grad_reference"]
+        assert "grad rel err dq" in cb.format_check(check)
     json.dumps(harness.json_safe(results), allow_nan=False)
+
+
+def test_the_forward_runs_without_grad_and_the_backward_on_cleared_leaves():
+    seen = []
+
+    def spy(q, k, v, weight, causal):
+        tensors = (q, k, v, weight)
+        seen.append(([t.requires_grad for t in tensors], [t.grad is None for t in tensors]))
+        return exact(q, k, v, weight, causal)
+
+    conv = bench({"mta_conv": spy})
+    inputs = conv.inputs(TINY[0], "cpu")
+    calls = conv.calls(spy, TINY[0], inputs)
+    assert list(calls) == ["fwd", "fwd_bwd"] and calls["fwd"][1] is None
+    calls["fwd"][0]()
+    call, reset = calls["fwd_bwd"]
+    call()
+    call()  # without the reset the gradients from the first call are still there
+    reset()
+    call()
+    assert seen == [([False] * 4, [True] * 4), ([True] * 4, [True] * 4), ([True] * 4, [False] * 4),
+                    ([True] * 4, [True] * 4)]
+    assert not any(t.requires_grad for t in inputs[:5])  # the leaves share the inputs' memory, not their flag
+
+
+@pytest.mark.parametrize("bad, wrong_grads", [(doubled_backward, {"dq", "dk", "dv", "dweight"}),
+                                              (no_weight_grad, {"dweight"})])
+def test_a_wrong_gradient_fails_the_check(bad, wrong_grads, capsys):
+    results = run_tiny(impls(mta_conv=bad), shapes=TINY[:1])
+    check = results[0]["check"]
+    assert check["rel_err"] < 1e-6 and not check["ok"]  # the output is right
+    assert {name for name, e in check["grad_rel_err"].items() if e > 0.5} == wrong_grads, check
+    assert all(e < 1e-5 for name, e in check["grad_rel_err"].items() if name not in wrong_grads)
+    assert capsys.readouterr().out.count("!!! mta_conv FAILS ITS CHECK") == 1
+    assert cb.format_table(results).splitlines()[-1].endswith(" !")  # in the forward+backward table too
+
+
+def tables(text):
+    """The rows of each table of :func:`cb.format_table` (after its title, header and rule)."""
+    return [block.splitlines()[3:] for block in text.split("\n\n")]
 
 
 def test_a_wrong_kernel_fails_its_check_and_is_reported(capsys):
     results = run_tiny(impls(mta_conv=wrong))
     checks = [r["check"] for r in results if r["impl"] == "mta_conv"]
     assert [c["ok"] for c in checks] == [False, False] and all(c["rel_err"] > 0.05 for c in checks)
+    assert all(c["grad_rel_err"]["dweight"] > 0.05 for c in checks)  # the mirrored kernel's gradient is wrong too
     assert capsys.readouterr().out.count("!!! mta_conv FAILS ITS CHECK") == 2
-    rows = cb.format_table(results).splitlines()[3:]
-    assert len(rows) == 2 and all(line.endswith(" !") for line in rows)
+    forward, backward = tables(cb.format_table(results))
+    assert len(forward) == len(backward) == 2 and all(line.endswith(" !") for line in forward + backward)
 
 
 def test_a_crashing_kernel_fails_its_check_with_the_error():
     results = run_tiny(impls(mta_conv=compile_failure), shapes=TINY[:1])
     check = results[0]["check"]
     assert check["ok"] is False and check["rel_err"] is None and "BackendCompilerFailed" in check["error"]
+    assert check["grad_rel_err"] is None and "forward+backward raised RuntimeError" in check["error"]
 
 
 def test_an_oom_is_recorded_and_the_run_goes_on():
     results = run_tiny(impls(conv_reference=out_of_memory))
-    assert len(results) == 5 * len(TINY)  # the second shape is measured too
+    assert len(results) == 6 * len(TINY)  # the second shape is measured too
     for shape in TINY:
         by_impl = {r["impl"]: r for r in plots.select(results, seq_len=shape.seq_len)}
         dead = by_impl["conv_reference"]
         assert dead["status"] == "oom" and "out of memory" in dead["error"]
-        assert dead["fwd_ms"] is None and dead["peak_extra_bytes"] is None
+        assert dead["fwd_ms"] is dead["peak_extra_bytes"] is dead["fwd_bwd_ms"] is dead["bwd_error"] is None
         after = by_impl["conv_reference_compiled"]  # measured after the OOM
         assert after["status"] == "ok" and after["fwd_ms"] == FWD_MS["conv_reference_compiled"]
         assert by_impl["mta_conv"]["check"]["ok"]  # the check uses the real reference, not the timed one
+
+
+def test_an_oom_in_the_backward_keeps_the_forward():
+    results = run_tiny(impls(conv_reference_compiled=backward_out_of_memory), shapes=TINY[:1])
+    (dead,) = plots.select(results, impl="conv_reference_compiled")
+    assert dead["status"] == "oom" and dead["error"] is None and "128.00 GiB" in dead["bwd_error"]
+    assert dead["fwd_ms"] == FWD_MS["conv_reference_compiled"] and dead["fwd_bwd_ms"] is None
+    row = tables(cb.format_table(results))[1][0]
+    assert row.count("oom") == 2  # its fwd+bwd time and memory
+
+
+def test_a_refusing_sdpa_backend_is_recorded_not_fatal():
+    """The real SDPA implementations on the CPU: the flash backend runs both passes, cuDNN refuses."""
+    results = run_tiny(impls(sdpa_flash=cb.sdpa_with("FLASH_ATTENTION"), sdpa_cudnn=cb.sdpa_with("CUDNN_ATTENTION")),
+                       shapes=TINY[:1])
+    by_impl = {r["impl"]: r for r in results}
+    assert by_impl["sdpa_flash"]["status"] == "ok" and by_impl["sdpa_flash"]["fwd_bwd_ms"] == FWD_BWD_MS["sdpa_flash"]
+    refused = by_impl["sdpa_cudnn"]
+    assert refused["status"] == "error" and "RuntimeError" in refused["error"] and refused["fwd_ms"] is None
+    assert all(r["status"] == "ok" for r in results if r["impl"] != "sdpa_cudnn")
+    assert [n.__name__ for n in (cb.sdpa_with("FLASH_ATTENTION"), cb.sdpa_with("CUDNN_ATTENTION"))] == \
+        ["sdpa_flash", "sdpa_cudnn"]
+    assert list(cb.default_impls(compile_reference=False)) == [n for n in cb.IMPLS if n != "conv_reference_compiled"]
 
 
 def test_a_compile_failure_is_recorded_not_fatal():
@@ -226,18 +404,71 @@ def test_a_compile_failure_is_recorded_not_fatal():
 
 def test_a_reference_that_does_not_fit_is_skipped_and_the_check_uses_a_slice():
     per_head = cb.reference_bytes_estimate(1, 1, 24)
-    free = int(2.5 * per_head / 0.6)  # room for 2 of the 4 heads at N=24
+    free = int(3.2 * per_head / 0.6)  # room for 3 of the 4 heads at N=24: 2 keep the GQA groups whole
     results = run_tiny(impls(), shapes=TINY[1:], free=free)
     by_impl = {r["impl"]: r for r in results}
     for name in cb.REFERENCE_IMPLS:
-        assert by_impl[name]["status"] == "skipped" and by_impl[name]["fwd_ms"] is None
-        assert "not run" in by_impl[name]["error"]
+        assert by_impl[name]["status"] == "skipped" and by_impl[name]["fwd_ms"] is by_impl[name]["fwd_bwd_ms"] is None
+        assert "not run: the reference needs" in by_impl[name]["error"]
+        assert "not run: the reference's forward+backward needs" in by_impl[name]["bwd_error"]
     assert by_impl["mta_flash"]["status"] == "ok"
     check = by_impl["mta_conv"]["check"]
     assert check["ok"] and check["heads_checked"] == 2 and "float32 inputs, query heads 0..1 of 4" in check["reference"]
-    # The table says why the reference is missing.
-    row = cb.format_table(results).splitlines()[3]
-    assert row.count("skip") == 4  # time and memory of both references
+    assert check["grad_heads_checked"] == 1  # room for 1.2 heads of the float64 forward+backward (16 matrices)
+    # The tables say why the reference is missing.
+    for rows in tables(cb.format_table(results)):
+        assert rows[0].count("skip") == 4  # time and memory of both references
+
+
+def test_the_harness_skips_single_passes():
+    tools = harness.Tools(timer=lambda fn, before_each=None: fn() or 1.5, memory=lambda fn: fn() or 7)
+    ran = []
+    calls = {p.name: ((lambda name=p.name: ran.append(name)), None) for p in cb.PASSES}
+    m = harness.measure(calls, cb.PASSES, tools, {"fwd_bwd": "not run: too big"})
+    assert ran == ["fwd", "fwd"]  # timed, then its memory measured
+    assert m == {"fwd_ms": 1.5, "peak_extra_bytes": 7, "error": None, "fwd_bwd_ms": None,
+                 "fwd_bwd_peak_extra_bytes": None, "bwd_error": "not run: too big", "status": "skipped"}
+    ran.clear()
+    m = harness.measure(calls, cb.PASSES, tools, {"fwd": "not run: a", "fwd_bwd": "not run: b"})
+    assert ran == [] and m["status"] == "skipped" and (m["error"], m["bwd_error"]) == ("not run: a", "not run: b")
+    m = harness.measure({"fwd": (out_of_memory_call, None)}, cb.PASSES, tools, {"fwd_bwd": "not run: too big"})
+    assert m["status"] == "oom" and "out of memory" in m["error"]  # a failure says more than a skip
+    m = harness.measure(calls, cb.PASSES, tools)
+    assert m["status"] == "ok" and ran == ["fwd", "fwd", "fwd_bwd", "fwd_bwd"]
+
+
+def out_of_memory_call():
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+
+
+def test_a_reference_whose_backward_does_not_fit_runs_its_forward_only():
+    estimate = cb.reference_bytes_estimate(1, 4, 24)
+    free = int(1.1 * estimate / 0.6)  # the forward's 6 matrices fit, the forward+backward's 8 do not
+    results = run_tiny(impls(), shapes=TINY[1:], free=free)
+    by_impl = {r["impl"]: r for r in results}
+    for name in cb.REFERENCE_IMPLS:
+        r = by_impl[name]
+        assert r["status"] == "skipped" and r["error"] is None
+        assert r["fwd_ms"] == FWD_MS[name] and r["peak_extra_bytes"] == PEAK[name]  # the forward was measured
+        assert r["fwd_bwd_ms"] is r["fwd_bwd_peak_extra_bytes"] is None
+        assert r["bwd_error"].startswith("not run: the reference's forward+backward needs")
+    assert all(r["status"] == "ok" and r["fwd_bwd_ms"] for r in results if r["impl"] not in cb.REFERENCE_IMPLS)
+    # The float64 gradient check fits one head (1.1 * 6 / 16 of the 4): part of a GQA group, whose dk and dv
+    # hold that head's share only, and they match.
+    check = by_impl["mta_conv"]["check"]
+    assert check["ok"] and check["heads_checked"] == 4 and check["grad_heads_checked"] == 1, check
+    forward, backward = tables(cb.format_table(results))
+    assert forward[0].count("skip") == 0 and backward[0].count("skip") == 4
+    assert cb.shape_ratios(results)[0]["reference_over_conv_time"] == pytest.approx(80.0 / 2.0)
+    assert cb.shape_ratios(results)[0]["reference_over_conv_fwd_bwd_time"] is None
+
+
+def test_a_slice_gradient_check_still_catches_a_wrong_gradient():
+    free = int(1.1 * cb.reference_bytes_estimate(1, 4, 24) / 0.6)
+    (record,) = [r for r in run_tiny(impls(mta_conv=doubled_backward), shapes=TINY[1:], free=free)
+                 if r["impl"] == "mta_conv"]
+    check = record["check"]
+    assert not check["ok"] and check["grad_heads_checked"] == 1 and min(check["grad_rel_err"].values()) > 0.5
 
 
 def test_a_slice_check_still_catches_a_wrong_kernel():
@@ -267,6 +498,29 @@ def test_a_failing_full_check_falls_back_to_fewer_heads():
     assert "CUDNN_STATUS_NOT_SUPPORTED" in check["notes"][0] and "out of memory" in check["notes"][1]
 
 
+def test_a_failing_gradient_reference_falls_back_to_fewer_heads():
+    calls = []
+
+    def flaky_reference(q, k, v, weight, causal):
+        calls.append((q.shape[1], q.dtype))
+        if q.shape[1] == 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+        return conv_attention_reference(q, k, v, weight, causal=causal)
+
+    shape = TINY[0]
+    q, k, v, w = cb.random_inputs(shape, "cpu")
+    dout = torch.randn_like(q)
+    fits = cb.reference_fits(shape, PLENTY)
+    check = cb.check_against_reference(exact, q, k, v, w, shape, fits["fwd"])
+    both = cb.check_gradients(exact, q, k, v, w, dout, shape, fits["grad"], check, reference=flaky_reference)
+    assert calls == [(4, torch.float64), (2, torch.float64)]
+    assert both["ok"] and both["grad_heads_checked"] == 2 and "out of memory" in both["notes"][0]
+    assert check["notes"] == [] and "grad_rel_err" not in check  # the output's check is left as it was
+    nothing = cb.check_gradients(exact, q, k, v, w, dout, shape, cb.reference_fit(shape, 0), check)
+    assert not nothing["ok"]
+    assert nothing["error"] == "no float64 reference for the gradients fits in memory, not even on one head"
+
+
 def test_a_check_without_any_reference_fails():
     def no_memory(q, k, v, weight, causal):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
@@ -284,25 +538,39 @@ def test_a_check_without_any_reference_fails():
 
 
 def synthetic_results(conv_ms=3.0, flash_ms=1.0, ref_ms=90.0, conv_bytes=10 ** 6, ref_bytes=10 ** 8, check_ok=True,
-                      skip_reference_at=()):
-    """Both configurations, 6x11 and 11x11, N in {2048, 8192, 16384}; the given numbers at every point."""
+                      skip_reference_at=(), backward=True):
+    """Both configurations, 6x11 and 11x11, N in {2048, 8192, 16384}; the given numbers at every point.
+
+    The forward+backward (``backward``; else as the older forward-only runs, with ``sdpa``) takes 4x the
+    forward's time (the reference 5x) and 3x its memory (the reference 2x)."""
     results = []
     for heads, d in ((8, 64), (16, 128)):
         for cq, ck in ((6, 11), (11, 11)):
             for n in (2048, 8192, 16384):
                 shape = {"dtype": "bfloat16", "batch": 1, "heads": heads, "kv_heads": heads, "head_dim": d,
                          "cq": cq, "ck": ck, "seq_len": n, "causal": True}
+                sdpa = {"sdpa_flash": (flash_ms / 2, 4 * 10 ** 5), "sdpa_cudnn": (flash_ms / 3, 3 * 10 ** 5)}
                 numbers = {"mta_conv": (conv_ms, conv_bytes), "mta_flash": (flash_ms, 5 * 10 ** 5),
-                           "sdpa": (flash_ms / 2, 4 * 10 ** 5), "conv_reference": (ref_ms, ref_bytes),
+                           **(sdpa if backward else {"sdpa": (flash_ms / 2, 4 * 10 ** 5)}),
+                           "conv_reference": (ref_ms, ref_bytes),
                            "conv_reference_compiled": (ref_ms / 2, ref_bytes // 2)}
                 for impl, (ms, nbytes) in numbers.items():
                     r = {"impl": impl, **shape, "fwd_ms": ms * n / 8192, "peak_extra_bytes": nbytes, "status": "ok",
                          "error": None}
+                    if backward:
+                        slower, bigger = (5, 2) if impl in cb.REFERENCE_IMPLS else (4, 3)
+                        r.update(fwd_bwd_ms=slower * r["fwd_ms"], fwd_bwd_peak_extra_bytes=bigger * nbytes,
+                                 bwd_error=None)
                     if impl in cb.REFERENCE_IMPLS and (heads, n) in skip_reference_at:
                         r.update(fwd_ms=None, peak_extra_bytes=None, status="skipped", error="not run: ...")
+                        if backward:
+                            r.update(fwd_bwd_ms=None, fwd_bwd_peak_extra_bytes=None, bwd_error="not run: ...")
                     if impl == "mta_conv":
                         r["check"] = {"ok": check_ok, "rel_err": 3e-3 if check_ok else 0.5, "tolerance": 2e-2,
                                       "reference": "conv_attention_reference", "error": None, "notes": []}
+                        if backward:
+                            r["check"].update(grad_rel_err={"dq": 1e-2, "dk": 2e-2, "dv": 5e-3, "dweight": 4e-3},
+                                              grad_tolerance=5e-2, grad_heads_checked=heads)
                     results.append(r)
     prov = {"gpu": "NVIDIA H200", "torch": "2.x", "triton": "3.x", "git_commit": "cd" * 20, "git_dirty": False}
     return {"provenance": prov, "config": {"benchmark": "conv", "dtype": "bfloat16", "causal": True},
@@ -314,12 +582,22 @@ def test_shape_ratios():
     assert len(rows) == 12
     for row in rows:
         assert row["conv_over_flash_time"] == pytest.approx(3.0)
-        assert row["conv_over_sdpa_time"] == pytest.approx(6.0)
+        assert row["conv_over_sdpa_flash_time"] == pytest.approx(6.0)
+        assert row["conv_over_sdpa_cudnn_time"] == pytest.approx(9.0)
         assert row["reference_over_conv_time"] == pytest.approx(30.0)
         assert row["reference_compiled_over_conv_time"] == pytest.approx(15.0)
         assert row["conv_over_reference_memory"] == pytest.approx(0.01)
         assert row["conv_over_reference_compiled_memory"] == pytest.approx(0.02)
+        assert row["conv_over_flash_fwd_bwd_time"] == pytest.approx(3.0)
+        assert row["conv_over_sdpa_cudnn_fwd_bwd_time"] == pytest.approx(9.0)
+        assert row["reference_over_conv_fwd_bwd_time"] == pytest.approx(30.0 * 5 / 4)
+        assert row["reference_compiled_over_conv_fwd_bwd_time"] == pytest.approx(15.0 * 5 / 4)
+        assert row["conv_over_reference_fwd_bwd_memory"] == pytest.approx(0.01 * 3 / 2)
+        assert row["conv_over_reference_compiled_fwd_bwd_memory"] == pytest.approx(0.02 * 3 / 2)
         assert row["check_ok"] is True
+    old = cb.shape_ratios(synthetic_results(backward=False)["results"])[0]
+    assert old["conv_over_flash_time"] == pytest.approx(3.0) and old["conv_over_sdpa_flash_time"] is None
+    assert all(v is None for k, v in old.items() if "fwd_bwd" in k)
 
 
 def test_headline_ratios_carry_the_numbers_they_are_made_of():
@@ -335,6 +613,14 @@ def test_headline_ratios_carry_the_numbers_they_are_made_of():
         assert e["conv_over_reference_memory"] == pytest.approx(0.01)
         assert (e["mta_conv_peak_extra_bytes"], e["conv_reference_peak_extra_bytes"]) == (10 ** 6, 10 ** 8)
         assert e["check_ok"] is True
+        # The forward+backward's ratios are those of the numbers recorded beside them.
+        assert (e["mta_conv_fwd_bwd_ms"], e["mta_flash_fwd_bwd_ms"], e["conv_reference_fwd_bwd_ms"]) == \
+            (12.0, 4.0, 450.0)
+        assert e["conv_over_flash_fwd_bwd_time"] == pytest.approx(e["mta_conv_fwd_bwd_ms"] / e["mta_flash_fwd_bwd_ms"])
+        assert e["reference_over_conv_fwd_bwd_time"] == pytest.approx(450.0 / 12.0)
+        assert (e["mta_conv_fwd_bwd_peak_extra_bytes"], e["conv_reference_fwd_bwd_peak_extra_bytes"]) == \
+            (3 * 10 ** 6, 2 * 10 ** 8)
+        assert e["conv_over_reference_fwd_bwd_memory"] == pytest.approx(0.015)
     (other,) = cb.headline_ratios(data, seq_len=2048, kernel=(11, 11))[:1]
     assert (other["seq_len"], other["cq"]) == (2048, 11) and other["mta_conv_fwd_ms"] == pytest.approx(0.75)
     assert cb.headline_ratios(data, seq_len=4096) == []
@@ -345,29 +631,51 @@ def test_headline_without_a_side_or_with_a_failed_check():
     small, big = entries
     assert small["reference_over_conv_time"] == pytest.approx(30.0) and small["check_ok"] is False
     assert big["reference_over_conv_time"] is big["conv_over_reference_memory"] is None
+    assert big["reference_over_conv_fwd_bwd_time"] is big["conv_over_reference_fwd_bwd_memory"] is None
     assert big["conv_reference_fwd_ms"] is None and big["conv_over_flash_time"] == pytest.approx(3.0)
     text = cb.format_headline(synthetic_results(skip_reference_at=[(16, 8192)], check_ok=False))
     lines = text.splitlines()
-    assert lines[0] == "at N=8192, kernel 6x11:" and len(lines) == 3
+    assert lines[0] == "at N=8192, kernel 6x11:" and len(lines) == 5
+    assert lines[1].startswith("  B=1 H=8 Hkv=8 D=64, forward: ")
     assert "conv/flash time 3.00x (3.000 / 1.000 ms)" in lines[1]
     assert "reference/conv time 30.0x (90.000 / 3.000 ms)" in lines[1]
     assert f"conv/reference peak memory 1.00% ({10 ** 6 / 2 ** 20:.1f} / {10 ** 8 / 2 ** 20:.1f} MiB)" in lines[1]
-    assert "reference/conv time n/a (? / 3.000 ms)" in lines[2] and "FAILED its check" in lines[2]
+    assert lines[2].startswith("  B=1 H=8 Hkv=8 D=64, forward+backward: ")
+    assert "conv/flash time 3.00x (12.000 / 4.000 ms), reference/conv time 37.5x (450.000 / 12.000 ms)" in lines[2]
+    assert f"peak memory 1.50% ({3 * 10 ** 6 / 2 ** 20:.1f} / {2 * 10 ** 8 / 2 ** 20:.1f} MiB)" in lines[2]
+    assert "reference/conv time n/a (? / 3.000 ms)" in lines[3]
+    assert "reference/conv time n/a (? / 12.000 ms)" in lines[4]
+    assert all("FAILED its check" in line for line in lines[1:])
     assert "PASS" not in text and "FAIL " not in text  # measured ratios, no targets
     assert cb.format_headline([]) == "no results at N=8192, kernel 6x11"
+    # An older forward-only run: its lines as they were, no forward+backward line.
+    old = cb.format_headline(synthetic_results(backward=False)).splitlines()
+    assert len(old) == 3 and all(", forward: " in line for line in old[1:])
 
 
-def test_table_has_one_row_per_shape_with_times_memory_and_ratios():
+def test_tables_have_one_row_per_shape_with_times_memory_and_ratios():
     results = synthetic_results(skip_reference_at=[(16, 16384)])["results"]
-    lines = cb.format_table(results).splitlines()
-    rows = lines[3:]
-    assert len(rows) == 12
-    row = next(line for line in rows if line.startswith("1 16  16 128") and " 6x11  8192 " in line)
+    text = cb.format_table(results)
+    forward, backward = tables(text)
+    assert len(forward) == len(backward) == 12
+    headers = [block.splitlines()[1].split() for block in text.split("\n\n")]
+    assert headers[0] == headers[1][:-2] + ["rel", "err"] and headers[1][-2:] == ["grad", "err"]
+    assert headers[0][6:12] == ["conv", "ms", "flash", "ms", "sdpa.fa", "ms"]
+    row = next(line for line in forward if line.startswith("1 16  16 128") and " 6x11  8192 " in line)
     assert "3.000" in row and "90.000" in row and "45.000" in row  # mta_conv, ref, ref.c times at N=8192
     assert "3.00x" in row and "30.0x" in row and "15.0x" in row and "1.00%" in row and "3.0e-03" in row
     assert f"{10 ** 8 / 2 ** 20:.1f}" in row  # the reference's memory in MiB
-    skipped = next(line for line in rows if line.startswith("1 16  16 128") and " 6x11 16384 " in line)
-    assert skipped.count("skip") == 4 and "30.0x" not in skipped
+    row = next(line for line in backward if line.startswith("1 16  16 128") and " 6x11  8192 " in line)
+    assert "12.000" in row and "450.000" in row and "225.000" in row  # mta_conv, ref, ref.c fwd+bwd times
+    assert "3.00x" in row and "37.5x" in row and "18.8x" in row and "1.50%" in row
+    assert row.endswith("2.0e-02")  # the largest gradient error (dk)
+    assert f"{2 * 10 ** 8 / 2 ** 20:.1f}" in row
+    for rows in (forward, backward):
+        skipped = next(line for line in rows if line.startswith("1 16  16 128") and " 6x11 16384 " in line)
+        assert skipped.count("skip") == 4 and "30.0x" not in skipped and "37.5x" not in skipped
+    # An older forward-only run: one table, as it was.
+    old = cb.format_table(synthetic_results(backward=False)["results"])
+    assert "\n\n" not in old and len(old.splitlines()) == 3 + 12 and " sdpa ms " in old.splitlines()[1]
 
 
 # --- figure ----------------------------------------------------------------------------------
@@ -377,13 +685,16 @@ def files_under(*dirs):
     return {p for d in dirs if d.exists() for p in d.rglob("*")}
 
 
-def test_plot_conv_draws_time_and_memory_log_log_and_writes_nothing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backward", [True, False])
+def test_plot_conv_draws_time_and_memory_log_log_and_writes_nothing(backward, tmp_path, monkeypatch):
+    """Rows: forward time and memory, and forward+backward time and memory where the results have them
+    (an older forward-only JSON gives the two rows it always gave)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     monkeypatch.chdir(tmp_path)
-    data = synthetic_results(skip_reference_at=[(16, 16384)])
+    data = synthetic_results(skip_reference_at=[(16, 16384)], backward=backward)
     path = tmp_path / "bench_conv.json"
     path.write_text(json.dumps(data))
     before = files_under(FIGURES_DIR, tmp_path)
@@ -391,21 +702,32 @@ def test_plot_conv_draws_time_and_memory_log_log_and_writes_nothing(tmp_path, mo
     try:
         assert files_under(FIGURES_DIR, tmp_path) == before
         axes = fig.axes
-        assert len(axes) == 2 * 4  # rows time / memory x columns (configuration, kernel)
+        assert len(axes) == (4 if backward else 2) * 4  # rows (time, memory) per pass x columns (config, kernel)
         assert all(ax.get_xscale() == "log" and ax.get_yscale() == "log" for ax in axes)
         titles = [ax.get_title() for ax in axes]
         assert titles[0] == "forward time, B=1 H=8 D=64, 6x11"
-        assert titles[-1] == "peak extra memory, B=1 H=16 D=128, 11x11"
+        assert titles[7] == "peak extra memory, B=1 H=16 D=128, 11x11"
+        plain = {"SDPA flash (no conv)", "SDPA cuDNN (no conv)"} if backward else {"SDPA (no conv)"}
         lines = {line.get_label(): line for line in axes[0].get_lines()}
         assert set(lines) == {"mta.conv_attention", "reference (materialized)", "reference, torch.compile",
-                              "mta.flash_attention (no conv)", "SDPA (no conv)"}
+                              "mta.flash_attention (no conv)", *plain}
+        assert all(lines[label].get_linestyle() == ":" for label in plain)
         assert list(lines["mta.conv_attention"].get_xdata()) == [2048, 8192, 16384]
         assert list(lines["mta.conv_attention"].get_ydata()) == pytest.approx([0.75, 3.0, 6.0])
         # Memory in MiB; the skipped reference points (H=16, N=16384) are left out.
         mem = {line.get_label(): line for line in axes[6].get_lines()}  # memory, H=16, 6x11
         assert list(mem["reference (materialized)"].get_xdata()) == [2048, 8192]
         assert list(mem["reference (materialized)"].get_ydata()) == pytest.approx([10 ** 8 / 2 ** 20] * 2)
-        assert "NVIDIA H200" in fig._suptitle.get_text() and "cdcdcdcd" in fig._suptitle.get_text()
+        suptitle = fig._suptitle.get_text()
+        assert "NVIDIA H200" in suptitle and "cdcdcdcd" in suptitle
+        assert ("forward and forward+backward" in suptitle) is backward
+        if backward:
+            assert titles[8] == "fwd+bwd time, B=1 H=8 D=64, 6x11"
+            assert titles[-1] == "fwd+bwd memory, B=1 H=16 D=128, 11x11"
+            both = {line.get_label(): line for line in axes[8].get_lines()}
+            assert list(both["mta.conv_attention"].get_ydata()) == pytest.approx([3.0, 12.0, 24.0])
+            mem = {line.get_label(): line for line in axes[14].get_lines()}  # fwd+bwd memory, H=16, 6x11
+            assert list(mem["reference (materialized)"].get_ydata()) == pytest.approx([2 * 10 ** 8 / 2 ** 20] * 2)
     finally:
         plt.close(fig)
 
@@ -433,6 +755,10 @@ def test_config_describes_the_run():
     assert full["configurations"] == [{"batch": 1, "heads": 8, "kv_heads": 8, "head_dim": 64},
                                       {"batch": 1, "heads": 16, "kv_heads": 16, "head_dim": 128}]
     assert full["tolerance"] == 2e-2 and full["dtype"] == "bfloat16" and full["causal"] is True
+    assert full["grad_tolerance"] == 5e-2 and set(full["passes"]) == {"fwd", "fwd_bwd"}
+    assert full["reference_fit"]["live_fp32_matrices"] == {"fwd": 6, "fwd_bwd": 8}
+    assert full["impls"] == ["mta_conv", "mta_flash", "sdpa_flash", "sdpa_cudnn", "conv_reference",
+                             "conv_reference_compiled"]
     assert "conv_reference_compiled" not in cb.config(False, 10, 30, compile_reference=False)["impls"]
     json.dumps(full, allow_nan=False)
 
@@ -498,10 +824,10 @@ def test_a_whole_run_resumes_and_exits_1_on_a_failed_check(tmp_path, capsys):
     good = TinyConv(impls=impls(), free_memory=lambda: PLENTY)
     assert harness.run_benchmark(good, TOOLS, out=out, quick=True, progress=False) == 0
     data = json.loads(out.read_text())
-    assert data["complete"] and len(data["results"]) == 5 * len(TINY) and "bars" not in data
+    assert data["complete"] and len(data["results"]) == 6 * len(TINY) and "bars" not in data
     assert out.with_suffix(".png").stat().st_size > 0
     printed = capsys.readouterr().out
-    assert "conv ms" in printed and "no results at N=8192" in printed
+    assert "conv ms" in printed and "forward+backward (grad err" in printed and "no results at N=8192" in printed
     # Resuming a complete run measures nothing again, and a wrong kernel fails every shape.
     assert harness.run_benchmark(good, TOOLS, out=out, quick=True, resume=True, progress=False) == 0
     assert "2 shapes already measured" in capsys.readouterr().out
@@ -520,17 +846,38 @@ def test_cli_resume_flag():
 
 
 def test_committed_results_are_a_complete_checked_gpu_run():
-    """figures/bench_conv.json, which chapter 04 plots: a real run of this configuration, every shape checked."""
+    """figures/bench_conv.json, which chapter 04 plots: a real run of this configuration, every shape checked.
+
+    An older, forward-only run (no fwd_bwd keys, ``sdpa`` with its default backend) is held to what it
+    measured: the same shapes, its stored ratios those the code computes, and chapter 04's table, headline
+    and figure drawn from it."""
     data = plots.load_results(FIGURES_DIR / "bench_conv.json")
     prov = data["provenance"]
     assert prov["gpu"] != "cpu" and prov["git_commit"] and prov["mta_source_sha256"]
+    current = all("fwd_bwd_ms" in r for r in data["results"])
     saved = {k: v for k, v in data["config"].items() if k != "bars"}  # older runs also judged targets
-    assert data["complete"] and saved == harness.json_safe(cb.config(False, saved["warmup"], saved["rep"]))
+    expected = harness.json_safe(cb.config(False, saved["warmup"], saved["rep"]))
+    shape_config = ("dtype", "causal", "configurations", "kernels", "seq_lens", "tested_impl")
+    assert data["complete"] and (saved == expected if current else
+                                 {k: saved[k] for k in shape_config} == {k: expected[k] for k in shape_config})
     assert set(cb.by_shape(data["results"])) == {tuple(getattr(s, k) for k in cb.SHAPE_KEYS)
                                                  for s in cb.conv_shapes()}
     assert all(r["check"]["ok"] for r in data["results"] if r["impl"] == cb.TESTED_IMPL)
-    assert data["shapes"] == harness.json_safe(cb.shape_ratios(data["results"]))
-    assert len(cb.format_table(data["results"]).splitlines()) == 3 + 20  # what notebook 04 prints
+    recomputed = harness.json_safe(cb.shape_ratios(data["results"]))
+    assert data["shapes"] == recomputed if current else all(
+        stored[k] == row[k] for stored, row in zip(data["shapes"], recomputed) for k in stored if k in row)
+    assert len(cb.format_table(data["results"]).splitlines()) == (3 + 20 + 2 + 20 if current else 3 + 20)
     assert [e["head_dim"] for e in cb.headline_ratios(data)] == [64, 128]
     assert all(e["conv_over_flash_time"] and e["reference_over_conv_time"] for e in cb.headline_ratios(data))
-    assert len(cb.format_headline(data).splitlines()) == 3
+    if current:
+        assert all(e["conv_over_flash_fwd_bwd_time"] and e["reference_over_conv_fwd_bwd_time"]
+                   for e in cb.headline_ratios(data))
+    assert len(cb.format_headline(data).splitlines()) == (5 if current else 3)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = plots.plot_conv(data)
+    try:
+        assert len(fig.axes) == (4 if current else 2) * 4
+    finally:
+        plt.close(fig)

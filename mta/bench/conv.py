@@ -1,22 +1,26 @@
-"""Benchmark of ``mta.conv_attention`` (the fused MTA forward) against what it replaces.
+"""Benchmark of ``mta.conv_attention`` (the fused MTA forward and backward) against what it replaces.
 
-For every shape, in one run and on the same fresh random inputs, the forward
-time and the peak extra memory of five implementations are measured:
+For every shape, in one run and on the same fresh random inputs, two passes of
+six implementations are measured, each with its time and peak extra memory:
+the forward (no input requires grad) and the forward+backward (``q, k, v`` and
+the fp32 weight are leaves requiring grad; ``.backward(dout)`` with a fixed
+random ``dout``; the gradients cleared before each call, outside the timed region).
 
 * ``mta_conv``: :func:`mta.conv_attention`, the implementation under test;
 * ``conv_reference``: :func:`mta.conv_attention_reference`, which materializes
-  several fp32 ``[B, H, N, N]`` matrices (what MTA costs without a fused kernel);
+  several fp32 ``[B, H, N, N]`` matrices (what MTA costs without a fused kernel),
+  differentiated by autograd;
 * ``conv_reference_compiled``: ``torch.compile`` of that reference;
 * ``mta_flash``: :func:`mta.flash_attention` (causal), plain attention in Triton;
-* ``sdpa``: ``F.scaled_dot_product_attention(is_causal=True)``, default backend
-  selection: plain attention, the floor.
+* ``sdpa_flash``, ``sdpa_cudnn``: ``F.scaled_dot_product_attention(is_causal=True)``
+  restricted to its flash or its cuDNN backend: plain attention, the floor.
 
-The references only run where they fit in memory (:func:`reference_fit`); a
-skip, an out-of-memory error or a ``torch.compile`` failure is recorded and the
-run goes on. Before timing, ``mta_conv`` is checked against the reference.
-What is measured is :data:`PASSES`: the forward only, as ``mta.conv_attention``
-has no backward yet (no input requires grad); a forward+backward pass joins by
-one more entry there and in :meth:`ConvBenchmark.calls`.
+The references only run where they fit in memory (:func:`reference_fit`), decided
+per pass: their forward+backward keeps more ``N x N`` matrices alive than their
+forward. A skipped pass, an out-of-memory error, a backend that refuses or a
+``torch.compile`` failure is recorded and the run goes on. Before timing,
+``mta_conv``'s output and its gradients (dq, dk, dv, dweight) are checked against
+the reference.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from mta import conv_attention, flash_attention
 from mta.reference import conv_attention_reference
 
 from . import harness
+from .flash import sdpa_name
 from .harness import Benchmark, Pass, describe_error, is_oom, ratio, rel_err, release_memory, text_table
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -49,20 +54,32 @@ WEIGHT_STD = 0.2
 
 #: The implementation under test; the others are what it is compared with.
 TESTED_IMPL = "mta_conv"
-IMPLS = ("mta_conv", "mta_flash", "sdpa", "conv_reference", "conv_reference_compiled")
+IMPLS = ("mta_conv", "mta_flash", "sdpa_flash", "sdpa_cudnn", "conv_reference", "conv_reference_compiled")
 #: Implementations that materialize ``[B, H, N, N]``: run only where :func:`reference_fit` says they fit.
 REFERENCE_IMPLS = ("conv_reference", "conv_reference_compiled")
-#: What is measured for every implementation.
-PASSES = (Pass("fwd", "fwd_ms", memory_key="peak_extra_bytes"),)
+#: What is measured for every implementation: the forward, and the forward+backward.
+PASSES = (Pass("fwd", "fwd_ms", memory_key="peak_extra_bytes"),
+          Pass("fwd_bwd", "fwd_bwd_ms", memory_key="fwd_bwd_peak_extra_bytes", error_key="bwd_error"))
 
-#: Largest accepted ``||mta - reference|| / ||reference||`` per input dtype.
+#: Largest accepted ``||mta - reference|| / ||reference||`` per input dtype: of the output ...
 TOLERANCE = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 1e-4}
+#: ... and of each gradient (against the reference in float64).
+GRAD_TOLERANCE = {"bfloat16": 5e-2, "float16": 2e-2, "float32": 1e-3}
+GRAD_NAMES = ("dq", "dk", "dv", "dweight")
 
-#: The reference's peak is bounded by this many fp32 ``[B, H, N, N]`` matrices alive at once
-#: (scores, padded scores, convolved scores, masked copy, softmax and its temporaries).
+#: The reference's forward peak is bounded by this many fp32 ``[B, H, N, N]`` matrices alive at once. Op by op
+#: it holds at most 3 (scores, padded scores, convolved scores; then scores, masked convolved scores, softmax):
+#: 3.06 measured on an H100, 3.3 on the CPU at N=256 (tests/test_bench_conv.py counts them).
 REFERENCE_LIVE_MATRICES = 6
+#: ... and its forward+backward by this many: autograd keeps the padded scores (the convolution's input, for
+#: the weight's gradient) and the softmax to the backward, so the forward holds 4 at its softmax, and the
+#: softmax's backward 4 again (padded scores, softmax, dP = dO v^T and its result dC); 4.4 on the CPU at N=256,
+#: before the convolution's backward adds its workspace. Twice the count, as for the forward.
+REFERENCE_LIVE_MATRICES_BACKWARD = 8
 #: ... and it runs only if that bound is at most this fraction of the free GPU memory.
 REFERENCE_MAX_FREE_FRACTION = 0.6
+#: The gradient check's reference runs in float64: twice the bytes of the fp32 forward+backward.
+GRAD_CHECK_MATRICES = 2 * REFERENCE_LIVE_MATRICES_BACKWARD
 
 #: ``impl(q, k, v, weight, causal) -> out``: the form every timed implementation takes
 #: (plain attention ignores ``weight``).
@@ -100,28 +117,38 @@ def conv_shapes(quick: bool = False) -> list[ConvShape]:
 # --- memory fit of the reference -------------------------------------------------------------
 
 
-def reference_bytes_estimate(batch: int, heads: int, seq_len: int) -> int:
-    """Bound on the reference's peak: :data:`REFERENCE_LIVE_MATRICES` fp32 ``[B, H, N, N]`` matrices."""
-    return REFERENCE_LIVE_MATRICES * batch * heads * seq_len * seq_len * 4
+def reference_bytes_estimate(batch: int, heads: int, seq_len: int, matrices: int = REFERENCE_LIVE_MATRICES) -> int:
+    """Bound on the reference's peak: ``matrices`` fp32 ``[B, H, N, N]`` matrices (default: its forward's)."""
+    return matrices * batch * heads * seq_len * seq_len * 4
 
 
-def reference_fit(shape: ConvShape, free_bytes: int) -> dict:
+def reference_fit(shape: ConvShape, free_bytes: int, matrices: int = REFERENCE_LIVE_MATRICES,
+                  what: str = "the reference") -> dict:
     """Whether the materialized reference may run on ``shape`` with ``free_bytes`` of GPU memory free.
 
-    It may if its estimated peak is at most :data:`REFERENCE_MAX_FREE_FRACTION`
-    of the free memory. ``heads_that_fit``: how many of its heads would (for the
-    check on a slice of heads when all do not).
+    It may if its estimated peak (``matrices`` fp32 ``[B, H, N, N]`` matrices:
+    :data:`REFERENCE_LIVE_MATRICES` for the forward, :data:`REFERENCE_LIVE_MATRICES_BACKWARD`
+    for the forward+backward) is at most :data:`REFERENCE_MAX_FREE_FRACTION` of the
+    free memory. ``heads_that_fit``: how many of its heads would (for the check on a
+    slice of heads when all do not).
     """
-    estimate = reference_bytes_estimate(shape.batch, shape.heads, shape.seq_len)
+    estimate = reference_bytes_estimate(shape.batch, shape.heads, shape.seq_len, matrices)
     budget = REFERENCE_MAX_FREE_FRACTION * free_bytes
     fits = estimate <= budget
     reason = None if fits else (
-        f"not run: the reference needs about {estimate / 2 ** 30:.1f} GiB ({REFERENCE_LIVE_MATRICES} fp32 "
-        f"[B, H, N, N] matrices), more than {REFERENCE_MAX_FREE_FRACTION:.0%} of the {free_bytes / 2 ** 30:.1f} "
-        "GiB free")
-    per_head = reference_bytes_estimate(shape.batch, 1, shape.seq_len)
+        f"not run: {what} needs about {estimate / 2 ** 30:.1f} GiB ({matrices} fp32 [B, H, N, N] matrices), "
+        f"more than {REFERENCE_MAX_FREE_FRACTION:.0%} of the {free_bytes / 2 ** 30:.1f} GiB free")
+    per_head = reference_bytes_estimate(shape.batch, 1, shape.seq_len, matrices)
     return {"estimate_bytes": estimate, "free_bytes": int(free_bytes), "budget_bytes": int(budget), "fits": fits,
             "heads_that_fit": int(min(shape.heads, budget // per_head)), "reason": reason}
+
+
+def reference_fits(shape: ConvShape, free_bytes: int) -> dict[str, dict]:
+    """:func:`reference_fit` of each pass (``"fwd"``, ``"fwd_bwd"``) and of the gradient check (``"grad"``)."""
+    return {"fwd": reference_fit(shape, free_bytes),
+            "fwd_bwd": reference_fit(shape, free_bytes, REFERENCE_LIVE_MATRICES_BACKWARD,
+                                     "the reference's forward+backward"),
+            "grad": reference_fit(shape, free_bytes, GRAD_CHECK_MATRICES, "the float64 reference's forward+backward")}
 
 
 def cuda_free_bytes() -> int:
@@ -144,9 +171,10 @@ def conv_reference(q, k, v, weight, causal):
 class CompiledReference:
     """``torch.compile`` of the reference, compiled afresh for every new shape.
 
-    Dynamo's caches are reset when the shape changes, so every shape gets a
-    static-shape graph of its own (no silent fallback to eager once dynamo's
-    recompile limit is reached). Compilation happens in the timer's warmup.
+    Dynamo's caches are reset when the shape changes, so every shape gets
+    static-shape graphs of its own (no silent fallback to eager once dynamo's
+    recompile limit is reached): one for the forward, one (with its backward)
+    for inputs that require grad. Compilation happens in the timer's warmup.
     """
 
     __name__ = "conv_reference_compiled"
@@ -168,15 +196,21 @@ def mta_flash(q, k, v, weight, causal):
     return flash_attention(q, k, v, causal=causal)
 
 
-def sdpa(q, k, v, weight, causal):
-    """SDPA with PyTorch's default backend selection: plain attention, the floor."""
-    if q.shape[1] != k.shape[1]:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+def sdpa_with(backend_name: str) -> ConvImpl:
+    """SDPA restricted to one backend (``"FLASH_ATTENTION"``, ``"CUDNN_ATTENTION"``): plain attention, the floor.
+    A backend that refuses raises (the harness records why)."""
+    def sdpa(q, k, v, weight, causal):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+        with sdpa_kernel(getattr(SDPBackend, backend_name)):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
+    sdpa.__name__ = sdpa_name(backend_name)
+    return sdpa
 
 
 def default_impls(compile_reference: bool = True) -> dict[str, ConvImpl]:
-    impls = {"mta_conv": mta_conv, "mta_flash": mta_flash, "sdpa": sdpa, "conv_reference": conv_reference}
+    impls = {"mta_conv": mta_conv, "mta_flash": mta_flash, "sdpa_flash": sdpa_with("FLASH_ATTENTION"),
+             "sdpa_cudnn": sdpa_with("CUDNN_ATTENTION"), "conv_reference": conv_reference}
     if compile_reference:
         impls["conv_reference_compiled"] = CompiledReference()
     return impls
@@ -244,13 +278,75 @@ def check_against_reference(fn: ConvImpl, q, k, v, weight, shape: ConvShape, fit
     return check
 
 
+def _grads(fn: Callable, tensors, dout) -> tuple[torch.Tensor, ...]:
+    """Gradients of ``fn(*leaves)`` with respect to leaves holding ``tensors``, for ``dout`` (zeros for a leaf
+    the output does not depend on)."""
+    leaves = [t.detach().requires_grad_() for t in tensors]
+    return torch.autograd.grad(fn(*leaves), leaves, dout, allow_unused=True, materialize_grads=True)
+
+
+def check_gradients(fn: ConvImpl, q, k, v, weight, dout, shape: ConvShape, fit: dict, check: dict,
+                    reference: Callable = conv_attention_reference) -> dict:
+    """``check`` (the output's, :func:`check_against_reference`) with ``fn``'s gradients checked too.
+
+    ``grad_rel_err``: the relative errors of dq, dk, dv and dweight against the
+    reference's autograd in float64, on the heads the output was checked on, or
+    fewer where the float64 forward+backward does not fit (``fit``, from
+    :data:`GRAD_CHECK_MATRICES`) or fails, halving as the output's check does.
+    ``fn`` runs on all heads with ``dout`` zero beyond the slice, so its dk and dv
+    (sums over a GQA group's query heads) hold exactly the slice's share.
+    ``ok``: the output and every gradient within their tolerances.
+    """
+    check = {**check, "grad_reference": None, "grad_heads_checked": None, "grad_rel_err": None,
+             "grad_tolerance": GRAD_TOLERANCE[shape.dtype], "notes": list(check["notes"])}
+    error, tried = None, False
+    wanted = min(check["heads_checked"] or shape.heads, fit["heads_that_fit"])
+    while wanted >= 1 and check["grad_rel_err"] is None and error is None:
+        hq, hkv = _head_slice(shape.heads, shape.kv_heads, wanted)
+        tried = True
+        try:
+            ref = _grads(lambda *t: reference(*t, causal=shape.causal),
+                         [t.double() for t in (q[:, :hq], k[:, :hkv], v[:, :hkv], weight[:hq])], dout[:, :hq].double())
+        except Exception as exc:  # noqa: BLE001  (try fewer heads)
+            what = "ran out of memory" if is_oom(exc) else f"raised {describe_error(exc)}"
+            check["notes"].append(f"float64 reference's gradients on {hq} heads {what}")
+            ref = None
+        if ref is not None:
+            masked = dout.clone()
+            masked[:, hq:] = 0
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    dq, dk, dv, dw = _grads(lambda *t: fn(*t, shape.causal), (q, k, v, weight), masked)
+                    mine = (dq[:, :hq], dk[:, :hkv], dv[:, :hkv], dw[:hq])
+                    check.update(grad_rel_err=dict(zip(GRAD_NAMES, map(rel_err, mine, ref))), grad_heads_checked=hq,
+                                 grad_reference=f"conv_attention_reference's autograd in float64, query heads "
+                                                f"0..{hq - 1} of {shape.heads}")
+                except Exception as exc:  # noqa: BLE001  (recorded: a failing kernel is a result)
+                    error = f"{TESTED_IMPL} forward+backward raised {describe_error(exc, caught)}"
+        ref = None
+        release_memory()
+        wanted = hq // 2
+    if error is None and check["grad_rel_err"] is None:
+        error = (f"no float64 reference for the gradients {'could run' if tried else 'fits in memory'}, "
+                 "not even on one head")
+    if error is not None:
+        check["error"] = "; ".join(filter(None, (check["error"], error)))
+    check["ok"] = bool(check["ok"] and check["grad_rel_err"] is not None
+                       and all(e <= check["grad_tolerance"] for e in check["grad_rel_err"].values()))
+    return check
+
+
 def format_check(check: Optional[dict]) -> str:
     if check is None:
         return "not checked"
     if check.get("error"):
         return check["error"]
-    return (f"rel err {check['rel_err']:.1e} (tol {check['tolerance']:.0e}) vs {check['reference']}"
-            + "".join(f"; {n}" for n in check.get("notes") or []))
+    text = f"rel err {check['rel_err']:.1e} (tol {check['tolerance']:.0e}) vs {check['reference']}"
+    if check.get("grad_rel_err"):
+        grads = ", ".join(f"{name} {e:.1e}" for name, e in check["grad_rel_err"].items())
+        text += f"; grad rel err {grads} (tol {check['grad_tolerance']:.0e}) vs {check['grad_reference']}"
+    return text + "".join(f"; {n}" for n in check.get("notes") or [])
 
 
 # --- the benchmark ---------------------------------------------------------------------------
@@ -258,11 +354,13 @@ def format_check(check: Optional[dict]) -> str:
 
 class ConvBenchmark(Benchmark):
     name, out = "conv", "figures/bench_conv.json"
-    help = "mta.conv_attention vs the materialized reference, torch.compile of it, mta.flash_attention, SDPA"
-    description = ("Forward time and peak extra memory of mta.conv_attention (MTA), the materialized "
-                   "conv_attention_reference (where it fits in memory), torch.compile of it, mta.flash_attention "
-                   "and SDPA, causal bf16, after checking mta.conv_attention against the reference. Prints a table "
-                   "and the headline ratios at N=8192, kernel 6x11.")
+    help = ("mta.conv_attention forward and forward+backward vs the materialized reference, torch.compile of it, "
+            "mta.flash_attention, SDPA flash and cuDNN")
+    description = ("Forward and forward+backward time and peak extra memory of mta.conv_attention (MTA), the "
+                   "materialized conv_attention_reference (each pass where it fits in memory), torch.compile of it, "
+                   "mta.flash_attention and SDPA's flash and cuDNN backends, causal bf16, after checking "
+                   "mta.conv_attention's output and gradients against the reference. Prints a table per pass and "
+                   "the headline ratios at N=8192, kernel 6x11.")
     quick_help = "kernel 6x11, N in {2048, 8192}"
     Shape, tested, passes = ConvShape, TESTED_IMPL, PASSES
 
@@ -287,20 +385,33 @@ class ConvBenchmark(Benchmark):
         return self._impls
 
     def inputs(self, shape, device):
-        """``(q, k, v, weight, reference_fit)``: the fit from the free memory before the inputs are made."""
-        fit = reference_fit(shape, self.free_memory())
-        return (*random_inputs(shape, device), fit)
+        """``(q, k, v, weight, dout, fits)``: :func:`reference_fits` from the free memory before the inputs are
+        made, and a fixed random ``dout`` in the inputs' dtype."""
+        fits = reference_fits(shape, self.free_memory())
+        q, k, v, weight = random_inputs(shape, device)
+        return q, k, v, weight, torch.randn_like(q), fits
 
     def check(self, fn, shape, inputs):
-        return check_against_reference(fn, *inputs[:4], shape, inputs[4])
+        q, k, v, weight, dout, fits = inputs
+        check = check_against_reference(fn, q, k, v, weight, shape, fits["fwd"])
+        return check_gradients(fn, q, k, v, weight, dout, shape, fits["grad"], check)
 
     def calls(self, fn, shape, inputs):
-        q, k, v, weight, _ = inputs
-        return {"fwd": (lambda: fn(q, k, v, weight, shape.causal), None)}
+        q, k, v, weight, dout, _ = inputs
+        leaves = [t.detach().requires_grad_() for t in (q, k, v, weight)]  # the inputs' memory, requiring grad
+
+        def clear_grads():
+            for t in leaves:
+                t.grad = None
+        return {"fwd": (lambda: fn(q, k, v, weight, shape.causal), None),
+                "fwd_bwd": (lambda: fn(*leaves, shape.causal).backward(dout), clear_grads)}
 
     def skip(self, impl, shape, inputs):
-        fit = inputs[4]
-        return fit["reason"] if impl in REFERENCE_IMPLS and not fit["fits"] else None
+        """The references' passes that do not fit (each with its reason), or None."""
+        if impl not in REFERENCE_IMPLS:
+            return None
+        fits = inputs[-1]
+        return {p.name: fits[p.name]["reason"] for p in PASSES if not fits[p.name]["fits"]} or None
 
     def summarize(self, results):
         return {"shapes": shape_ratios(results)}
@@ -320,6 +431,7 @@ class ConvBenchmark(Benchmark):
 
 def config(quick: bool, warmup: int, rep: int, compile_reference: bool = True) -> dict:
     shapes = conv_shapes(quick)
+    fraction = REFERENCE_MAX_FREE_FRACTION
     return {
         "benchmark": "conv", "quick": quick, "dtype": DTYPE, "causal": CAUSAL,
         "configurations": [dict(zip(CONFIG_KEYS, c)) for c in dict.fromkeys(
@@ -329,20 +441,30 @@ def config(quick: bool, warmup: int, rep: int, compile_reference: bool = True) -
         "impls": [n for n in IMPLS if compile_reference or n != "conv_reference_compiled"],
         "tested_impl": TESTED_IMPL,
         "inputs": f"q, k, v: torch.randn in {DTYPE}; weight [H, cq, ck]: torch.randn * {WEIGHT_STD} in float32, "
-                  "a different kernel per head; no input requires grad (forward only)",
+                  f"a different kernel per head; dout: torch.randn in {DTYPE}",
+        "passes": {"fwd": "the forward; no input requires grad",
+                   "fwd_bwd": "the forward and .backward(dout); q, k, v and weight are leaves requiring grad "
+                              "(plain attention ignores weight), their grads cleared before each call, untimed"},
         "warmup": warmup, "rep": rep,
-        "timing": "forward only; median over rep of per-call CUDA event times; 256 MB L2 flush and a ~1 ms GPU spin "
+        "timing": "median over rep of per-call CUDA event times; 256 MB L2 flush and a ~1 ms GPU spin "
                   "(so launch overhead is not timed) before each call",
-        "memory": "peak_extra_bytes: torch.cuda.max_memory_allocated during one call minus memory_allocated "
-                  "before it (inputs excluded, output and temporaries included)",
-        "reference_fit": {"live_fp32_matrices": REFERENCE_LIVE_MATRICES,
-                          "max_fraction_of_free": REFERENCE_MAX_FREE_FRACTION,
-                          "rule": "conv_reference and conv_reference_compiled run only if "
-                                  f"{REFERENCE_LIVE_MATRICES} * B * H * N * N * 4 bytes <= "
-                                  f"{REFERENCE_MAX_FREE_FRACTION} * free GPU memory"},
+        "memory": "peak_extra_bytes (fwd), fwd_bwd_peak_extra_bytes (fwd_bwd): torch.cuda.max_memory_allocated "
+                  "during one call minus memory_allocated before it (inputs excluded, output, gradients and "
+                  "temporaries included)",
+        "reference_fit": {"live_fp32_matrices": {"fwd": REFERENCE_LIVE_MATRICES,
+                                                 "fwd_bwd": REFERENCE_LIVE_MATRICES_BACKWARD},
+                          "max_fraction_of_free": fraction,
+                          "rule": "each pass of conv_reference and conv_reference_compiled runs only if "
+                                  f"M * B * H * N * N * 4 bytes <= {fraction} * free GPU memory, with M = "
+                                  f"{REFERENCE_LIVE_MATRICES} (fwd) or {REFERENCE_LIVE_MATRICES_BACKWARD} (fwd_bwd)"},
         "compile": "torch.compile(conv_attention_reference, dynamic=False), dynamo reset before each shape"
                    if compile_reference else None,
         "tolerance": TOLERANCE[DTYPE],
+        "grad_tolerance": GRAD_TOLERANCE[DTYPE],
+        "grad_check": "dq, dk, dv, dweight of mta.conv_attention against conv_attention_reference's autograd in "
+                      "float64, on the heads the output was checked on (fewer where "
+                      f"{GRAD_CHECK_MATRICES} fp32-sized [B, 1, N, N] matrices per head do not fit in "
+                      f"{fraction} of the free memory)",
     }
 
 
@@ -351,21 +473,37 @@ def config(quick: bool, warmup: int, rep: int, compile_reference: bool = True) -
 SHAPE_KEYS = ("dtype", "batch", "heads", "kv_heads", "head_dim", "cq", "ck", "seq_len", "causal")
 CONFIG_KEYS = ("batch", "heads", "kv_heads", "head_dim")
 
-#: name -> (numerator impl, denominator impl, measured key): the ratios reported per shape.
-RATIOS = {
-    "conv_over_flash_time": ("mta_conv", "mta_flash", "fwd_ms"),
-    "conv_over_sdpa_time": ("mta_conv", "sdpa", "fwd_ms"),
-    "reference_over_conv_time": ("conv_reference", "mta_conv", "fwd_ms"),
-    "reference_compiled_over_conv_time": ("conv_reference_compiled", "mta_conv", "fwd_ms"),
-    "conv_over_reference_memory": ("mta_conv", "conv_reference", "peak_extra_bytes"),
-    "conv_over_reference_compiled_memory": ("mta_conv", "conv_reference_compiled", "peak_extra_bytes"),
-}
-#: The ratios :func:`headline_ratios` reports, and how :func:`format_headline` shows them:
+
+def _pass_ratios(suffix: str, time_key: str, memory_key: str) -> dict[str, tuple[str, str, str]]:
+    return {
+        f"conv_over_flash{suffix}_time": ("mta_conv", "mta_flash", time_key),
+        f"conv_over_sdpa_flash{suffix}_time": ("mta_conv", "sdpa_flash", time_key),
+        f"conv_over_sdpa_cudnn{suffix}_time": ("mta_conv", "sdpa_cudnn", time_key),
+        f"reference_over_conv{suffix}_time": ("conv_reference", "mta_conv", time_key),
+        f"reference_compiled_over_conv{suffix}_time": ("conv_reference_compiled", "mta_conv", time_key),
+        f"conv_over_reference{suffix}_memory": ("mta_conv", "conv_reference", memory_key),
+        f"conv_over_reference_compiled{suffix}_memory": ("mta_conv", "conv_reference_compiled", memory_key),
+    }
+
+
+#: name -> (numerator impl, denominator impl, measured key): the ratios reported per shape, for the forward
+#: (``conv_over_flash_time``...) and the forward+backward (``conv_over_flash_fwd_bwd_time``...).
+RATIOS = {**_pass_ratios("", "fwd_ms", "peak_extra_bytes"),
+          **_pass_ratios("_fwd_bwd", "fwd_bwd_ms", "fwd_bwd_peak_extra_bytes")}
+_MS, _MIB = ("{:.3f}", 1.0, "ms"), ("{:.1f}", 2.0 ** -20, "MiB")
+#: The ratios :func:`headline_ratios` reports per pass, and how :func:`format_headline` shows them:
 #: (label, ratio format, format of the two numbers, their scale, their unit).
 HEADLINE = {
-    "conv_over_flash_time": ("conv/flash time", "{:.2f}x", "{:.3f}", 1.0, "ms"),
-    "reference_over_conv_time": ("reference/conv time", "{:.1f}x", "{:.3f}", 1.0, "ms"),
-    "conv_over_reference_memory": ("conv/reference peak memory", "{:.2%}", "{:.1f}", 2.0 ** -20, "MiB"),
+    "forward": {
+        "conv_over_flash_time": ("conv/flash time", "{:.2f}x", *_MS),
+        "reference_over_conv_time": ("reference/conv time", "{:.1f}x", *_MS),
+        "conv_over_reference_memory": ("conv/reference peak memory", "{:.2%}", *_MIB),
+    },
+    "forward+backward": {
+        "conv_over_flash_fwd_bwd_time": ("conv/flash time", "{:.2f}x", *_MS),
+        "reference_over_conv_fwd_bwd_time": ("reference/conv time", "{:.1f}x", *_MS),
+        "conv_over_reference_fwd_bwd_memory": ("conv/reference peak memory", "{:.2%}", *_MIB),
+    },
 }
 
 
@@ -374,14 +512,18 @@ def by_shape(results: list[dict]) -> dict[tuple, dict[str, dict]]:
     return harness.by_shape(results, SHAPE_KEYS)
 
 
+def _check_ok(records: dict[str, dict]) -> Optional[bool]:
+    check = records.get(TESTED_IMPL, {}).get("check")
+    return None if check is None else bool(check.get("ok"))
+
+
 def shape_ratios(results: list[dict]) -> list[dict]:
     """Per shape: its fields, every ratio of :data:`RATIOS` (None where a side is missing), and check_ok."""
     rows = []
     for key, records in by_shape(results).items():
         row = dict(zip(SHAPE_KEYS, key))
         row.update({name: ratio(records, a, b, m) for name, (a, b, m) in RATIOS.items()})
-        check = records.get(TESTED_IMPL, {}).get("check")
-        row["check_ok"] = None if check is None else bool(check.get("ok"))
+        row["check_ok"] = _check_ok(records)
         rows.append(row)
     return rows
 
@@ -389,20 +531,21 @@ def shape_ratios(results: list[dict]) -> list[dict]:
 def headline_ratios(data_or_results: Union[dict, list], seq_len: int = 8192,
                     kernel: tuple[int, int] = (6, 11)) -> list[dict]:
     """Per configuration at ``seq_len`` and ``kernel``: conv/flash time, reference/conv time and conv/reference
-    peak memory, each with the two numbers it is made of (``"<impl>_<key>"``, e.g. ``mta_conv_fwd_ms``).
+    peak memory of the forward (``conv_over_flash_time``...) and of the forward+backward
+    (``conv_over_flash_fwd_bwd_time``...), each with the two numbers it is made of (``"<impl>_<key>"``, e.g.
+    ``mta_conv_fwd_ms``, ``mta_conv_fwd_bwd_ms``).
 
-    A ratio is None where a side is missing (skipped, out of memory); ``check_ok``
-    says whether mta.conv_attention passed its check there.
+    A ratio is None where a side is missing (skipped, out of memory, not measured
+    by an older run); ``check_ok`` says whether mta.conv_attention passed its check there.
     """
     results = data_or_results["results"] if isinstance(data_or_results, dict) else data_or_results
     entries = []
     for key, records in by_shape(results).items():
         shape = dict(zip(SHAPE_KEYS, key))
         if shape["seq_len"] == seq_len and (shape["cq"], shape["ck"]) == tuple(kernel):
-            check = records.get(TESTED_IMPL, {}).get("check")
             entry = {k: shape[k] for k in (*CONFIG_KEYS, "cq", "ck", "seq_len")}
-            entry["check_ok"] = None if check is None else bool(check.get("ok"))
-            for name in HEADLINE:
+            entry["check_ok"] = _check_ok(records)
+            for name in (name for ratios in HEADLINE.values() for name in ratios):
                 a, b, m = RATIOS[name]
                 entry.update({name: ratio(records, a, b, m), f"{a}_{m}": records.get(a, {}).get(m),
                               f"{b}_{m}": records.get(b, {}).get(m)})
@@ -412,27 +555,33 @@ def headline_ratios(data_or_results: Union[dict, list], seq_len: int = 8192,
 
 def format_headline(data_or_results: Union[dict, list], seq_len: int = 8192,
                     kernel: tuple[int, int] = (6, 11)) -> str:
-    """:func:`headline_ratios` as lines: each ratio with the two numbers it is made of."""
+    """:func:`headline_ratios` as lines, one per configuration and pass (a pass an older run did not measure
+    is left out): each ratio with the two numbers it is made of."""
     lines = [f"at N={seq_len}, kernel {kernel[0]}x{kernel[1]}:"]
     for e in headline_ratios(data_or_results, seq_len, kernel):
-        parts = []
-        for name, (label, ratio_fmt, number_fmt, scale, unit) in HEADLINE.items():
-            a, b, key = RATIOS[name]
-            numbers = [e[f"{i}_{key}"] for i in (a, b)]
-            numbers = " / ".join("?" if x is None else number_fmt.format(x * scale) for x in numbers)
-            parts.append(f"{label} {'n/a' if e[name] is None else ratio_fmt.format(e[name])} ({numbers} {unit})")
         failed = f"; {TESTED_IMPL} FAILED its check" if e["check_ok"] is False else ""
-        lines.append(f"  B={e['batch']} H={e['heads']} Hkv={e['kv_heads']} D={e['head_dim']}: "
-                     + ", ".join(parts) + failed)
+        for pass_label, ratios in HEADLINE.items():
+            parts, numbers_seen = [], False
+            for name, (label, ratio_fmt, number_fmt, scale, unit) in ratios.items():
+                a, b, key = RATIOS[name]
+                numbers = [e[f"{i}_{key}"] for i in (a, b)]
+                numbers_seen = numbers_seen or any(x is not None for x in numbers)
+                numbers = " / ".join("?" if x is None else number_fmt.format(x * scale) for x in numbers)
+                parts.append(f"{label} {'n/a' if e[name] is None else ratio_fmt.format(e[name])} ({numbers} {unit})")
+            if numbers_seen:
+                lines.append(f"  B={e['batch']} H={e['heads']} Hkv={e['kv_heads']} D={e['head_dim']}, {pass_label}: "
+                             + ", ".join(parts) + failed)
     return "\n".join(lines) if len(lines) > 1 else f"no results at N={seq_len}, kernel {kernel[0]}x{kernel[1]}"
 
 
-SHORT_NAMES = {"mta_conv": "conv", "mta_flash": "flash", "sdpa": "sdpa", "conv_reference": "ref",
-               "conv_reference_compiled": "ref.c"}
-#: Ratio columns of the table: (header, ratio, format).
-TABLE_RATIOS = (("conv/flash", "conv_over_flash_time", "{:.2f}x"), ("ref/conv", "reference_over_conv_time", "{:.1f}x"),
-                ("ref.c/conv", "reference_compiled_over_conv_time", "{:.1f}x"),
-                ("mem c/ref", "conv_over_reference_memory", "{:.2%}"))
+#: Column names in the table, in its order; ``sdpa`` (SDPA's default backend) is in older runs.
+SHORT_NAMES = {"mta_conv": "conv", "mta_flash": "flash", "sdpa": "sdpa", "sdpa_flash": "sdpa.fa",
+               "sdpa_cudnn": "sdpa.cu", "conv_reference": "ref", "conv_reference_compiled": "ref.c"}
+#: Ratio columns of a pass's table: (header, ratio with ``{}`` for the pass's suffix, format).
+TABLE_RATIOS = (("conv/flash", "conv_over_flash{}_time", "{:.2f}x"),
+                ("ref/conv", "reference_over_conv{}_time", "{:.1f}x"),
+                ("ref.c/conv", "reference_compiled_over_conv{}_time", "{:.1f}x"),
+                ("mem c/ref", "conv_over_reference{}_memory", "{:.2%}"))
 
 
 def _measured(record: Optional[dict], key: str, scale: float = 1.0):
@@ -442,24 +591,42 @@ def _measured(record: Optional[dict], key: str, scale: float = 1.0):
     return {"skipped": "skip", "oom": "oom", "error": "err"}.get(record.get("status"))
 
 
-def format_table(results: list[dict]) -> str:
-    """Times (ms), peak extra memory (MiB), the ratios and the check error, one row per shape."""
-    names = [n for n in IMPLS if any(r["impl"] == n for r in results)]
-    names += [n for n in dict.fromkeys(r["impl"] for r in results) if n not in names]
+def _max_grad_err(check: dict) -> Optional[float]:
+    errors = list((check.get("grad_rel_err") or {}).values())
+    return None if not errors or None in errors else max(errors)
+
+
+def _pass_table(results: list[dict], names: list[str], p: Pass, suffix: str, check_column: tuple) -> str:
+    """One pass's times (ms), peak extra memory (MiB), ratios and the check column, one row per shape."""
     short = [SHORT_NAMES.get(n, n) for n in names]
+    err_header, err_of = check_column
     columns = [("B", "{}"), ("H", "{}"), ("Hkv", "{}"), ("D", "{}"), ("kernel", "{}"), ("N", "{}")]
     columns += [(f"{s} ms", "{:.3f}") for s in short] + [(f"{s} MiB", "{:.1f}") for s in short]
-    columns += [(header, fmt) for header, _, fmt in TABLE_RATIOS] + [("rel err", "{:.1e}"), ("", "")]
+    columns += [(header, fmt) for header, _, fmt in TABLE_RATIOS] + [(err_header, "{:.1e}"), ("", "")]
     ratios = {tuple(r[k] for k in SHAPE_KEYS): r for r in shape_ratios(results)}
     rows = []
     for key, records in by_shape(results).items():
         s, check = dict(zip(SHAPE_KEYS, key)), records.get(TESTED_IMPL, {}).get("check")
         rows.append([s["batch"], s["heads"], s["kv_heads"], s["head_dim"], f"{s['cq']}x{s['ck']}", s["seq_len"]]
-                    + [_measured(records.get(n), "fwd_ms") for n in names]
-                    + [_measured(records.get(n), "peak_extra_bytes", 2.0 ** -20) for n in names]
-                    + [ratios[key][name] for _, name, _ in TABLE_RATIOS]
-                    + [None if check is None else check.get("rel_err"),
+                    + [_measured(records.get(n), p.time_key) for n in names]
+                    + [_measured(records.get(n), p.memory_key, 2.0 ** -20) for n in names]
+                    + [ratios[key][name.format(suffix)] for _, name, _ in TABLE_RATIOS]
+                    + [None if check is None else err_of(check),
                        "!" if check is not None and not check.get("ok") else ""])
-    return ("mta.conv_attention (conv) vs mta.flash_attention (flash), SDPA, the materialized reference (ref) and "
-            "its torch.compile (ref.c); forward, causal. skip: the reference does not fit; ! = check failed\n"
-            + text_table(columns, rows))
+    return text_table(columns, rows)
+
+
+def format_table(results: list[dict]) -> str:
+    """A table of the forward, and one of the forward+backward where it was measured (not in older runs):
+    times (ms), peak extra memory (MiB), the ratios and the check's error, one row per shape."""
+    names = [n for n in SHORT_NAMES if any(r["impl"] == n for r in results)]
+    names += [n for n in dict.fromkeys(r["impl"] for r in results) if n not in names]
+    legend = ("mta.conv_attention (conv) vs mta.flash_attention (flash), SDPA (sdpa.fa, sdpa.cu: its flash and "
+              "cuDNN backends), the materialized reference (ref) and its torch.compile (ref.c), causal. skip: the "
+              "reference does not fit; ! = check failed")
+    text = (f"forward. {legend}\n"
+            + _pass_table(results, names, PASSES[0], "", ("rel err", lambda c: c.get("rel_err"))))
+    if any(PASSES[1].time_key in r for r in results):
+        text += ("\n\nforward+backward (grad err: the largest of dq, dk, dv, dweight's)\n"
+                 + _pass_table(results, names, PASSES[1], "_fwd_bwd", ("grad err", _max_grad_err)))
+    return text

@@ -22,7 +22,7 @@ import math
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -79,8 +79,9 @@ class Benchmark:
     def from_args(cls, args) -> "Benchmark":
         return cls()
 
-    def skip(self, impl: str, shape, inputs) -> Optional[str]:
-        """Why ``impl`` is not run at ``shape`` (recorded as status "skipped"), or None to run it."""
+    def skip(self, impl: str, shape, inputs) -> Union[None, str, dict[str, str]]:
+        """Why ``impl`` is not run at ``shape``: a reason (no pass runs), ``{pass name: reason}`` (only
+        those passes do not run) or None (every pass runs). See :func:`measure`."""
         return None
 
     def finish(self, record: dict) -> None:
@@ -109,10 +110,9 @@ class Benchmark:
         for name, fn in impls.items():
             record = {"impl": name, **asdict(shape)}
             reason = self.skip(name, shape, inputs)
-            if reason is None:
-                record.update(measure(self.calls(fn, shape, inputs), self.passes, tools))
-            else:
-                record.update(empty_measurement(self.passes), status="skipped", error=reason)
+            skipped = reason if isinstance(reason, dict) else {p.name: reason for p in self.passes} if reason else {}
+            calls = self.calls(fn, shape, inputs) if len(skipped) < len(self.passes) else {}
+            record.update(measure(calls, self.passes, tools, skipped))
             if name == self.tested:
                 record["check"] = check
             self.finish(record)
@@ -131,16 +131,21 @@ def empty_measurement(passes: tuple[Pass, ...]) -> dict:
     return {**dict.fromkeys(keys), "status": "ok"}
 
 
-def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools) -> dict:
+def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Optional[dict[str, str]] = None) -> dict:
     """Each pass's time (and peak extra memory) in order; the first failure ends the measuring.
 
     A failure is recorded, not raised: status "oom" or "error", and the error with
-    the warnings raised along (SDPA says there why a backend refused).
+    the warnings raised along (SDPA says there why a backend refused). A pass in
+    ``skipped`` (``{pass name: reason}``) is not run: its error key holds the reason,
+    and the status is "skipped" unless a pass that ran failed.
     """
-    m = empty_measurement(passes)
+    m, skipped = empty_measurement(passes), skipped or {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for p in passes:
+            if p.name in skipped:
+                m[p.error_key] = skipped[p.name]
+                continue
             call, reset = calls[p.name]
             seen = len(caught)  # an earlier pass's warnings say nothing about this one
             try:
@@ -159,6 +164,8 @@ def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools) -> dict:
                 break
     if m["status"] != "ok":  # outside the except block, so the exception's frames (and tensors) are gone
         release_memory()
+    elif skipped:
+        m["status"] = "skipped"
     return m
 
 

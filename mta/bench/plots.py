@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 #: How each implementation is drawn in every figure, so colours mean the same thing everywhere.
 IMPL_STYLES = {
     "mta": {"label": "mta (Triton)", "color": "C3", "marker": "o"},
-    "sdpa_flash": {"label": "SDPA flash", "color": "C0", "marker": "s"},
-    "sdpa_cudnn": {"label": "SDPA cuDNN", "color": "C2", "marker": "^"},
     # The conv benchmark: mta.conv_attention against the materialized reference and plain attention.
     "mta_conv": {"label": "mta.conv_attention", "color": "C3", "marker": "o"},
     "conv_reference": {"label": "reference (materialized)", "color": "C4", "marker": "v"},
     "conv_reference_compiled": {"label": "reference, torch.compile", "color": "C5", "marker": "P",
                                 "linestyle": "--"},
     "mta_flash": {"label": "mta.flash_attention (no conv)", "color": "C1", "marker": "D", "linestyle": ":"},
-    "sdpa": {"label": "SDPA (no conv)", "color": "C0", "marker": "s", "linestyle": ":"},
+    # SDPA's backends (the flash benchmark's baselines; plain attention in the conv benchmark's).
+    "sdpa_flash": {"label": "SDPA flash", "color": "C0", "marker": "s"},
+    "sdpa_cudnn": {"label": "SDPA cuDNN", "color": "C2", "marker": "^"},
+    "sdpa": {"label": "SDPA (no conv)", "color": "C0", "marker": "s", "linestyle": ":"},  # older conv runs
 }
 
 
@@ -64,10 +65,11 @@ def seq_len_label(n: int) -> str:
 
 
 def _impl_grid(records: list[dict], columns: list[tuple[str, dict]], rows: list[tuple], tested: str,
-               failed_label: str, *, log: bool, ax_size: tuple):
+               failed_label: str, *, log: bool, ax_size: tuple, restyle: Optional[dict] = None):
     """A grid of panels against sequence length, one line per implementation, ``tested``'s failed checks
     crossed out in red. ``columns``: ``(title, fields the records match)``; ``rows``: ``(key, title,
-    y label, scale)``. Log-log (non-positive values left out), or linear y from 0 shared by the row."""
+    y label, scale)``. Log-log (non-positive values left out), or linear y from 0 shared by the row.
+    ``restyle``: ``{impl: style items}`` that replace :func:`impl_style`'s in this figure."""
     import matplotlib.pyplot as plt
 
     seq_lens = sorted({r["seq_len"] for r in records})
@@ -79,7 +81,7 @@ def _impl_grid(records: list[dict], columns: list[tuple[str, dict]], rows: list[
             for impl in ordered_impls(records):
                 line = _scaled(_points(select(records, impl=impl, **where), key), scale, log)
                 if line:
-                    ax.plot(*zip(*line), **impl_style(impl))
+                    ax.plot(*zip(*line), **{**impl_style(impl), **(restyle or {}).get(impl, {})})
             failed = _scaled(_points(select(records, impl=tested, **where), key, only_failed_checks=True), scale, log)
             if failed:
                 ax.plot(*zip(*failed), linestyle="none", marker="x", markersize=12, color="red", label=failed_label)
@@ -103,7 +105,7 @@ def _impl_grid(records: list[dict], columns: list[tuple[str, dict]], rows: list[
     handles, labels = _unique_legend(axes)
     one_row = len(labels) <= 4
     fig.legend(handles, labels, loc="lower center", ncol=len(labels) if one_row else 3,
-               bbox_to_anchor=(0.5, -0.02 if one_row else -0.04), frameon=False)
+               bbox_to_anchor=(0.5, (-0.02 if one_row else -0.04) * 2 / len(rows)), frameon=False)
     return fig
 
 
@@ -130,12 +132,14 @@ def plot_flash(source: Union[str, Path, dict], dtype: str = "bfloat16", *, ax_si
 
 
 def plot_conv(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
-    """Forward time and peak extra memory against sequence length from the conv benchmark, log-log.
+    """Time and peak extra memory against sequence length from the conv benchmark, log-log.
 
-    Rows: time (ms), memory (MiB). Columns: (configuration, kernel). One line
-    per implementation; a point that was skipped (the reference does not fit),
-    ran out of memory or failed is left out, and mta.conv_attention points whose
-    correctness check failed are crossed out in red. Returns the Figure.
+    Rows: forward time (ms), forward memory (MiB), and where the results have
+    them (not in older runs) forward+backward time and memory. Columns:
+    (configuration, kernel). One line per implementation; a point that was
+    skipped (the reference does not fit), ran out of memory or failed is left out,
+    and mta.conv_attention points whose correctness check failed are crossed out
+    in red. Returns the Figure.
     """
     data = load_results(source)
     records = [r for r in data["results"] if "cq" in r and "ck" in r]
@@ -148,14 +152,21 @@ def plot_conv(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
         columns.append((title, dict(zip(keys, (b, h, hkv, d, cq, ck)))))
     rows = [("fwd_ms", "forward time", "forward time (ms)", 1.0),
             ("peak_extra_bytes", "peak extra memory", "peak extra memory (MiB)", 2.0 ** -20)]
+    backward = any(r.get("fwd_bwd_ms") is not None for r in records)
+    if backward:
+        rows += [("fwd_bwd_ms", "fwd+bwd time", "fwd+bwd time (ms)", 1.0),
+                 ("fwd_bwd_peak_extra_bytes", "fwd+bwd memory", "fwd+bwd peak memory (MiB)", 2.0 ** -20)]
+    plain = {impl: {"label": f"{IMPL_STYLES[impl]['label']} (no conv)", "linestyle": ":"}
+             for impl in ("sdpa_flash", "sdpa_cudnn")}
     fig = _impl_grid(records, columns, rows, "mta_conv", "mta.conv_attention check failed", log=True,
-                     ax_size=ax_size)
+                     ax_size=ax_size, restyle=plain)
     cfg = data["config"]
     dtype = cfg.get("dtype") or records[0].get("dtype", "?")
     causal = cfg.get("causal", records[0].get("causal"))
-    fig.suptitle(f"MTA conv attention forward, {dtype}{', causal' if causal else ''}; missing points: "
+    passes = "forward and forward+backward" if backward else "forward"
+    fig.suptitle(f"MTA conv attention {passes}, {dtype}{', causal' if causal else ''}; missing points: "
                  f"reference skipped or out of memory\n{provenance_line(data['provenance'])}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, 0.16 / len(rows), 1, 1))
     return fig
 
 
