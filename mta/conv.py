@@ -243,8 +243,10 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     bucket = size_bucket(N)
+    # True fp32 products for fp32, as in the forward: P recomputed here must match the forward's lse (at
+    # logits of 1e3, tf32x3's 4x larger product error moved dV by 4x the fp32 rounding of the same method).
     meta = dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=e_pad, QA=qa, QB=qb, D=D, BLOCK_D=block_d,
-                PRECISION=dot_precision(q.dtype))
+                PRECISION=dot_precision(q.dtype, split_fp32=False))
     config = None
     if not tuning.AUTOTUNE:
         config = _fit_backward_tile(tuning.config_for("conv_dq", block_d, q.dtype, causal), "BLOCK_M", "BLOCK_N",

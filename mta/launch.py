@@ -69,9 +69,9 @@ def dot_precision(dtype: torch.dtype, split_fp32: bool = True) -> str:
     """fp32 inputs get fp32-accurate products: each one as three TF32 products on the tensor cores
     (``"tf32x3"``: the high and low halves of each operand, the tiny low x low term dropped), not plain TF32
     (a 10-bit mantissa). True fp32 products (``"ieee"``) run on the CUDA cores and take several times longer
-    to compile and run, for no accuracy the fp32 tests can see; ``split_fp32=False`` asks for them where the
-    split operands would not fit in shared memory (the MTA forward's wide shifted-query tiles: 308 KB for
-    11 x 15 at d = 32, more than an H100 has). fp16/bf16 use the tensor cores directly."""
+    to compile and run, for no accuracy the fp32 tests can see; ``split_fp32=False`` asks for them in the MTA
+    kernels, whose wide shifted-query tiles split into tf32x3 operands do not fit in shared memory (308 KB
+    for 11 x 15 at d = 32, more than an H100 has). fp16/bf16 use the tensor cores directly."""
     if dtype != torch.float32:
         return "tf32"
     return "tf32x3" if split_fp32 else "ieee"
