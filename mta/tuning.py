@@ -15,6 +15,7 @@ bucket and machine (:mod:`mta.launch`).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -85,7 +86,12 @@ def gpu_family(device: torch.device | None = None) -> str:
     """``"interpreter"``, ``"hopper"`` (compute capability 9.x or newer) or ``"other"``."""
     if INTERPRET:
         return "interpreter"
-    major, _ = torch.cuda.get_device_capability(device)
+    return _family_of(torch.cuda.current_device() if device is None else torch.device(device).index)
+
+
+@functools.cache
+def _family_of(index: int) -> str:  # asked at every launch: once per GPU
+    major, _ = torch.cuda.get_device_capability(index)
     return "hopper" if major >= 9 else "other"
 
 

@@ -856,7 +856,8 @@ def test_committed_results_are_a_complete_checked_gpu_run():
     assert prov["gpu"] != "cpu" and prov["git_commit"] and prov["mta_source_sha256"]
     current = all("fwd_bwd_ms" in r for r in data["results"])
     saved = {k: v for k, v in data["config"].items() if k != "bars"}  # older runs also judged targets
-    expected = harness.json_safe(cb.config(False, saved["warmup"], saved["rep"]))
+    compiled = "conv_reference_compiled" in saved["impls"]  # --no-compile leaves torch.compile of the reference out
+    expected = harness.json_safe(cb.config(False, saved["warmup"], saved["rep"], compile_reference=compiled))
     shape_config = ("dtype", "causal", "configurations", "kernels", "seq_lens", "tested_impl")
     assert data["complete"] and (saved == expected if current else
                                  {k: saved[k] for k in shape_config} == {k: expected[k] for k in shape_config})
@@ -866,7 +867,7 @@ def test_committed_results_are_a_complete_checked_gpu_run():
     recomputed = harness.json_safe(cb.shape_ratios(data["results"]))
     assert data["shapes"] == recomputed if current else all(
         stored[k] == row[k] for stored, row in zip(data["shapes"], recomputed) for k in stored if k in row)
-    assert len(cb.format_table(data["results"]).splitlines()) == (3 + 20 + 2 + 20 if current else 3 + 20)
+    assert len(cb.format_table(data["results"]).splitlines()) == (3 + 20 + 1 + 3 + 20 if current else 3 + 20)
     assert [e["head_dim"] for e in cb.headline_ratios(data)] == [64, 128]
     assert all(e["conv_over_flash_time"] and e["reference_over_conv_time"] for e in cb.headline_ratios(data))
     if current:
