@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .conv_forward import _finish_scores, _folded_keys, _shifted_queries
-from .kernel_parts import LOG2E, key_tile_bounds, program_coordinates
+from .kernel_parts import LOG2E, key_tile_bounds, program_coordinates, query_tile_bounds
 from .launch import NO_SPECIALIZE
 
 #: Largest ``rows x (QA + QB) * BLOCK_D`` block a tiled backward program holds (16-bit operand plus its fp32
@@ -216,15 +216,9 @@ def conv_dkdv_kernel(Q, KF, V, DO, LSE, DELTA, CD, U, DV,
                  mask=d_ok[:, None] & (offs_k < n)[None, :], other=0.0)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     qk_scale = scale * LOG2E
-    if CAUSAL:
-        # Rows before n0 see none of these keys; rows from m_full on are at least E past every one of them
-        # (no diagonal to put in, no mask); the rows between are the diagonal tiles.
-        start = n0 // BLOCK_M * BLOCK_M
-        m_full = tl.minimum(tl.cdiv(n0 + BLOCK_N - 1 + E, BLOCK_M) * BLOCK_M, tl.cdiv(n, BLOCK_M) * BLOCK_M)
-        m_full = tl.maximum(m_full, start)
-    else:
-        start = 0
-        m_full = 0
+    # Rows before n0 see none of these keys; rows from m_full on are at least E past every one of them
+    # (no diagonal to put in, no mask); the rows between are the diagonal tiles.
+    start, m_full = query_tile_bounds(n0, n, 0, E, CAUSAL, BLOCK_M, BLOCK_N)
     for g in range(0, group_size):
         h = kv_h * group_size + g
         bh = b * num_kv_heads * group_size + h

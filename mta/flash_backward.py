@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernel_parts import LOG2E, key_tile_bounds, program_coordinates
+from .kernel_parts import LOG2E, key_tile_bounds, program_coordinates, query_tile_bounds
 from .launch import NO_SPECIALIZE
 
 
@@ -101,14 +101,7 @@ def flash_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
 
     # Query i sees key j when i + diag >= j.
     diag = n_k - n_q
-    if CAUSAL:
-        # First query tile that sees any of these keys; from m_full on, every row sees all of them.
-        start = tl.maximum(n0 - diag, 0) // BLOCK_M * BLOCK_M
-        m_full = tl.minimum(tl.cdiv(tl.maximum(n0 + BLOCK_N - 1 - diag, 0), BLOCK_M) * BLOCK_M, tl.cdiv(n_q, BLOCK_M) * BLOCK_M)
-        m_full = tl.maximum(m_full, start)
-    else:
-        start = 0
-        m_full = 0
+    start, m_full = query_tile_bounds(n0, n_q, diag, 0, CAUSAL, BLOCK_M, BLOCK_N)
     for g in range(0, group_size):
         h = kv_h * group_size + g
         bh = b * num_kv_heads * group_size + h

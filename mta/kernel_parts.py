@@ -2,6 +2,7 @@
 
 * :func:`program_coordinates`: which tile, batch, query head and kv head a program owns;
 * :func:`key_tile_bounds`: which key tiles a causal query tile sees, and which of them need a mask;
+  :func:`query_tile_bounds`: the same for the query tiles that see a key tile (the backward's dK/dV walk);
 * :func:`online_softmax_step` and :func:`finish_rows`: chapter 02's running ``(m, l, acc)`` state,
   updated with a tile of scores and normalised at the end;
 * ``LOG2E`` and ``LN2``: scores are kept in base-2 units (``s * scale * log2(e)``) so that ``exp2``
@@ -47,6 +48,23 @@ def key_tile_bounds(m0, n_k, diag, REACH, CAUSAL: tl.constexpr, BLOCK_M: tl.cons
         full_stop = n_k // BLOCK_N * BLOCK_N
         masked_stop = n_k
     return full_stop, masked_stop
+
+
+@triton.jit
+def query_tile_bounds(n0, n_q, diag, REACH, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(start, m_full)`` for the keys ``[n0, n0 + BLOCK_N)`` (the backward's dK/dV walk over query tiles): query
+    tiles before ``start`` see none of them; from ``m_full`` on, every row sees all of them with no mask; the
+    tiles between are masked. Causal as in :func:`key_tile_bounds` (query ``i`` sees keys ``j <= i + diag``;
+    rows within ``REACH`` of a key also go to the masked part); not causal, every tile from 0 is unmasked."""
+    if CAUSAL:
+        start = tl.maximum(n0 - diag, 0) // BLOCK_M * BLOCK_M
+        m_full = tl.minimum(tl.cdiv(tl.maximum(n0 + BLOCK_N - 1 - diag + REACH, 0), BLOCK_M) * BLOCK_M,
+                            tl.cdiv(n_q, BLOCK_M) * BLOCK_M)
+        m_full = tl.maximum(m_full, start)
+    else:
+        start = 0
+        m_full = 0
+    return start, m_full
 
 
 @triton.jit
