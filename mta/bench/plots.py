@@ -234,7 +234,8 @@ def plot_startup(source: Union[str, Path, dict], *, ax_size: tuple = (5.5, 3.2))
             if r and not r.get("check", {}).get("ok", True):
                 ax.annotate("failed", (x, 0.5), xycoords=("data", "axes fraction"), ha="center", color="red")
         ax.set_yscale("log")
-        names = [labels.get(case, case).replace(" ", "\n", 1) for case, _ in groups]  # "flash_attention\nforward"
+        # "conv_attention\nforward+backward\n(6x11)": one word a line, so neighbouring labels do not run together
+        names = [labels.get(case, case).replace(" ", "\n") for case, _ in groups]
         ax.set_xticks(range(len(groups)), [f"{n}\n{dt}" for n, (_, dt) in zip(names, groups)], fontsize=7)
         ax.grid(alpha=0.3, axis="y", which="both")
         ax.set_ylabel("seconds")
