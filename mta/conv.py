@@ -146,14 +146,20 @@ def stream_descriptors(q, v, kf):
     return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1] * t.dim()) for t in (q, kf, v))
 
 
+def _hold_or_stream(config: dict, q: torch.Tensor, cq: int, causal: bool) -> dict:
+    """``config`` where its rows' ``cq`` shifted query tiles fit on chip (:func:`mta.conv_forward.holds_queries`),
+    else the table's streamed tile."""
+    block_d = head_dim_block(q.shape[-1])
+    if holds_queries(config["BLOCK_M"], cq, block_d, q.element_size()):
+        return config
+    return tuning.config_for("conv_forward_streamed", block_d, q.dtype, causal)
+
+
 def conv_forward_config(q: torch.Tensor, cq: int, causal: bool) -> dict:
     """The table's tile for the fused kernel on ``q [B, Hq, N, D]``: the held-query tile where its ``cq`` shifted
-    query tiles fit on chip (:func:`mta.conv_forward.holds_queries`), else the streamed tile."""
-    block_d = head_dim_block(q.shape[-1])
-    config = tuning.config_for("conv_forward", block_d, q.dtype, causal)
-    if not holds_queries(config["BLOCK_M"], cq, block_d, q.element_size()):
-        config = tuning.config_for("conv_forward_streamed", block_d, q.dtype, causal)
-    return config
+    query tiles fit on chip, else the streamed tile (what :func:`launch_conv_forward` launches)."""
+    config = tuning.config_for("conv_forward", head_dim_block(q.shape[-1]), q.dtype, causal)
+    return _hold_or_stream(config, q, cq, causal)
 
 
 def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool, scale: float,
@@ -171,15 +177,14 @@ def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
     qd, kfd, vd = stream_descriptors(q, v, kf)
-    if not config and not tuning.AUTOTUNE:
-        config = conv_forward_config(q, cq, causal)
     launch_tiled(
         "conv_forward", kernel or conv_forward_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
         (q, kf, v, cd, o, lse, qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
          N, N, Hq, Hq // v.shape[1], scale, size_bucket(N)),
         dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), D=D, BLOCK_D=block_d,
              PRECISION=dot_precision(q.dtype, split_fp32=False)),
-        dtype=q.dtype, config=config or None, pre_hook=fit_stream_descriptors,
+        dtype=q.dtype, config=config or None, fit=lambda tile: _hold_or_stream(tile, q, cq, causal),
+        pre_hook=fit_stream_descriptors,
         key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     return o, lse
 
@@ -247,20 +252,15 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     # logits of 1e3, tf32x3's 4x larger product error moved dV by 4x the fp32 rounding of the same method).
     meta = dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=e_pad, QA=qa, QB=qb, D=D, BLOCK_D=block_d,
                 PRECISION=dot_precision(q.dtype, split_fp32=False))
-    config = None
-    if not tuning.AUTOTUNE:
-        config = _fit_backward_tile(tuning.config_for("conv_dq", block_d, q.dtype, causal), "BLOCK_M", "BLOCK_N",
-                                    cq, block_d, q.element_size())
     launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
                  (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
-                  N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype, config=config,
+                  N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
+                 fit=lambda tile: _fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
                  key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
-    if not tuning.AUTOTUNE:
-        config = _fit_backward_tile(tuning.config_for("conv_dkdv", block_d, q.dtype, causal), "BLOCK_N",
-                                    "BLOCK_M", cq, block_d, q.element_size())
     launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_N"]), B * Hkv),
                  (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
-                  *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype, config=config,
+                  *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
+                 fit=lambda tile: _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size()),
                  key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     del kf
 

@@ -113,10 +113,11 @@ def _autotuned(kernel_name: str, kernel, key: tuple[str, ...], pre_hook):
 
 
 def launch_tiled(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dtype: torch.dtype,
-                 config: dict | None = None, pre_hook=None, key=("N_BUCKET", "BLOCK_D", "CAUSAL")):
+                 config: dict | None = None, fit=None, pre_hook=None, key=("N_BUCKET", "BLOCK_D", "CAUSAL")):
     """``kernel[grid(tile)](*args, **meta, **tile)``, the tile being ``config`` if given, else the table's
-    (:func:`mta.tuning.config_for` with ``kernel_name``), else, with ``MTA_AUTOTUNE=1`` on a GPU, the
-    autotuner's choice among ``tuning.CANDIDATES[kernel_name]`` per ``key``.
+    (:func:`mta.tuning.config_for` with ``kernel_name``, passed through ``fit(tile) -> tile`` where the kernel
+    has a rule of its own), else, with ``MTA_AUTOTUNE=1`` on a GPU, the autotuner's choice among
+    ``tuning.CANDIDATES[kernel_name]`` per ``key``.
 
     ``pre_hook(named_args)`` runs before the launch with every argument by name, the tile's included
     (the MTA forward fits its TMA boxes to the tile there).
@@ -125,6 +126,8 @@ def launch_tiled(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dty
         return _autotuned(kernel_name, kernel, tuple(key), pre_hook)[grid](*args, **meta)
     if config is None:
         config = tuning.config_for(kernel_name, meta["BLOCK_D"], dtype, meta.get("CAUSAL", False))
+        if fit is not None:
+            config = fit(config)
     if pre_hook is not None:
         pre_hook({**dict(zip(kernel.arg_names, args)), **meta, **config})
     return kernel[grid(config) if callable(grid) else grid](*args, **meta, **config)

@@ -88,7 +88,10 @@ def test_shipped_config_is_the_tile_the_conv_launcher_takes(head_dim, cq, monkey
     monkeypatch.setattr(tuning, "gpu_family", lambda device=None: "hopper")
     monkeypatch.setattr(tuning, "AUTOTUNE", False)
     launched = []
-    monkeypatch.setattr(mta.conv, "launch_tiled", lambda *a, config=None, **kw: launched.append(config))
+
+    def launch_tiled(name, kernel, grid, args, meta, *, dtype, config=None, fit=None, **kw):  # the tile it would take
+        launched.append(config or fit(tuning.config_for(name, meta["BLOCK_D"], dtype, meta["CAUSAL"])))
+    monkeypatch.setattr(mta.conv, "launch_tiled", launch_tiled)
     q = torch.zeros(1, 2, 64, head_dim, dtype=torch.float16, device=runtime.DEVICE)
     kf = torch.zeros(1, 2, cq, 64, head_dim, dtype=torch.float16, device=runtime.DEVICE)
     mta.conv.launch_conv_forward(q, q, kf, torch.zeros(16, device=runtime.DEVICE), (cq, 11), True, 1.0)
