@@ -1,0 +1,74 @@
+"""Reference solutions to chapter 05's exercises (the MTA backward). Try the exercises first.
+
+Checked by ``tests/test_exercises_05.py`` with the checkers in :mod:`mta.exercises.ch05`.
+"""
+
+from __future__ import annotations
+
+import mta  # noqa: F401  (first: sets TRITON_INTERPRET when there is no GPU, before Triton is imported)
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from mta.reference import causal_future
+
+
+# Exercise 1: the gradient of the scores.
+def scores_grad(dC, weight, causal):
+    """``dS`` from ``dC [B, Hq, N, N]``: the transposed convolution, then the pre-convolution zero."""
+    N = dC.shape[-1]
+    cq, ck = weight.shape[1:]
+    pk = (ck - 1) // 2
+    # The transpose of "pad cq - 1 rows on top, pk keys each side, correlate with w" is "pad cq - 1 rows at the
+    # bottom, pk keys each side, correlate with w flipped on both axes".
+    dS0 = F.conv2d(F.pad(dC, (pk, pk, 0, cq - 1)), weight.flip(1, 2)[:, None], groups=weight.shape[0])
+    if causal:
+        dS0 = dS0.masked_fill(causal_future(N, N, dC.device), 0.0)   # those scores were replaced by a constant
+    return dS0
+
+
+# Exercise 2: the kernel's gradient.
+def kernel_grad(dC, S0, cq, ck):
+    """``dweight[h, a, b] = sum over batch, i, j of dC[i, j] * S0p[i + a, j + b]``, ``S0p`` padded as in the
+    forward (``cq - 1`` zero rows on top, ``pk`` zero keys each side)."""
+    N = dC.shape[-1]
+    pk = (ck - 1) // 2
+    s0p = F.pad(S0, (pk, pk, cq - 1, 0))
+    dw = torch.empty(dC.shape[1], cq, ck, dtype=dC.dtype)
+    for a in range(cq):
+        for b in range(ck):
+            dw[:, a, b] = (dC * s0p[..., a:a + N, b:b + N]).sum(dim=(0, 2, 3))
+    return dw
+
+
+# Exercise 3: the far part's kernel-gradient partials, one program per (row tile, batch x query head).
+@triton.jit
+def dw_partials_kernel(U, K, OUT, n, num_heads, group_size,
+                       CQ: tl.constexpr, CK: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr):
+    PK: tl.constexpr = (CK - 1) // 2
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)                                   # b * num_heads + h
+    b = bh // num_heads
+    kv_bh = b * (num_heads // group_size) + (bh % num_heads) // group_size
+    offs_c = tile * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, D)
+    k = tl.load(K + kv_bh * n * D + offs_c[:, None] * D + offs_d[None, :], mask=(offs_c < n)[:, None], other=0.0)
+    out = OUT + (tile * tl.num_programs(1) + bh) * CQ * CK
+    for a in tl.static_range(CQ):
+        for t in tl.static_range(CK):
+            rows = offs_c + PK - t                              # u row paired with key c for kernel column t
+            u = tl.load(U + ((bh * CQ + a) * n + rows[:, None]) * D + offs_d[None, :],
+                        mask=((rows >= 0) & (rows < n))[:, None], other=0.0)
+            tl.store(out + a * CK + t, tl.sum(tl.sum(u * k, 1), 0))
+
+
+def dw_partials(u, k, ck, block_r):
+    """``[cdiv(N, block_r), B, Hq, cq, ck]`` fp32 partials of the far part's kernel gradient (over ``scale``)."""
+    B, Hq, cq, N, D = u.shape
+    Hkv = k.shape[1]
+    tiles = triton.cdiv(N, block_r)
+    out = torch.empty(tiles, B, Hq, cq, ck, device=u.device, dtype=torch.float32)
+    dw_partials_kernel[(tiles, B * Hq)](u.contiguous(), k.contiguous(), out, N, Hq, Hq // Hkv,
+                                        CQ=cq, CK=ck, D=D, BLOCK_R=block_r)
+    return out
