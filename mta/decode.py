@@ -1,0 +1,202 @@
+"""``mta.decode_attention``: split-K decoding of a few new queries against a KV cache.
+
+The kernels are in :mod:`mta.decode_kernels`; this module checks inputs, picks the number of splits and the
+tile, and launches them (:func:`launch_decode`, shared with :func:`mta.conv_decode_attention`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from . import runtime
+from ._checks import resolve_scale
+from .decode_kernels import decode_combine_kernel, decode_split_kernel
+from .launch import check_kernel_inputs, dot_precision, head_dim_block
+
+#: Most new queries per call (rows of a decode tile: query heads of a group x new queries).
+MAX_NEW_QUERIES = 16
+#: Stand-in SM count in Triton's interpreter (no GPU to ask), small so that several splits run in the tests.
+INTERPRETER_SMS = 4
+#: A split count is kept if its wave efficiency is within this fraction of the best one (flash-attn's rule).
+SPLIT_EFFICIENCY = 0.85
+MAX_SPLITS = 128
+#: Splits of the merge kernel read per step.
+COMBINE_BLOCK_S = 16
+
+#: ``(BLOCK_N, num_warps, num_stages)`` by head-dim width: decode reads K and V once, so long key tiles and a
+#: deep pipeline for fp16/bf16; fp32 (three TF32 products each) halves the tile. Not yet timed on a GPU.
+TILES = {64: (128, 4, 3), 128: (64, 4, 3), 256: (32, 4, 2)}
+TILES_FP32 = {64: (64, 4, 2), 128: (32, 4, 2), 256: (16, 4, 2)}
+INTERPRETER_TILE = (32, 4, 1)
+
+
+def decode_tile(block_d: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """``(BLOCK_N, num_warps, num_stages)`` for a head-dim tile ``block_d``, looked up (nothing timed)."""
+    if runtime.INTERPRET:
+        return INTERPRETER_TILE
+    width = next(w for w in TILES if block_d <= w)
+    return (TILES_FP32 if dtype == torch.float32 else TILES)[width]
+
+
+def row_block(rows: int, block_d: int) -> int:
+    """Rows of a decode tile for ``rows = G * n`` query rows: a power of two >= 16 (``tl.dot``), at most 64
+    (32 at head dims over 128: the fp32 accumulator stays in registers); more rows take more row tiles."""
+    return max(16, min(triton.next_power_of_2(rows), 32 if block_d > 128 else 64))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of ``device``'s GPU (:data:`INTERPRETER_SMS` in the interpreter)."""
+    if runtime.INTERPRET:
+        return INTERPRETER_SMS
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_splits: int = MAX_SPLITS) -> int:
+    """How many splits the keys of each sequence get, from host numbers only (no device sync).
+
+    ``programs`` (batch x kv heads x row tiles) already fill the GPU at 80% of its ``sms``: 1. Otherwise,
+    over ``s = 1 .. min(max_splits, sms, key tiles of n_max)``, the wave efficiency of ``programs * s``
+    programs is ``w / ceil(w)``, ``w = programs * s / sms``; the answer is the smallest ``s`` within
+    :data:`SPLIT_EFFICIENCY` (85%) of the best, among the ``s`` that change the key tiles per split
+    (``ceil(tiles / s)``; the others only add empty splits). ``n_max`` is the cache size, not the lengths on
+    the device: reading them would synchronise.
+    """
+    tiles = triton.cdiv(max(n_max, 1), block_n)
+    if programs >= 0.8 * sms:
+        return 1
+    candidates = [s for s in range(1, min(max_splits, sms, tiles) + 1)
+                  if s == 1 or triton.cdiv(tiles, s) != triton.cdiv(tiles, s - 1)]
+
+    def efficiency(s: int) -> float:
+        waves = programs * s / sms
+        return waves / -(-waves // 1)
+
+    best = max(efficiency(s) for s in candidates)
+    return next(s for s in candidates if efficiency(s) >= SPLIT_EFFICIENCY * best)
+
+
+def check_new_queries(n: int, n_max: int, what: str) -> None:
+    if not 1 <= n <= MAX_NEW_QUERIES:
+        raise ValueError(f"{what} must be between 1 and {MAX_NEW_QUERIES}, got {n}")
+    if n > n_max:
+        raise ValueError(f"{what}={n} is more than the cache holds (Nmax={n_max})")
+
+
+def check_num_splits(num_splits) -> int | None:
+    if num_splits is None:
+        return None
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    return num_splits
+
+
+def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: torch.device,
+                  what: str = "Nq") -> torch.Tensor | None:
+    """``cache_seqlens`` as an int tensor on ``device`` (None: every sequence is ``n_max`` long).
+
+    A list or a CPU tensor is checked value by value (``n_min <= len <= n_max``, one per sequence) before
+    it is copied to the device; a tensor already on the device is checked for shape and dtype only:
+    reading its values would synchronise.
+    """
+    if cache_seqlens is None:
+        return None
+    if isinstance(cache_seqlens, (list, tuple)):
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in cache_seqlens):
+            raise TypeError("cache_seqlens must be a list of ints or an int tensor")
+        cache_seqlens = torch.tensor(cache_seqlens, dtype=torch.int32)
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise TypeError(f"cache_seqlens must be an int tensor, a list of ints or None, got "
+                        f"{type(cache_seqlens).__name__}")
+    if cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cache_seqlens must be int32 or int64, got {cache_seqlens.dtype}")
+    if tuple(cache_seqlens.shape) != (batch,):
+        raise ValueError(f"cache_seqlens must have shape ({batch},) (one length per sequence), "
+                         f"got {tuple(cache_seqlens.shape)}")
+    if cache_seqlens.device.type == "cpu":
+        low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
+        if high > n_max:
+            raise ValueError(f"cache_seqlens has a length {high} over the cache size Nmax={n_max}")
+        if low < n_min:
+            raise ValueError(f"cache_seqlens has a length {low} under {what}={n_min}: each sequence must hold "
+                             f"its new tokens")
+        return cache_seqlens.to(device)
+    if cache_seqlens.device != device:
+        raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but the caches are on {device}")
+    return cache_seqlens
+
+
+def launch_decode(qf, k, v, lens, n_new: int, scale: float, num_splits: int | None, *, q_cache=None,
+                  weight=None, kernel_size: tuple[int, int] = (1, 1), out_dtype=None) -> torch.Tensor:
+    """Split kernel, then (with more than one split) the merge: ``o [B, Hq, n_new, D]``.
+
+    Plain attention: ``qf`` is ``q [B, Hq, n, D]``. MTA: ``qf`` the folded queries ``[B, Hq, ck, n, D]``,
+    with ``q_cache`` and the fp32 ``weight`` for the band (one more split, when ``E = cq - 1 + pk > 0``).
+    """
+    B, Hkv, n_max, D = k.shape
+    Hq = qf.shape[1]
+    cq, ck = kernel_size
+    e = cq - 1 + (ck - 1) // 2
+    block_d = head_dim_block(D)
+    block_n, warps, stages = decode_tile(block_d, k.dtype)
+    block_m = row_block((Hq // Hkv) * n_new, block_d)
+    row_tiles = triton.cdiv((Hq // Hkv) * n_new, block_m)
+    if num_splits is None:
+        num_splits = choose_num_splits(B * Hkv * row_tiles, n_max, block_n, sm_count(k.device))
+    programs = num_splits + (e > 0)
+    one = programs == 1
+    o = torch.empty((B, Hq, n_new, D), device=k.device, dtype=out_dtype or qf.dtype)
+    rows = B * Hq * n_new
+    parts = (None, None, None) if one else (
+        torch.empty((programs, rows), device=k.device, dtype=torch.float32),
+        torch.empty((programs, rows), device=k.device, dtype=torch.float32),
+        torch.empty((programs, rows, D), device=k.device, dtype=torch.float32))
+    qf_strides = qf.stride() if qf.dim() == 5 else (*qf.stride()[:2], 0, *qf.stride()[2:])
+    q_strides = q_cache.stride() if q_cache is not None else (0, 0, 0, 0)
+    decode_split_kernel[(programs, B * Hkv, row_tiles)](
+        qf, q_cache, weight, k, v, lens, o, *parts, *qf_strides, *q_strides, *k.stride(), *v.stride(),
+        *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
+        HAS_LENS=lens is not None, ONE_SPLIT=one, CQ=cq, CK=ck, E=e, D=D, BLOCK_D=block_d, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_E=max(16, triton.next_power_of_2(n_new + e - 1)),
+        PRECISION=dot_precision(k.dtype), num_warps=warps, num_stages=stages)
+    if not one:
+        decode_combine_kernel[(rows,)](*parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,
+                                       BLOCK_S=COMBINE_BLOCK_S, num_warps=1 if block_d <= 64 else 2)
+    return o
+
+
+def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | None = None,
+                     num_splits: int | None = None) -> torch.Tensor:
+    """Attention of ``Nq`` new queries per sequence against its KV cache, split over the keys (split-K).
+
+    Per sequence ``b`` of length ``L = cache_seqlens[b]``, the result equals
+    ``mta.flash_attention(q[b], k_cache[b, :, :L], v_cache[b, :, :L], causal=True)``: the queries are
+    positions ``L - Nq .. L - 1`` and query ``t`` sees keys ``0 .. L - Nq + t`` (bottom-right alignment).
+    Nothing past ``L`` is read.
+
+    Args:
+        q: ``[B, Hq, Nq, D]``, ``1 <= Nq <= 16``; fp16, bf16 or fp32; any strides.
+        k_cache, v_cache: ``[B, Hkv, Nmax, D]``, ``Hq % Hkv == 0``, holding the new tokens' keys and values.
+        cache_seqlens: ``[B]`` int32 (or int64) valid keys per sequence, the new ones included; None: all
+            ``Nmax``. A list or a CPU tensor is checked (``Nq <= L <= Nmax``); on the GPU the values are the
+            caller's responsibility (checking them would synchronise): the kernel clamps them to
+            ``[0, Nmax]`` and a query before position 0 outputs 0.
+        scale: default ``D ** -0.5``.
+        num_splits: key splits per sequence; default :func:`choose_num_splits` (from the SM count, ``B * Hkv``
+            and ``Nmax``). Each split keeps an fp32 ``(m, l, acc)`` state; a second kernel merges them.
+
+    Returns:
+        ``[B, Hq, Nq, D]`` in q's dtype. Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32.
+    """
+    B, Hq, Hkv, Nq, n_max, D = check_kernel_inputs(q, k_cache, v_cache)
+    check_new_queries(Nq, n_max, "Nq (new queries)")
+    lens = check_seqlens(cache_seqlens, B, n_max, Nq, q.device)
+    scale = resolve_scale(scale, D)
+    return launch_decode(q, k_cache, v_cache, lens, Nq, scale, check_num_splits(num_splits))

@@ -1,0 +1,260 @@
+"""Split-K decode kernels: a few new queries against a long KV cache, the keys split across programs.
+
+A decode step has few query rows (``n`` new tokens times the ``G`` query heads
+of a kv head) and many keys, so one program per query tile would leave most of
+the GPU idle. Instead one program owns a (batch, kv head, split) triple: all
+``G * n`` rows of its group as the rows of one tile (K and V are read once per
+group, the scores are one tensor-core product), and one contiguous range of
+key tiles. It keeps chapter 02's running state ``(m, l, acc)`` (base-2 units)
+over its range and writes it out unnormalised; :func:`decode_combine_kernel`
+merges the splits of each row with :func:`merge_states` and normalises.
+
+MTA decode (:mod:`mta.conv_decode`) uses the same kernel. Far from the
+diagonal (``i - j >= E = cq - 1 + pk``) the pre-convolution mask does not
+touch the scores, and the convolution folds into the *queries*, which are few:
+
+    C[i, j] = scale * sum_b Qf_b[i] . k[j - pk + b],   Qf_b[i] = sum_a w[a, b] q[i - (cq-1) + a],
+
+(:func:`fold_queries_kernel`), so a key tile is ``ck`` products against
+shifted key tiles (the halo of ``pk`` keys each side comes from the cache,
+masked outside ``[0, len)``). The ``E`` keys next to each query's diagonal are
+one extra split, the band (:func:`_band_state`), computed exactly from the
+definition: every pair of kernel row ``a`` and column ``b`` whose key is not in
+its query's future. Plain decode is the case ``cq = ck = 1``, ``E = 0``: no fold, no band.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .kernel_parts import LOG2E, finish_rows, online_softmax_step
+
+#: Kernel arguments that stay run-time values (a cache length or query count of 1 is not made a constant).
+NO_SPECIALIZE = ["n_max", "n_new"]
+
+
+@triton.jit
+def sequence_length(LENS, b, n_max, HAS_LENS: tl.constexpr):
+    """Valid keys of sequence ``b``: ``LENS[b]`` clamped to ``[0, n_max]`` (never read outside the cache),
+    or ``n_max`` without lengths."""
+    seq_len = n_max
+    if HAS_LENS:
+        seq_len = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), n_max)
+    return seq_len
+
+
+@triton.jit
+def group_rows(tile, kv_h, n_new, group_size, BLOCK_M: tl.constexpr):
+    """``(h, t, ok)`` for the rows of row tile ``tile`` of kv head ``kv_h``: row ``r`` is query ``t = r % n``
+    of query head ``h = kv_h * G + r // n``; ``ok``: the row exists (``r < G * n``)."""
+    r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    ok = r < group_size * n_new
+    return kv_h * group_size + r // n_new, r % n_new, ok
+
+
+@triton.jit
+def merge_states(m, l, acc, m_s, l_s, acc_s):
+    """Chapter 02's merge, in base-2 units: the state ``(m, l, acc)`` (``[]``, ``[]``, ``[BLOCK_D]``) merged with
+    a block of split states ``(m_s, l_s, acc_s)`` (``[BLOCK_S]``, ``[BLOCK_S]``, ``[BLOCK_S, BLOCK_D]``).
+    Each is rescaled to the common max; a state that saw no key (``m = -inf``, ``l = 0``) adds nothing."""
+    m_new = tl.maximum(m, tl.max(m_s, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # never -inf - -inf
+    alpha = tl.math.exp2(m - m_safe)
+    beta = tl.math.exp2(m_s - m_safe)
+    return m_new, alpha * l + tl.sum(beta * l_s, 0), alpha * acc + tl.sum(beta[:, None] * acc_s, 0)
+
+
+@triton.jit
+def _far_tiles(acc, m, l, qf_rows, stride_fa, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+               i, row_ok, offs_d, start, stop, seq_len, qk_scale, CK: tl.constexpr, E: tl.constexpr,
+               D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold the keys ``[start, stop)`` into ``(acc, m, l)`` for the rows at positions ``i`` (row ``r`` sees
+    key ``j`` when ``j <= i - E``). ``qf_rows``: pointers to the rows' folded queries ``Qf_0``
+    (``Qf_b`` is ``b * stride_fa`` further; plain attention: the queries, ``CK = 1``)."""
+    PK: tl.constexpr = (CK - 1) // 2
+    d_ok = offs_d < D
+    q_ok = row_ok[:, None] & d_ok[None, :]
+    if CK == 1:  # plain attention: the queries, loaded once
+        q = tl.load(qf_rows, mask=q_ok, other=0.0)
+    offs_n = tl.arange(0, BLOCK_N)
+    key_stop = tl.minimum(stop + PK, seq_len)  # the last valid column reads key stop - 1 + pk
+    for start_n in range(start, stop, BLOCK_N):
+        j = start_n + offs_n
+        if CK == 1:
+            kt = tl.load(k_base + j[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                         mask=d_ok[:, None] & (j < key_stop)[None, :], other=0.0)
+            c = tl.dot(q, kt, input_precision=PRECISION)
+        else:
+            c = tl.zeros([qf_rows.shape[0], BLOCK_N], dtype=tl.float32)
+            for b in range(CK):  # one product per key shift, the halo read from the cache
+                keys = j - PK + b
+                kt = tl.load(k_base + keys[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                             mask=d_ok[:, None] & ((keys >= 0) & (keys < key_stop))[None, :], other=0.0)
+                qf = tl.load(qf_rows + b * stride_fa, mask=q_ok, other=0.0)
+                c = tl.dot(qf, kt, c, input_precision=PRECISION)
+        keep = (j < stop)[None, :] & (j[None, :] <= i[:, None] - E)
+        s = tl.where(keep, c * qk_scale, float("-inf"))
+        v = tl.load(v_base + j[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=(j < stop)[:, None] & d_ok[None, :], other=0.0)
+        acc, m, l = online_softmax_step(acc, m, l, s, v, True, PRECISION)
+    return acc, m, l
+
+
+@triton.jit
+def _band_state(acc, m, l, q_rows, stride_qm, stride_qd, w_rows, k_base, v_base, stride_kn, stride_kd,
+                stride_vn, stride_vd, i, row_ok, offs_d, n_new, seq_len, qk_scale, CQ: tl.constexpr,
+                CK: tl.constexpr, E: tl.constexpr, D: tl.constexpr, BLOCK_E: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """Fold the band, keys ``0 <= i - j < E``, into ``(acc, m, l)``, each score exactly as defined:
+
+        C[i, j] = sum_{a, b} w[a, b] S0[r, c],  r = i - (cq-1) + a,  c = j - pk + b,
+
+    with ``S0[r, c] = q_r . k_c`` for ``0 <= c <= r`` and 0 otherwise (the mask *before* the convolution).
+    ``q_rows``: each row's query head in the query cache; ``w_rows``: its kernel ``[cq, ck]`` (fp32)."""
+    PK: tl.constexpr = (CK - 1) // 2
+    d_ok = offs_d < D
+    j = tl.maximum(seq_len - n_new - E + 1, 0) + tl.arange(0, BLOCK_E)  # every row's band, n + E - 1 keys
+    c = tl.zeros([q_rows.shape[0], BLOCK_E], dtype=tl.float32)
+    for a in range(CQ):
+        r = i - (CQ - 1) + a  # rows before 0 are the zero padding
+        q_a = tl.load(q_rows + r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                      mask=(row_ok & (r >= 0) & (r < seq_len))[:, None] & d_ok[None, :], other=0.0)
+        for b in range(CK):
+            keys = j - PK + b
+            kt = tl.load(k_base + keys[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                         mask=d_ok[:, None] & ((keys >= 0) & (keys < seq_len))[None, :], other=0.0)
+            w_ab = tl.load(w_rows + a * CK + b, mask=row_ok, other=0.0)
+            s = tl.dot(q_a, kt, input_precision=PRECISION)
+            c += tl.where(keys[None, :] <= r[:, None], w_ab[:, None] * s, 0.0)  # S0: no future key
+    delta = i[:, None] - j[None, :]
+    s = tl.where((delta >= 0) & (delta < E), c * qk_scale, float("-inf"))  # the mask after the convolution
+    v = tl.load(v_base + j[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=(j < seq_len)[:, None] & d_ok[None, :], other=0.0)
+    return online_softmax_step(acc, m, l, s, v, True, PRECISION)
+
+
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
+def decode_split_kernel(QF, Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
+                        stride_fb, stride_fh, stride_fa, stride_fm, stride_fd,
+                        stride_qb, stride_qh, stride_qm, stride_qd,
+                        stride_kb, stride_kh, stride_kn, stride_kd,
+                        stride_vb, stride_vh, stride_vn, stride_vd,
+                        stride_ob, stride_oh, stride_om, stride_od,
+                        n_max, n_new, num_heads, num_kv_heads, num_splits, scale,
+                        HAS_LENS: tl.constexpr, ONE_SPLIT: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr,
+                        E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, PRECISION: tl.constexpr):
+    """The state of one split for the ``G * n`` rows of a (batch, kv head) pair.
+
+    ``QF [B, Hq, CK, n, D]``: the folded queries (plain attention: ``q [B, Hq, n, D]``, ``CK = 1``);
+    ``Q [B, Hq, n_max, D]``, ``W [Hq, CQ, CK]`` (fp32): the query cache and kernel the band reads (``E > 0``).
+    The new queries sit at positions ``len - n .. len - 1``. Splits ``0 .. num_splits - 1`` share the keys
+    ``[0, len - E)`` tile by tile; split ``num_splits`` (``E > 0``) is the band. ``ONE_SPLIT``: write the
+    normalised output to ``O [B, Hq, n, D]``; else the fp32 state to ``M_PART, L_PART [S, B * Hq * n]`` and
+    ``ACC_PART [S, B * Hq * n, D]`` (``m`` in base-2 units). Grid: ``(splits, B * Hkv, row tiles)``.
+    """
+    split = tl.program_id(0)
+    b = tl.program_id(1) // num_kv_heads
+    kv_h = tl.program_id(1) % num_kv_heads
+    h, t, row_ok = group_rows(tl.program_id(2), kv_h, n_new, num_heads // num_kv_heads, BLOCK_M)
+    seq_len = sequence_length(LENS, b, n_max, HAS_LENS)
+    i = seq_len - n_new + t  # each row's position in its sequence
+    offs_d = tl.arange(0, BLOCK_D)
+    b64 = b.to(tl.int64)  # a batch of long caches passes 2**31 elements
+    k_base = K + b64 * stride_kb + kv_h * stride_kh
+    v_base = V + b64 * stride_vb + kv_h * stride_vh
+    qk_scale = scale * LOG2E
+
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # Whole key tiles per split, balanced for this sequence's own length; the band split's range is empty.
+    n_far = tl.maximum(seq_len - E, 0)
+    per_split = tl.cdiv(tl.cdiv(n_far, BLOCK_N), num_splits) * BLOCK_N
+    start = split * per_split
+    stop = tl.minimum(start + per_split, n_far)
+    qf_rows = QF + b64 * stride_fb + h[:, None] * stride_fh + t[:, None] * stride_fm + offs_d[None, :] * stride_fd
+    acc, m, l = _far_tiles(acc, m, l, qf_rows, stride_fa, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                           stride_vd, i, row_ok, offs_d, start, stop, seq_len, qk_scale, CK, E, D, BLOCK_N,
+                           PRECISION)
+    if E > 0:
+        if split == num_splits:
+            acc, m, l = _band_state(acc, m, l, Q + b64 * stride_qb + h[:, None] * stride_qh, stride_qm, stride_qd,
+                                    W + h * (CQ * CK), k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                                    i, row_ok, offs_d, n_new, seq_len, qk_scale, CQ, CK, E, D, BLOCK_E, PRECISION)
+
+    d_ok = offs_d < D
+    if ONE_SPLIT:
+        o, _ = finish_rows(acc, m, l)
+        tl.store(O + b64 * stride_ob + h[:, None] * stride_oh + t[:, None] * stride_om + offs_d[None, :] * stride_od,
+                 o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        rows_total = tl.num_programs(1) // num_kv_heads * num_heads * n_new
+        row = split * rows_total + (b * num_heads + h) * n_new + t
+        tl.store(M_PART + row, m, mask=row_ok)
+        tl.store(L_PART + row, l, mask=row_ok)
+        tl.store(ACC_PART + row.to(tl.int64)[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
+def decode_combine_kernel(M_PART, L_PART, ACC_PART, O, stride_ob, stride_oh, stride_om, stride_od,
+                          n_new, num_heads, num_splits, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_S: tl.constexpr):
+    """``O`` for one output row ``(b, h, t)`` (grid: ``B * Hq * n``): the ``num_splits`` states merged
+    ``BLOCK_S`` at a time (:func:`merge_states`), then normalised."""
+    row = tl.program_id(0)
+    rows_total = tl.num_programs(0)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    m = tl.full([], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + offs_s
+        s_ok = s < num_splits
+        part = s.to(tl.int64) * rows_total + row
+        m_s = tl.load(M_PART + part, mask=s_ok, other=float("-inf"))
+        l_s = tl.load(L_PART + part, mask=s_ok, other=0.0)
+        acc_s = tl.load(ACC_PART + part[:, None] * D + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                        other=0.0)
+        m, l, acc = merge_states(m, l, acc, m_s, l_s, acc_s)
+    o = acc / tl.where(l > 0.0, l, 1.0)  # a row that saw no key (a length under n on the device): 0
+    t = row % n_new
+    b = row // n_new // num_heads
+    h = row // n_new % num_heads
+    tl.store(O + b.to(tl.int64) * stride_ob + h * stride_oh + t * stride_om + offs_d * stride_od,
+             o.to(O.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
+def fold_queries_kernel(Q, W, LENS, QF, stride_qb, stride_qh, stride_qm, stride_qd,
+                        stride_fb, stride_fh, stride_fa, stride_fm, stride_fd, n_max, n_new, num_heads,
+                        HAS_LENS: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, D: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``QF[b, h, kb, t] = sum_a W[h, a, kb] q[i - (cq-1) + a]`` for the new queries ``i = len - n + t``,
+    in QF's dtype (fp32 sums); query rows before 0 are the zero padding. Grid: ``B * Hq``.
+
+    The ``n + cq - 1`` query rows are loaded once, as a window; each kernel column ``kb`` is then one product
+    ``[BLOCK_T, BLOCK_R] @ [BLOCK_R, BLOCK_D]`` with the banded matrix ``W[h, rr - t, kb]`` (window row ``rr``
+    is query ``t``'s kernel row ``a = rr - t``).
+    """
+    b = tl.program_id(0) // num_heads
+    h = tl.program_id(0) % num_heads
+    seq_len = sequence_length(LENS, b, n_max, HAS_LENS)
+    offs_d = tl.arange(0, BLOCK_D)
+    rr = tl.arange(0, BLOCK_R)
+    r = seq_len - n_new - (CQ - 1) + rr
+    q_win = tl.load(Q + b.to(tl.int64) * stride_qb + h * stride_qh + r[:, None] * stride_qm
+                    + offs_d[None, :] * stride_qd,
+                    mask=((rr < n_new + CQ - 1) & (r >= 0) & (r < seq_len))[:, None] & (offs_d < D)[None, :],
+                    other=0.0).to(tl.float32)
+    t = tl.arange(0, BLOCK_T)
+    a = rr[None, :] - t[:, None]
+    a_ok = (a >= 0) & (a < CQ)
+    out = QF + b.to(tl.int64) * stride_fb + h * stride_fh + t[:, None] * stride_fm + offs_d[None, :] * stride_fd
+    for kb in range(CK):
+        w = tl.load(W + (h * CQ + a) * CK + kb, mask=a_ok, other=0.0)
+        qf = tl.dot(w, q_win, input_precision="ieee")
+        tl.store(out + kb * stride_fa, qf.to(QF.dtype.element_ty), mask=(t < n_new)[:, None] & (offs_d < D)[None, :])
