@@ -196,20 +196,25 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
 
 
 def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d: int, elem_bytes: int) -> dict:
-    """``config`` with its owned rows ``config[owned]`` and streamed rows ``config[streamed]`` halved (down to 16,
-    the larger share first) until what a backward program keeps on chip fits :data:`conv_backward.HELD_BYTES`:
-    ``owned x (QA + QB) * block_d`` held 16-bit operand plus its fp32 accumulator, and one streamed
-    ``streamed x (QA + QB) * block_d`` operand."""
+    """``config`` with its owned rows ``config[owned]`` and streamed rows ``config[streamed]`` halved (down to 16)
+    until a backward program fits on chip. Its rows are ``(QA + QB) * block_d`` wide:
+
+    * the fp32 accumulator ``[owned, cols]`` lives in registers: at most
+      :data:`conv_backward.ACC_REGISTERS` per thread, else the owned rows halve;
+    * the held 16-bit operand ``[owned, cols]`` and ``num_stages`` streamed ``[streamed, cols]`` tiles in shared
+      memory: at most :data:`conv_backward.SHARED_BYTES`, else the streamed rows halve first.
+    """
     config = dict(config)
     cols = sum(query_shift_groups(cq)) * block_d
+    threads = 32 * config["num_warps"]
+    while config[owned] * cols > conv_backward.ACC_REGISTERS * threads and config[owned] > 16:
+        config[owned] //= 2
 
-    def shares():
-        return config[owned] * cols * (elem_bytes + 4), config[streamed] * cols * elem_bytes
+    def shared():
+        return (config[owned] + config[streamed] * max(config["num_stages"], 1)) * cols * elem_bytes
 
-    while sum(shares()) > conv_backward.HELD_BYTES and (config[owned] > 16 or config[streamed] > 16):
-        held, stream = shares()
-        key = owned if (held >= stream and config[owned] > 16) or config[streamed] <= 16 else streamed
-        config[key] //= 2
+    while shared() > conv_backward.SHARED_BYTES and (config[owned] > 16 or config[streamed] > 16):
+        config[streamed if config[streamed] > 16 else owned] //= 2
     return config
 
 

@@ -39,9 +39,11 @@ from .conv_forward import _finish_scores, _folded_keys, _shifted_queries
 from .kernel_parts import LOG2E, key_tile_bounds, program_coordinates, query_tile_bounds
 from .launch import NO_SPECIALIZE
 
-#: Largest ``rows x (QA + QB) * BLOCK_D`` block a tiled backward program holds (16-bit operand plus its fp32
-#: accumulator of the same shape), in bytes; the launcher halves the owned rows (down to 16) until it fits.
-HELD_BYTES = 128 * 1024
+#: fp32 accumulator registers per thread a tiled backward program may use (``[owned, (QA + QB) * BLOCK_D]``):
+#: on an H100 the fastest tiles sit at this bound (``notes/performance.md``).
+ACC_REGISTERS = 192
+#: Shared memory for the held 16-bit block and the streamed tiles, in bytes (an H100 has 227 KiB per block).
+SHARED_BYTES = 200 * 1024
 
 
 @triton.jit

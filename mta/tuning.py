@@ -49,17 +49,18 @@ HOPPER = {
     "conv_forward_streamed": {(64, False): (128, 128, 8, 3), (64, True): (128, 128, 8, 3),
                               (128, False): (128, 128, 8, 3), (128, True): (128, 128, 8, 3),
                               (256, False): (64, 32, 4, 2), (256, True): (64, 32, 4, 2)},
-    # MTA backward (not yet timed on a GPU; chosen to compile without heavy spills, tools/compile_sm90.py
-    # conv-backward): the dQ side owns BLOCK_M queries, holding their cq shifted copies and a [BLOCK_M, cq * d]
-    # fp32 accumulator, and streams [cq * d, BLOCK_N] folded keys; the dK/dV side owns BLOCK_N keys (folded keys
-    # and a [BLOCK_N, cq * d] accumulator held) and streams shifted queries. The launcher halves both until they
-    # fit (mta.conv._fit_backward_tile), so these are upper bounds: large kernels get smaller tiles.
-    "conv_dq": {(64, False): (32, 32, 8, 2), (64, True): (32, 32, 8, 2),
-                (128, False): (16, 32, 8, 2), (128, True): (16, 32, 8, 2),
-                (256, False): (16, 16, 8, 1), (256, True): (16, 16, 8, 1)},
-    "conv_dkdv": {(64, False): (32, 32, 8, 2), (64, True): (32, 32, 8, 2),
-                  (128, False): (32, 16, 8, 2), (128, True): (32, 16, 8, 2),
-                  (256, False): (16, 16, 8, 1), (256, True): (16, 16, 8, 1)},
+    # MTA backward: the dQ side owns BLOCK_M queries (their cq shifted copies held, a [BLOCK_M, cq' * d] fp32
+    # accumulator) and streams [cq' * d, BLOCK_N] folded keys; the dK/dV side owns BLOCK_N keys (folded keys and
+    # a [BLOCK_N, cq' * d] accumulator held) and streams shifted queries. The fastest tiles on an H100 (6 x 11,
+    # N = 8192, notes/performance.md) give each warp whole 16-row slices of the owned rows and fill the
+    # accumulator to ~192 registers per thread; the launcher shrinks them for larger kernels
+    # (mta.conv._fit_backward_tile), so these are upper bounds.
+    "conv_dq": {(64, False): (64, 32, 4, 2), (64, True): (64, 32, 4, 2),
+                (128, False): (64, 32, 8, 2), (128, True): (64, 32, 8, 2),
+                (256, False): (32, 32, 8, 1), (256, True): (32, 32, 8, 1)},
+    "conv_dkdv": {(64, False): (32, 32, 4, 2), (64, True): (32, 32, 4, 2),
+                  (128, False): (32, 64, 8, 2), (128, True): (32, 64, 8, 2),
+                  (256, False): (16, 32, 8, 1), (256, True): (16, 32, 8, 1)},
 }
 #: Any other GPU, fp16/bf16: tiles that fit 100 KB of shared memory (consumer Ampere/Ada).
 OTHER_GPU = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)}
@@ -77,8 +78,8 @@ CANDIDATES = {
     "flash_dq": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2), (64, 32, 4, 2),
                  (32, 64, 4, 2), (32, 32, 4, 2)],
     "conv_forward": [(64, 32, 4, 2), (128, 64, 8, 2), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3)],
-    "conv_dq": [(32, 32, 8, 2), (16, 32, 8, 2), (32, 64, 8, 2), (16, 16, 8, 1), (32, 32, 4, 2)],
-    "conv_dkdv": [(32, 32, 8, 2), (32, 16, 8, 2), (16, 32, 8, 2), (16, 16, 8, 1), (32, 32, 4, 2)],
+    "conv_dq": [(64, 32, 4, 2), (64, 64, 4, 2), (64, 32, 8, 2), (32, 64, 8, 2), (32, 32, 8, 2)],
+    "conv_dkdv": [(32, 32, 4, 2), (32, 64, 8, 2), (32, 64, 4, 2), (16, 64, 8, 2), (32, 32, 8, 2)],
 }
 
 

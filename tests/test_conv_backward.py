@@ -221,14 +221,19 @@ def test_split_backward_in_float64(N, cq, ck, causal):
 
 
 @pytest.mark.parametrize("cq,block_d,elem", [(1, 64, 2), (6, 64, 2), (6, 128, 2), (11, 128, 2), (6, 64, 4), (32, 256, 4)])
-def test_backward_tiles_shrink_to_fit(cq, block_d, elem):
-    """The launcher halves a backward tile's owned and streamed rows (never below 16) until what a program keeps
-    on chip fits ``HELD_BYTES``, or both are 16."""
-    tile = mta.conv._fit_backward_tile({"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8}, "BLOCK_M", "BLOCK_N", cq,
-                                       block_d, elem)
+@pytest.mark.parametrize("warps,stages", [(4, 2), (8, 2), (8, 3)])
+def test_backward_tiles_shrink_to_fit(cq, block_d, elem, warps, stages):
+    """The launcher halves a backward tile's owned and streamed rows (never below 16) until its fp32 accumulator
+    fits ``ACC_REGISTERS`` per thread and its held and streamed blocks ``SHARED_BYTES``, or they are 16."""
+    tile = mta.conv._fit_backward_tile({"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": warps, "num_stages": stages},
+                                       "BLOCK_M", "BLOCK_N", cq, block_d, elem)
     cols = sum(mta.conv_forward.query_shift_groups(cq)) * block_d
-    on_chip = tile["BLOCK_M"] * cols * (elem + 4) + tile["BLOCK_N"] * cols * elem
-    assert tile["BLOCK_M"] >= 16 and tile["BLOCK_N"] >= 16 and tile["num_warps"] == 8
-    assert on_chip <= mta.conv_backward.HELD_BYTES or tile["BLOCK_M"] == tile["BLOCK_N"] == 16
+    registers = tile["BLOCK_M"] * cols / (32 * warps)
+    shared = (tile["BLOCK_M"] + tile["BLOCK_N"] * stages) * cols * elem
+    assert tile["BLOCK_M"] >= 16 and tile["BLOCK_N"] >= 16 and tile["num_warps"] == warps
+    assert registers <= mta.conv_backward.ACC_REGISTERS or tile["BLOCK_M"] == 16
+    assert shared <= mta.conv_backward.SHARED_BYTES or tile["BLOCK_M"] == tile["BLOCK_N"] == 16
+    if (cq, block_d, elem) == (6, 64, 2) and warps == 4:  # the H100's d = 64 tile: 192 registers, left alone
+        assert tile["BLOCK_M"] == 64
     if cq == 1 and block_d == 64:
         assert (tile["BLOCK_M"], tile["BLOCK_N"]) == (64, 128)  # small enough: left alone

@@ -124,7 +124,9 @@ class StartupBenchmark(Benchmark):
                 "runs": "each a fresh `python mta/bench/startup_probe.py`; empty_cache: TRITON_CACHE_DIR a new "
                         "empty directory, warm_cache: the same directory again; the environment otherwise as given",
                 "timing": "time.perf_counter around the call and torch.cuda.synchronize; first_call_s is the first "
-                          "call in the process, second_call_s the next one",
+                          "call in the process, second_call_s the next one; cases with a backward run one trivial "
+                          "backward first (torch's one-time autograd imports, torch_first_backward_s), outside "
+                          "first_call_s",
                 "MTA_AUTOTUNE": os.environ.get("MTA_AUTOTUNE")}
 
     def measure_shape(self, shape: StartupShape, tools: Tools) -> list[dict]:

@@ -7,7 +7,12 @@ before the probe starts its clock) imports torch and mta (each import timed), ma
 and a synchronize (compiling, autotuning, loading kernels: what a user waits
 for), and a second call the same way (steady state, for contrast). It prints
 one JSON line. A failing call raises: the process exits non-zero with the
-traceback on stderr. On the CPU (Triton's interpreter) it runs too, and
+traceback on stderr.
+
+Cases with a backward first run one trivial backward (``(w * 2).backward(g)``) and report its time as
+``torch_first_backward_s``: torch's own first backward in a process imports its symbolic-shape machinery
+(sympy: seconds, whatever kernels run), a cost every training script pays once
+and that is not the kernel's. ``first_call_s`` starts after it. On the CPU (Triton's interpreter) it runs too, and
 skips dtypes the interpreter cannot compute exactly (bfloat16).
 
 To measure a new public function, add one :class:`Case` to :data:`CASES`.
@@ -112,6 +117,13 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     x = make_inputs(torch, runtime.DEVICE, dtype, args.batch, args.heads, args.kv_heads, args.seq_len,
                     args.head_dim, case.grad)
+    if case.grad:  # torch's one-time autograd cost, kept out of the kernel's first call (module docstring)
+        w = torch.ones(2, device=runtime.DEVICE, requires_grad=True)
+        sync()
+        begin = time.perf_counter()
+        (w * 2).backward(torch.ones_like(w))
+        sync()
+        result["torch_first_backward_s"] = time.perf_counter() - begin
     finite = True
     for key in ("first_call_s", "second_call_s"):
         for t in x.values():
