@@ -6,6 +6,8 @@ no CUDA device is present, before any kernel is defined.
 
 from . import runtime  # noqa: F401  (must come before any Triton kernel)
 from .conv import conv_attention
+from .conv_decode import conv_decode_attention
+from .decode import decode_attention
 from .flash import flash_attention
 from .online_softmax import (
     AttentionState,
@@ -25,6 +27,8 @@ __all__ = [
     "blocked_softmax",
     "conv_attention",
     "conv_attention_reference",
+    "conv_decode_attention",
+    "decode_attention",
     "empty_state",
     "finalize_state",
     "flash_attention",
