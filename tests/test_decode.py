@@ -1,0 +1,215 @@
+"""``mta.decode_attention`` (split-K decode) against the float64 reference, the split rule, the input checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import mta
+from conftest import DEVICE, ON_GPU, rand
+from mta import decode
+
+# ||out - ref|| <= tol * ||ref|| + 1e-6 sqrt(numel). fp32 on a GPU: three TF32 products each (mta.launch.dot_precision).
+TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+LENGTHS = (1, 37, 300)
+
+
+def close(out, ref, tol):
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return bool(torch.isfinite(out).all()) and \
+        (out - ref).norm().item() <= tol * ref.norm().item() + 1e-6 * math.sqrt(ref.numel())
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Buffers the launcher allocates start as NaN: an element never written fails the check."""
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+
+
+def ragged_cache(B, Hkv, n_max, D, lengths, dtype):
+    """``k, v [B, Hkv, n_max, D]`` with NaN past each sequence's length: a read past it shows."""
+    k, v = rand(B, Hkv, n_max, D, dtype=dtype), rand(B, Hkv, n_max, D, dtype=dtype)
+    for b, n in enumerate(lengths):
+        k[b, :, n:] = float("nan")
+        v[b, :, n:] = float("nan")
+    return k, v
+
+
+def reference(q, k, v, lengths):
+    """Per sequence: float64 attention of its ``Nq`` queries on its first ``L`` keys, bottom-right causal."""
+    return torch.cat([mta.naive_attention(q[b:b + 1].double().cpu(), k[b:b + 1, :, :n].double().cpu(),
+                                          v[b:b + 1, :, :n].double().cpu(), causal=True)
+                      for b, n in enumerate(lengths)])
+
+
+def run_case(nq, dtype=torch.float32, Hq=4, Hkv=2, D=96, lengths=LENGTHS, num_splits=None, n_max=300,
+             noncontiguous=False):
+    lengths = [max(n, nq) for n in lengths]
+    B = len(lengths)
+    q = rand(B, Hq, nq, D, dtype=dtype)
+    k, v = ragged_cache(B, Hkv, n_max, D, lengths, dtype)
+    if noncontiguous:  # [B, N, H, D] storage, as a model's projection writes it
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+        k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k, v))
+        assert not q.is_contiguous() and not k.is_contiguous()
+    out = mta.decode_attention(q, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
+                               num_splits=num_splits)
+    assert out.shape == (B, Hq, nq, D) and out.dtype == dtype
+    assert close(out, reference(q, k, v, lengths), TOL[dtype])
+    return out
+
+
+@pytest.mark.parametrize("nq", [1, 3])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_ragged_lengths_gqa_head_dim_96(nq, dtype, poisoned_outputs):
+    run_case(nq, dtype)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 12])  # 12: more splits than key tiles (300 keys, 32 a tile on CPU)
+def test_forced_split_counts(num_splits, poisoned_outputs):
+    run_case(3, num_splits=num_splits, D=32)
+
+
+def test_noncontiguous_and_multi_head_attention():
+    run_case(3, torch.float16, Hq=3, Hkv=3, D=48, noncontiguous=True)
+
+
+def test_many_query_heads_take_several_row_tiles():
+    """G * Nq = 16 * 5 = 80 rows: more than one row tile (64 rows at most)."""
+    run_case(5, Hq=16, Hkv=1, D=16, lengths=(9, 70), n_max=70)
+
+
+def test_default_lengths_and_list_lengths_and_int64():
+    q = rand(2, 2, 2, 32)
+    k, v = rand(2, 1, 50, 32), rand(2, 1, 50, 32)
+    full = mta.decode_attention(q, k, v)
+    assert close(full, reference(q, k, v, [50, 50]), TOL[torch.float32])
+    as_list = mta.decode_attention(q, k, v, cache_seqlens=[50, 20])
+    as_int64 = mta.decode_attention(q, k, v, cache_seqlens=torch.tensor([50, 20]))
+    assert torch.equal(as_list, as_int64) and torch.equal(as_list[0], full[0])
+    assert close(as_list, reference(q, k, v, [50, 20]), TOL[torch.float32])
+
+
+def test_equals_flash_attention_per_sequence():
+    """The docstring's statement: flash attention, bottom-right causal, on each sequence's valid keys."""
+    lengths = [5, 40]
+    q = rand(2, 4, 3, 32)
+    k, v = ragged_cache(2, 2, 40, 32, lengths, torch.float32)
+    out = mta.decode_attention(q, k, v, cache_seqlens=lengths, num_splits=2)
+    for b, n in enumerate(lengths):
+        flash = mta.flash_attention(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal=True)
+        torch.testing.assert_close(out[b:b + 1], flash, rtol=1e-5, atol=1e-5)
+
+
+def test_step_by_step_decoding_reproduces_the_full_forward():
+    """Decoding a sequence one token at a time (and the last 3 at once) gives every row of the causal forward."""
+    N = 36  # past one interpreter key tile (32)
+    q, k, v = rand(1, 4, N, 16), rand(1, 2, N, 16), rand(1, 2, N, 16)
+    full = mta.flash_attention(q, k, v, causal=True)
+    ref = mta.naive_attention(q.double(), k.double(), v.double(), causal=True)
+    rows = [mta.decode_attention(q[:, :, t - 1:t], k, v, cache_seqlens=[t]) for t in range(1, N + 1)]
+    rows = torch.cat(rows, dim=2)
+    assert close(rows, ref, TOL[torch.float32])
+    torch.testing.assert_close(rows, full, rtol=1e-5, atol=1e-5)
+    last3 = mta.decode_attention(q[:, :, N - 3:], k, v, num_splits=3)
+    torch.testing.assert_close(last3, full[:, :, N - 3:], rtol=1e-5, atol=1e-5)
+
+
+def test_device_lengths_are_clamped_to_the_cache():
+    """Lengths on the device are not checked (that would synchronise); the kernel clamps them to the cache."""
+    q = rand(1, 2, 1, 16)
+    k, v = rand(1, 1, 40, 16), rand(1, 1, 40, 16)
+    too_long = torch.tensor([45], dtype=torch.int32, device=DEVICE)
+    out = decode.launch_decode(q, k, v, too_long, 1, 0.25, 2)
+    torch.testing.assert_close(out, mta.decode_attention(q, k, v, scale=0.25), rtol=1e-6, atol=1e-6)
+
+
+# --- the split rule ----------------------------------------------------------------------------
+
+
+def test_split_rule():
+    # The GPU is already full: one split.
+    assert decode.choose_num_splits(programs=128, n_max=131072, block_n=64, sms=132) == 1
+    # One sequence, 8 kv heads, 1k keys in 8 tiles: every tile its own split.
+    assert decode.choose_num_splits(programs=8, n_max=1024, block_n=128, sms=132) == 8
+    # 64 programs on 132 SMs: 2 splits fill 97% of one wave.
+    assert decode.choose_num_splits(programs=64, n_max=131072, block_n=64, sms=132) == 2
+    # Never more splits than key tiles, SMs or the cap.
+    assert decode.choose_num_splits(programs=1, n_max=100, block_n=64, sms=132) == 2
+    assert decode.choose_num_splits(programs=1, n_max=10 ** 6, block_n=64, sms=132) <= decode.MAX_SPLITS
+    assert all(1 <= decode.choose_num_splits(p, 1 << 17, 64, 132) <= 128 for p in range(1, 140))
+
+
+def test_split_count_is_host_only():
+    """The split count comes from the cache size, never from device lengths: no synchronisation."""
+    q = rand(1, 2, 1, 16)
+    k, v = rand(1, 1, 64, 16), rand(1, 1, 64, 16)
+    seen = []
+    original = decode.choose_num_splits
+    try:
+        decode.choose_num_splits = lambda *a, **kw: seen.append(a) or original(*a, **kw)
+        mta.decode_attention(q, k, v, cache_seqlens=torch.tensor([7], dtype=torch.int32))
+    finally:
+        decode.choose_num_splits = original
+    assert seen == [(1, 64, decode.decode_tile(16, torch.float32)[0], decode.sm_count(q.device))]
+
+
+# --- input checks ------------------------------------------------------------------------------
+
+
+def inputs(B=2, Hq=4, Hkv=2, nq=1, n_max=20, D=16):
+    return rand(B, Hq, nq, D), rand(B, Hkv, n_max, D), rand(B, Hkv, n_max, D)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(cache_seqlens=[20, 21]), ValueError, "over the cache size"),
+    (dict(cache_seqlens=[0, 5]), ValueError, "under Nq"),
+    (dict(cache_seqlens=[5]), ValueError, r"shape \(2,\)"),
+    (dict(cache_seqlens=torch.tensor([5.0, 6.0])), TypeError, "int32 or int64"),
+    (dict(cache_seqlens=[5, 6.5]), TypeError, "list of ints"),
+    (dict(cache_seqlens="5"), TypeError, "int tensor"),
+    (dict(num_splits=0), ValueError, "num_splits"),
+    (dict(num_splits=2.0), ValueError, "num_splits"),
+    (dict(scale=float("nan")), ValueError, "scale"),
+])
+def test_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        mta.decode_attention(*inputs(), **kwargs)
+
+
+def test_bad_shapes_and_dtypes():
+    q, k, v = inputs()
+    with pytest.raises(ValueError, match="between 1 and 16"):
+        mta.decode_attention(rand(2, 4, 17, 16), rand(2, 2, 40, 16), rand(2, 2, 40, 16))
+    with pytest.raises(ValueError, match="more than the cache holds"):
+        mta.decode_attention(rand(2, 4, 3, 16), k[:, :, :2], v[:, :, :2])
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        mta.decode_attention(rand(2, 3, 1, 16), k, v)
+    with pytest.raises(ValueError, match="head dims differ"):
+        mta.decode_attention(rand(2, 4, 1, 8), k, v)
+    with pytest.raises(ValueError, match="4 dimensions"):
+        mta.decode_attention(q[0], k, v)
+    with pytest.raises(TypeError, match="share a dtype"):
+        mta.decode_attention(q.half(), k, v)
+    with pytest.raises(TypeError, match="fp16, bf16 or fp32"):
+        mta.decode_attention(q.double(), k.double(), v.double())
+    with pytest.raises(ValueError, match="at most 256"):
+        mta.decode_attention(rand(1, 1, 1, 264), rand(1, 1, 4, 264), rand(1, 1, 4, 264))
+
+
+# --- GPU only: bf16 and long caches ------------------------------------------------------------
+
+
+@pytest.mark.skipif(not ON_GPU, reason="long caches and bf16 on a GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_long_caches_on_the_gpu(dtype, D):
+    lengths = [1, 4097, 33000]
+    q = rand(3, 8, 2, D, dtype=dtype)
+    k, v = ragged_cache(3, 2, 33000, D, lengths, dtype)
+    out = mta.decode_attention(q, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=DEVICE))
+    assert close(out, reference(q, k, v, lengths), TOL[dtype])
