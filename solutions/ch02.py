@@ -37,7 +37,17 @@ def my_merge(a, b):
 
 
 def block_state(s, v):
-    """Exercise 3: ``(m, l, acc)`` of scores ``s [..., Nq, n]`` over values ``v [..., n, D]``."""
+    """Exercise 3: ``(m, l, acc)`` of scores ``s [..., Nq, n]`` over values ``v [..., n, D]``.
+
+    (a) A fully masked row has m = max of nothing finite = -inf; every weight e^(s - m) must be
+        e^(-inf) = 0, so l = 0 and acc = 0: exactly the empty state, the identity of the merge.
+    (b) merge(x, empty): m = max(m_x, -inf) = m_x, so x is rescaled by e^0 = 1 exactly and the empty
+        side by 0; x.l * 1 + 0 * 0 == x.l with no rounding, and likewise for acc. If x is empty too,
+        the guarded rescale factor gives 0 instead of NaN and the result stays empty.
+    (c) s - s.max() is -inf - (-inf) = NaN, so p is NaN, and NaN would spread through every later
+        merge. Since a fully masked block changes nothing, a causal kernel may skip it without even
+        loading it (chapter 03).
+    """
     m = s.amax(dim=-1)                                # each row's own max; -inf for a fully masked row
     m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # subtract 0 there, not -inf
     p = torch.exp(s - m_safe[..., None])              # masked scores give exactly 0
