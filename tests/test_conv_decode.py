@@ -1,0 +1,183 @@
+"""``mta.conv_decode_attention`` (MTA decode, split-K) against the float64 reference rows, and its input checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import mta
+from conftest import DEVICE, ON_GPU, rand
+from mta import conv_decode
+
+TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+KERNELS = [(1, 1), (2, 9), (6, 11), (11, 15)]
+LENGTHS = (1, 37, 300)
+
+
+def close(out, ref, tol):
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return bool(torch.isfinite(out).all()) and \
+        (out - ref).norm().item() <= tol * ref.norm().item() + 1e-6 * math.sqrt(ref.numel())
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Buffers the launchers allocate start as NaN: an element never written fails the check."""
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+
+
+def caches(B, Hq, Hkv, n_max, D, lengths, dtype):
+    """``q, k, v`` caches with NaN past each sequence's length: a read past it shows."""
+    q = rand(B, Hq, n_max, D, dtype=dtype)
+    k, v = rand(B, Hkv, n_max, D, dtype=dtype), rand(B, Hkv, n_max, D, dtype=dtype)
+    for b, n in enumerate(lengths):
+        for x in (q, k, v):
+            x[b, :, n:] = float("nan")
+    return q, k, v
+
+
+def reference(q, k, v, weight, lengths, n):
+    """Rows ``L - n .. L - 1`` of the float64 causal MTA forward on each sequence's first ``L`` positions."""
+    return torch.cat([mta.conv_attention_reference(*(x[b:b + 1, :, :L].double().cpu() for x in (q, k, v)),
+                                                   weight.double().cpu())[:, :, L - n:]
+                      for b, L in enumerate(lengths)])
+
+
+def run_case(cq, ck, n, dtype=torch.float32, Hq=4, Hkv=2, D=32, lengths=LENGTHS, num_splits=None,
+             noncontiguous=False):
+    lengths = [max(L, n) for L in lengths]
+    q, k, v = caches(len(lengths), Hq, Hkv, max(lengths), D, lengths, dtype)
+    if noncontiguous:  # [B, N, H, D] storage, as a model's projections write it
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    weight = rand(Hq, cq, ck, scale=0.2)
+    out = mta.conv_decode_attention(q, k, v, weight, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
+                                    num_queries=n, num_splits=num_splits)
+    assert out.shape == (len(lengths), Hq, n, D) and out.dtype == dtype
+    assert close(out, reference(q, k, v, weight, lengths, n), TOL[dtype])
+
+
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("cq,ck", KERNELS, ids=str)
+def test_kernels_ragged_lengths_gqa(cq, ck, n, poisoned_outputs):
+    run_case(cq, ck, n)
+
+
+# Split edges: every split reads pk halo keys each side; 12 splits are more than the key tiles (32 a tile on CPU).
+@pytest.mark.parametrize("num_splits", [1, 3, 12])
+@pytest.mark.parametrize("cq,ck", [(6, 11), (11, 15)], ids=str)
+def test_forced_split_counts(cq, ck, num_splits, poisoned_outputs):
+    run_case(cq, ck, 3, Hq=2, Hkv=1, D=16, lengths=(37, 300), num_splits=num_splits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
+def test_head_dim_96_noncontiguous(dtype):
+    run_case(6, 11, 3, dtype, D=96, lengths=(2, 37, 80), noncontiguous=True)
+
+
+def test_default_lengths_and_list_lengths():
+    q, k, v = caches(2, 2, 1, 30, 16, [30, 30], torch.float32)
+    weight = rand(2, 2, 9, scale=0.2)
+    full = mta.conv_decode_attention(q, k, v, weight, num_queries=2)
+    assert close(full, reference(q, k, v, weight, [30, 30], 2), TOL[torch.float32])
+    ragged = mta.conv_decode_attention(q, k, v, weight, cache_seqlens=[30, 11], num_queries=2)
+    assert torch.equal(ragged[0], full[0])
+    assert close(ragged, reference(q, k, v, weight, [30, 11], 2), TOL[torch.float32])
+
+
+def test_step_by_step_decoding_reproduces_the_full_forward():
+    """Decoding one token at a time (and the last 3 at once) gives every row of the causal MTA forward:
+    lengths under cq, under ck, and past both."""
+    N, cq, ck = 20, 6, 11
+    q, k, v = rand(1, 2, N, 16), rand(1, 1, N, 16), rand(1, 1, N, 16)
+    weight = rand(2, cq, ck, scale=0.2)
+    full = mta.conv_attention(q, k, v, weight)
+    ref = mta.conv_attention_reference(q.double(), k.double(), v.double(), weight.double())
+    rows = torch.cat([mta.conv_decode_attention(q, k, v, weight, cache_seqlens=[t]) for t in range(1, N + 1)], 2)
+    assert close(rows, ref, TOL[torch.float32])
+    torch.testing.assert_close(rows, full, rtol=1e-5, atol=1e-5)
+    last3 = mta.conv_decode_attention(q, k, v, weight, num_queries=3, num_splits=2)
+    torch.testing.assert_close(last3, full[:, :, N - 3:], rtol=1e-5, atol=1e-5)
+
+
+def test_identity_kernel_is_plain_decode():
+    q, k, v = rand(2, 4, 20, 16), rand(2, 2, 20, 16), rand(2, 2, 20, 16)
+    weight = torch.zeros(4, 6, 11, device=DEVICE)
+    weight[:, 5, 5] = 1.0
+    lengths = [20, 9]
+    mtad = mta.conv_decode_attention(q, k, v, weight, cache_seqlens=lengths, num_queries=2)
+    plain = mta.decode_attention(torch.stack([q[b, :, L - 2:L] for b, L in enumerate(lengths)]), k, v,
+                                 cache_seqlens=lengths)
+    torch.testing.assert_close(mtad, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_only_the_last_query_rows_are_read():
+    """Queries before the last cq - 1 + n rows never matter (NaN there changes nothing)."""
+    cq, n, L = 6, 2, 30
+    q, k, v = rand(1, 2, L, 16), rand(1, 1, L, 16), rand(1, 1, L, 16)
+    weight = rand(2, cq, 11, scale=0.2)
+    before = mta.conv_decode_attention(q, k, v, weight, num_queries=n)
+    q[:, :, :L - (cq - 1 + n)] = float("nan")
+    assert torch.equal(mta.conv_decode_attention(q, k, v, weight, num_queries=n), before)
+
+
+def test_folded_queries():
+    q = rand(1, 2, 10, 16)
+    weight = rand(2, 3, 5, scale=0.2)
+    qf = conv_decode.fold_queries(q, weight, torch.tensor([4], dtype=torch.int32), 2)  # rows 2, 3 of 4
+    for t, i in enumerate((2, 3)):
+        for b in range(5):
+            want = sum(weight[:, a, b, None] * q[0, :, i - 2 + a] for a in range(3) if i - 2 + a >= 0)
+            torch.testing.assert_close(qf[0, :, b, t], want, rtol=1e-6, atol=1e-6)
+
+
+# --- input checks ------------------------------------------------------------------------------
+
+
+def inputs(B=2, Hq=4, Hkv=2, n_max=20, D=16, cq=6, ck=11):
+    return (rand(B, Hq, n_max, D), rand(B, Hkv, n_max, D), rand(B, Hkv, n_max, D), rand(Hq, cq, ck, scale=0.2))
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(cache_seqlens=[20, 21]), ValueError, "over the cache size"),
+    (dict(cache_seqlens=[2, 5], num_queries=3), ValueError, "under num_queries"),
+    (dict(cache_seqlens=[5, 6, 7]), ValueError, r"shape \(2,\)"),
+    (dict(num_queries=0), ValueError, "between 1 and 16"),
+    (dict(num_queries=2.0), TypeError, "num_queries"),
+    (dict(num_splits=-1), ValueError, "num_splits"),
+])
+def test_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        mta.conv_decode_attention(*inputs(), **kwargs)
+
+
+def test_bad_shapes_and_kernels():
+    q, k, v, w = inputs()
+    with pytest.raises(ValueError, match="as many positions"):
+        mta.conv_decode_attention(q[:, :, :10], k, v, w)
+    with pytest.raises(ValueError, match="must be odd"):
+        mta.conv_decode_attention(q, k, v, rand(4, 6, 10))
+    with pytest.raises(ValueError, match="one kernel per query head"):
+        mta.conv_decode_attention(q, k, v, rand(2, 6, 11))
+    with pytest.raises(ValueError, match="not supported"):
+        mta.conv_decode_attention(q, k, v, rand(4, 33, 11))
+    with pytest.raises(ValueError, match="more than the cache holds"):
+        mta.conv_decode_attention(q[:, :, :2], k[:, :, :2], v[:, :, :2], w, num_queries=3)
+    with pytest.raises(TypeError, match="share a dtype"):
+        mta.conv_decode_attention(q.half(), k, v, w)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        mta.conv_decode_attention(q[:, :3], k, v, w[:3])
+
+
+# --- GPU only: bf16 and long caches ------------------------------------------------------------
+
+
+@pytest.mark.skipif(not ON_GPU, reason="long caches and bf16 on a GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("D", [64, 128])
+def test_long_caches_on_the_gpu(dtype, D):
+    lengths = [3, 2049, 6000]
+    run_case(6, 11, 2, dtype, Hq=8, Hkv=2, D=D, lengths=lengths)
+    run_case(11, 15, 1, dtype, Hq=8, Hkv=2, D=D, lengths=lengths, num_splits=7)
