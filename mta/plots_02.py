@@ -165,7 +165,8 @@ def plot_error_vs_block_size(block_sizes, err32, err64, naive32, n_keys, name="0
     for dtype in (torch.float32, torch.float64):
         eps = torch.finfo(dtype).eps
         ax.axhline(eps, color="0.5", linestyle="--", lw=0.8)
-        ax.text(block_sizes[0] * 1.05, eps * 1.3, f"{str(dtype)[6:]} machine epsilon", fontsize=8, color="0.4")
+        ax.text(block_sizes[-1], eps / 1.5, f"{str(dtype)[6:]} machine epsilon", fontsize=8, color="0.4",
+                ha="right", va="top")
     ax.set_xscale("log", base=2)
     ax.set_ylim(1e-17, 1e-5)
     ax.set_xlabel(f"block size (keys per step; {n_keys} keys in all)")
