@@ -20,10 +20,11 @@ EXIT_NO_CUDA = 2
 
 def benchmarks() -> list:
     from .conv import ConvBenchmark
+    from .decode import DecodeBenchmark
     from .flash import FlashBenchmark
     from .launch_order import LaunchOrderBenchmark
     from .startup import StartupBenchmark
-    return [FlashBenchmark, ConvBenchmark, LaunchOrderBenchmark, StartupBenchmark]
+    return [FlashBenchmark, ConvBenchmark, LaunchOrderBenchmark, StartupBenchmark, DecodeBenchmark]
 
 
 def repo_path(path: str) -> Path:

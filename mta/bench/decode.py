@@ -1,0 +1,309 @@
+"""Benchmark of a decode step: one new query per sequence against a KV cache of N tokens.
+
+For every shape, in one run and on the same fresh random inputs (bf16, every
+cache position valid), the time of:
+
+* ``mta_decode``: :func:`mta.decode_attention` (split-K), the implementation under test;
+* ``mta_conv_decode``: :func:`mta.conv_decode_attention` with a 6 x 11 kernel (MTA decode);
+* ``sdpa``: ``F.scaled_dot_product_attention`` with the one query (``enable_gqa=True``; not causal: the
+  last query sees every key, and SDPA's causal mask is top-left aligned);
+* ``mta_flash``: :func:`mta.flash_attention` used for decode (one query tile per head walks every key);
+* ``conv_reference``: the last row of :func:`mta.conv_attention_reference` on the whole sequence (what MTA
+  decode costs without a kernel), only where its ``N x N`` matrices fit (:func:`reference_fit`);
+* ``read``: ``k.sum() + v.sum()``, a plain read of the cache, the ceiling.
+
+Each is reported in microseconds and in TB/s: the bytes of K and V (plus, for MTA, the ``cq - 1 + n`` query
+rows it reads) over the time. Before timing, ``mta_decode`` is checked against SDPA on fp32 copies of the
+inputs and ``mta_conv_decode`` against :func:`last_rows_reference` (exact, fp32), one sequence at a time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from mta import conv_attention_reference, conv_decode_attention, decode_attention, flash_attention
+
+from .conv import REFERENCE_LIVE_MATRICES, REFERENCE_MAX_FREE_FRACTION, cuda_free_bytes
+from .harness import Benchmark, Pass, by_shape, describe_error, failure_line, measure, ratio, rel_err, \
+    release_memory, text_table
+
+DTYPE = "bfloat16"
+NEW_QUERIES = 1
+BATCHES = (1, 8)
+#: ``(query heads, kv heads, head dim)``.
+CONFIGS = ((8, 8, 64), (32, 8, 128))
+SEQ_LENS = tuple(1024 * 2 ** i for i in range(8))  # 1k .. 128k
+QUICK_SEQ_LENS = (4096, 65536)
+KERNEL = (6, 11)
+WEIGHT_STD = 0.2
+
+TESTED_IMPL = "mta_decode"
+IMPLS = ("mta_decode", "mta_conv_decode", "sdpa", "mta_flash", "conv_reference", "read")
+#: The implementations checked before timing, and the largest relative error each may have (bf16).
+CHECKED = ("mta_decode", "mta_conv_decode")
+TOLERANCE = 2e-2
+PASSES = (Pass("fwd", "ms"),)
+#: Summary ratios over these cache lengths (shorter ones are launch-bound).
+SUMMARY_MIN_SEQ_LEN = 16384
+
+#: How the implementations are drawn.
+STYLES = {
+    "mta_decode": {"label": "mta.decode_attention", "color": "C3", "marker": "o"},
+    "mta_conv_decode": {"label": "mta.conv_decode_attention (6x11)", "color": "C1", "marker": "D"},
+    "sdpa": {"label": "SDPA (default backend)", "color": "C0", "marker": "s"},
+    "mta_flash": {"label": "mta.flash_attention", "color": "C2", "marker": "^", "linestyle": ":"},
+    "conv_reference": {"label": "MTA reference (materialized)", "color": "C4", "marker": "v"},
+    "read": {"label": "read K and V (ceiling)", "color": "k", "marker": "", "linestyle": "--"},
+}
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """``q [B, Hq, 1, D]``, caches ``k, v [B, Hkv, N, D]`` and ``q_cache [B, Hq, N, D]`` (MTA), all positions valid."""
+
+    dtype: str
+    batch: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    seq_len: int
+    new_queries: int = NEW_QUERIES
+
+    def label(self) -> str:
+        return f"{self.dtype} B={self.batch} Hq={self.heads} Hkv={self.kv_heads} D={self.head_dim} N={self.seq_len}"
+
+
+def decode_shapes(quick: bool = False) -> list[DecodeShape]:
+    """Grouped by (batch, configuration), N increasing."""
+    seq_lens = QUICK_SEQ_LENS if quick else SEQ_LENS
+    return [DecodeShape(DTYPE, b, h, hkv, d, n) for b in BATCHES for (h, hkv, d) in CONFIGS for n in seq_lens]
+
+
+def bytes_read(shape: DecodeShape, impl: str) -> int:
+    """What a decode step must read: K and V; MTA also its ``cq - 1 + n`` query rows per head."""
+    elem = torch.finfo(getattr(torch, shape.dtype)).bits // 8
+    kv = 2 * shape.batch * shape.kv_heads * shape.seq_len * shape.head_dim * elem
+    if impl in ("mta_conv_decode", "conv_reference"):
+        kv += shape.batch * shape.heads * (KERNEL[0] - 1 + shape.new_queries) * shape.head_dim * elem
+    return kv
+
+
+def reference_fit(shape: DecodeShape, free_bytes: int) -> Optional[str]:
+    """Why the materialized reference does not run (its ``N x N`` fp32 matrices, as :mod:`mta.bench.conv`
+    bounds them, above its share of the free memory), or None where it fits."""
+    need = REFERENCE_LIVE_MATRICES * shape.batch * shape.heads * shape.seq_len ** 2 * 4
+    if need <= REFERENCE_MAX_FREE_FRACTION * free_bytes:
+        return None
+    return (f"not run: the reference needs about {need / 2 ** 30:.1f} GiB, more than "
+            f"{REFERENCE_MAX_FREE_FRACTION:.0%} of the {free_bytes / 2 ** 30:.1f} GiB free")
+
+
+# --- implementations and their references ----------------------------------------------------
+
+
+def random_inputs(shape: DecodeShape, device) -> dict:
+    """Standard-normal caches and new queries (the last ``n`` rows of ``q_cache``); fp32 weight per head."""
+    dtype = getattr(torch, shape.dtype)
+    b, h, hkv, n, d = shape.batch, shape.heads, shape.kv_heads, shape.seq_len, shape.head_dim
+    q_cache = torch.randn(b, h, n, d, dtype=dtype, device=device)
+    return {"q": q_cache[:, :, n - shape.new_queries:].contiguous(), "q_cache": q_cache,
+            "k": torch.randn(b, hkv, n, d, dtype=dtype, device=device),
+            "v": torch.randn(b, hkv, n, d, dtype=dtype, device=device),
+            "weight": WEIGHT_STD * torch.randn(h, *KERNEL, dtype=torch.float32, device=device)}
+
+
+def sdpa(x: dict) -> torch.Tensor:
+    return F.scaled_dot_product_attention(x["q"], x["k"], x["v"], enable_gqa=x["q"].shape[1] != x["k"].shape[1])
+
+
+def default_impls() -> dict[str, Callable[[dict], torch.Tensor]]:
+    return {
+        "mta_decode": lambda x: decode_attention(x["q"], x["k"], x["v"]),
+        "mta_conv_decode": lambda x: conv_decode_attention(x["q_cache"], x["k"], x["v"], x["weight"],
+                                                           num_queries=x["q"].shape[2]),
+        "sdpa": sdpa,
+        "mta_flash": lambda x: flash_attention(x["q"], x["k"], x["v"], causal=True),
+        "conv_reference": lambda x: conv_attention_reference(x["q_cache"], x["k"], x["v"],
+                                                             x["weight"])[:, :, -x["q"].shape[2]:],
+        "read": lambda x: x["k"].sum() + x["v"].sum(),
+    }
+
+
+def last_rows_reference(q_cache, k, v, weight, n: int = 1) -> torch.Tensor:
+    """Rows ``N - n .. N - 1`` of the causal MTA forward from ``cq - 1 + n`` query rows (``O(cq N)`` memory),
+    in the inputs' dtype: scores of those rows, zeroed in their future, convolved, masked, softmax, ``@ v``."""
+    B, Hq, N, D = q_cache.shape
+    cq, ck = weight.shape[1:]
+    rows = torch.arange(N - n - (cq - 1), N, device=q_cache.device)  # before 0: the zero padding
+    q = torch.where((rows >= 0)[:, None], q_cache[:, :, rows.clamp_min(0)], 0.0)
+    s = (q @ k.repeat_interleave(Hq // k.shape[1], 1).transpose(-1, -2)) * D ** -0.5
+    s = s.masked_fill(torch.arange(N, device=s.device)[None, :] > rows[:, None], 0.0)
+    pk = (ck - 1) // 2
+    c = F.conv2d(F.pad(s, (pk, pk)), weight.to(s.dtype)[:, None], groups=Hq)  # [B, Hq, n, N]
+    c = c.masked_fill(torch.arange(N, device=s.device)[None, :] > rows[cq - 1:, None], float("-inf"))
+    return torch.softmax(c, -1) @ v.repeat_interleave(Hq // v.shape[1], 1)
+
+
+def check(impl: str, fn: Callable, x: dict) -> dict:
+    """Relative error of ``fn(x)`` against its fp32 reference (one sequence at a time, to bound memory)."""
+    result = {"rel_err": None, "tolerance": TOLERANCE, "ok": False, "error": None}
+    try:
+        out = fn(x).float()
+        refs = []
+        for b in range(x["k"].shape[0]):
+            one = {key: (t[b:b + 1].float() if key != "weight" else t) for key, t in x.items()}
+            refs.append(sdpa(one) if impl == "mta_decode" else
+                        last_rows_reference(one["q_cache"], one["k"], one["v"], one["weight"], one["q"].shape[2]))
+        result["rel_err"] = rel_err(out, torch.cat(refs))
+        result["ok"] = result["rel_err"] <= TOLERANCE
+    except Exception as exc:  # noqa: BLE001  (a failing kernel is a result)
+        result["error"] = describe_error(exc)
+    return result
+
+
+# --- the benchmark ---------------------------------------------------------------------------
+
+
+class DecodeBenchmark(Benchmark):
+    name, out = "decode", "figures/bench_decode.json"
+    help = "a decode step: mta.decode_attention and mta.conv_decode_attention vs SDPA, flash, a plain read"
+    description = ("Time and TB/s of one decode step (one new query, bf16, KV caches of 1k to 128k tokens) for "
+                   "mta.decode_attention, mta.conv_decode_attention (6x11), SDPA, mta.flash_attention, the "
+                   "materialized MTA reference where it fits, and a plain read of K and V, after checking both "
+                   "mta decoders against fp32 references.")
+    quick_help = "N in {4k, 64k}"
+    Shape, tested, passes = DecodeShape, TESTED_IMPL, PASSES
+
+    def __init__(self, impls: Optional[dict] = None, free_bytes: Optional[Callable[[], int]] = None):
+        self._impls = impls
+        self._free_bytes = free_bytes or cuda_free_bytes
+
+    def shapes(self, quick):
+        return decode_shapes(quick)
+
+    def impls(self):
+        return default_impls() if self._impls is None else self._impls
+
+    def measure_shape(self, shape, tools):
+        """One record per implementation; the checked ones carry their check, made before any timing."""
+        impls, x = self.impls(), random_inputs(shape, tools.device)
+        checks = {name: check(name, impls[name], x) for name in CHECKED if name in impls}
+        for name, c in checks.items():
+            if not c["ok"]:
+                tools.warn(failure_line(self, name, shape, c))
+        records = []
+        for name, fn in impls.items():
+            record = {"impl": name, **asdict(shape)}
+            reason = reference_fit(shape, self._free_bytes()) if name == "conv_reference" else None
+            calls = {} if reason else {"fwd": ((lambda fn=fn: fn(x)), None)}
+            record.update(measure(calls, self.passes, tools, {"fwd": reason} if reason else None))
+            if name in checks:
+                record["check"] = checks[name]
+            self.finish(record)
+            records.append(record)
+        del x
+        release_memory()
+        return records
+
+    def finish(self, r):
+        r["bytes"] = bytes_read(self.shape_of(r), r["impl"])
+        r["us"] = r["ms"] * 1e3 if r["ms"] is not None else None
+        r["tbps"] = r["bytes"] / (r["ms"] * 1e-3) / 1e12 if r["ms"] else None
+
+    def summarize(self, results):
+        return {"summary": summary(results)}
+
+    @staticmethod
+    def format_check(c):
+        return c.get("error") or f"rel err {c['rel_err']:.1e} (tol {c['tolerance']:.0e})"
+
+    def config(self, quick, warmup, rep):
+        shapes = decode_shapes(quick)
+        return {"benchmark": "decode", "quick": quick, "dtype": DTYPE, "new_queries": NEW_QUERIES,
+                "batches": list(BATCHES), "configs": [list(c) for c in CONFIGS],
+                "seq_lens": sorted({s.seq_len for s in shapes}), "kernel": list(KERNEL), "weight_std": WEIGHT_STD,
+                "impls": list(IMPLS), "warmup": warmup, "rep": rep,
+                "timing": "median over rep of per-call CUDA event times; 256 MB L2 flush and a ~1 ms GPU spin "
+                          "(so launch overhead is not timed) before each call",
+                "bytes": "K and V of every cache position; MTA also cq - 1 + n query rows per query head",
+                "check": "mta_decode vs SDPA on fp32 copies, mta_conv_decode vs last_rows_reference in fp32, "
+                         "per sequence; relative Frobenius error",
+                "tolerance": TOLERANCE}
+
+    def report(self, data):
+        return format_table(data["results"]) + "\n\n" + format_summary(data["summary"])
+
+    def plot(self, data):
+        return plot_decode(data)
+
+
+# --- reporting -------------------------------------------------------------------------------
+
+KEYS = ("batch", "heads", "kv_heads", "head_dim", "seq_len")
+
+
+def summary(results: list[dict], min_seq_len: int = SUMMARY_MIN_SEQ_LEN) -> list[dict]:
+    """Per (batch, configuration): the medians over N >= ``min_seq_len`` of mta_decode's TB/s as a fraction of the
+    plain read's, and of its speedup over SDPA; the same fraction for mta_conv_decode."""
+    groups: dict[tuple, list[dict]] = {}
+    for key, records in by_shape(results, KEYS).items():
+        if key[-1] >= min_seq_len:
+            groups.setdefault(key[:-1], []).append(records)
+    out = []
+    for (b, h, hkv, d), rows in groups.items():
+        def median(a, other, key):
+            values = [x for x in (ratio(r, a, other, key) for r in rows) if x is not None]
+            return statistics.median(values) if values else None
+        out.append({"batch": b, "heads": h, "kv_heads": hkv, "head_dim": d, "min_seq_len": min_seq_len,
+                    "decode_of_read_tbps": median("mta_decode", "read", "tbps"),
+                    "conv_decode_of_read_tbps": median("mta_conv_decode", "read", "tbps"),
+                    "sdpa_over_decode_time": median("sdpa", "mta_decode", "ms")})
+    return out
+
+
+def format_table(results: list[dict]) -> str:
+    """Microseconds per implementation and TB/s of the mta decoders and the read, per shape."""
+    columns = [("B", "{}"), ("Hq", "{}"), ("Hkv", "{}"), ("D", "{}"), ("N", "{}")]
+    columns += [(f"{name} us", "{:.1f}") for name in IMPLS]
+    columns += [(f"{name} TB/s", "{:.2f}") for name in ("mta_decode", "mta_conv_decode", "read")] + [("", "")]
+    rows = []
+    for key, records in by_shape(results, KEYS).items():
+        failed = any(not (records.get(n, {}).get("check") or {"ok": True})["ok"] for n in CHECKED)
+        rows.append(list(key) + [records.get(n, {}).get("us") for n in IMPLS]
+                    + [records.get(n, {}).get("tbps") for n in ("mta_decode", "mta_conv_decode", "read")]
+                    + ["!" if failed else ""])
+    return "microseconds per decode step (! = an mta decoder failed its check)\n" + text_table(columns, rows)
+
+
+def format_summary(summary_rows: list[dict]) -> str:
+    keys = ("decode_of_read_tbps", "conv_decode_of_read_tbps", "sdpa_over_decode_time")
+    rows = [[s["batch"], s["heads"], s["kv_heads"], s["head_dim"]] + [s[k] for k in keys] for s in summary_rows]
+    return (f"medians over N >= {SUMMARY_MIN_SEQ_LEN}: TB/s as a fraction of the plain read's; SDPA time / mta "
+            f"time (> 1: mta is faster)\n"
+            + text_table([("B", "{}"), ("Hq", "{}"), ("Hkv", "{}"), ("D", "{}")] + [(k, "{:.2f}") for k in keys],
+                         rows))
+
+
+def plot_decode(source, *, ax_size: tuple = (3.4, 2.8)):
+    """Time (us) and TB/s against cache length, log-log: one column per (batch, configuration), one line per
+    implementation, the plain read dashed; mta_decode points that failed their check crossed out. Returns the
+    Figure."""
+    from .plots import _impl_grid, load_results, provenance_line
+
+    data = load_results(source)
+    records = data["results"]
+    keys = ("batch", "heads", "kv_heads", "head_dim")
+    columns = [(f"B={b} Hq={h} Hkv={hkv} D={d}", dict(zip(keys, (b, h, hkv, d))))
+               for b, h, hkv, d in sorted({tuple(r[k] for k in keys) for r in records})]
+    rows = [("us", "time", "time per step (us)", 1.0), ("tbps", "bandwidth", "TB/s (K, V bytes / time)", 1.0)]
+    fig = _impl_grid(records, columns, rows, TESTED_IMPL, "mta.decode_attention check failed", log=True,
+                     ax_size=ax_size, restyle=STYLES)
+    fig.suptitle(f"Decode step, {data['config'].get('dtype', DTYPE)}, one new query; missing points: reference "
+                 f"skipped\n{provenance_line(data['provenance'])}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
