@@ -45,9 +45,9 @@ def test_the_probe_skips_bfloat16_in_the_interpreter(capsys):
 
 def test_the_cases_and_shapes():
     assert [c.name for c in probe.CASES] == ["flash_forward", "flash_forward_backward", "conv_forward",
-                                             "conv_forward_backward"]
+                                             "conv_forward_backward", "decode_forward", "conv_decode_forward"]
     full, quick = sb.startup_shapes(), sb.startup_shapes(quick=True)
-    assert len(full) == 4 * 3 * 2 and len(quick) == 4 * 2 * 1
+    assert len(full) == 6 * 3 * 2 and len(quick) == 6 * 2 * 1
     assert {(s.dtype, s.head_dim) for s in quick} == {("bfloat16", 128), ("float32", 128)}
     assert {(s.batch, s.heads, s.kv_heads, s.seq_len) for s in full} == {(1, 8, 2, 1536)}
 
@@ -138,7 +138,7 @@ def synthetic(fail=None):
 
 def test_table_shows_seconds_per_case():
     lines = sb.format_table(synthetic(fail=("flash_forward", False))["results"]).splitlines()
-    assert len(lines) == 3 + 24
+    assert len(lines) == 3 + 36
     rows = {tuple(line.split()[:3]): line.split()[3:] for line in lines[3:]}
     # import (torch + mta), first call with an empty cache, with a warm one, second call.
     assert rows[("flash_forward_backward", "float16", "128")] == ["1.50", "20.000", "2.000", "0.0010"]
@@ -159,9 +159,9 @@ def test_plot_startup_groups_bars_by_case_and_dtype_per_head_dim(tmp_path):
         assert len(fig.axes) == 2 and all(ax.get_yscale() == "log" for ax in fig.axes)
         assert [ax.get_title() for ax in fig.axes] == ["head dim 64", "head dim 128"]
         ax = fig.axes[1]
-        assert len(ax.get_xticks()) == 12  # 4 cases x 3 dtypes
+        assert len(ax.get_xticks()) == 18  # 6 cases x 3 dtypes
         heights = sorted(p.get_height() for p in ax.patches)
-        assert len(heights) == 2 * 12 - 3  # the failed empty-cache runs of conv have no bar
+        assert len(heights) == 2 * 18 - 3  # the failed empty-cache runs of conv have no bar
         assert heights[0] == 2.0 and heights[-1] == 20.0
         assert sum(t.get_text() == "failed" for t in ax.texts) == 3
         assert "NVIDIA H100" in fig._suptitle.get_text() and "N=1536" in fig._suptitle.get_text()

@@ -100,9 +100,10 @@ def startup_check(runs: dict[str, dict]) -> dict:
 class StartupBenchmark(Benchmark):
     name, out = "startup", "figures/bench_startup.json"
     help = "wall time of the first call of every public kernel function in a fresh process"
-    description = ("Seconds a user waits on the first call of mta.flash_attention (forward; forward+backward) and "
-                   "mta.conv_attention in a fresh Python process at a new shape (B=1, Hq=8, Hkv=2, N=1536), "
-                   "with an empty and with a warm Triton cache.")
+    description = ("Seconds a user waits on the first call of mta.flash_attention (forward; forward+backward), "
+                   "mta.conv_attention (forward; forward+backward), mta.decode_attention and "
+                   "mta.conv_decode_attention (one decode step) in a fresh Python process at a new shape (B=1, "
+                   "Hq=8, Hkv=2, N=1536), with an empty and with a warm Triton cache.")
     quick_help = "bf16 and fp32, d=128"
     exit_1 = "a probe failed or gave a non-finite output"
     timed = False

@@ -50,6 +50,16 @@ def conv_forward_backward(mta, x: dict):
     return out, x["q"].grad, x["k"].grad, x["v"].grad, x["weight"].grad
 
 
+def decode_forward(mta, x: dict):
+    """One decode step: the last query against the whole cache (every position valid)."""
+    return mta.decode_attention(x["q"][:, :, -1:], x["k"], x["v"])
+
+
+def conv_decode_forward(mta, x: dict):
+    """One MTA decode step: the last position's output from the query and KV caches."""
+    return mta.conv_decode_attention(x["q"], x["k"], x["v"], x["weight"])
+
+
 @dataclass(frozen=True)
 class Case:
     """A public function's first call: ``call(mta, inputs) -> tensor(s)``, checked finite afterwards.
@@ -68,6 +78,8 @@ CASES = (
     Case("flash_forward_backward", "flash_attention forward+backward", flash_forward_backward, grad=True),
     Case("conv_forward", "conv_attention forward (6x11)", conv_forward),
     Case("conv_forward_backward", "conv_attention forward+backward (6x11)", conv_forward_backward, grad=True),
+    Case("decode_forward", "decode_attention (one new query)", decode_forward),
+    Case("conv_decode_forward", "conv_decode_attention (6x11, one new query)", conv_decode_forward),
 )
 KERNEL_SIZE = (6, 11)
 
