@@ -102,9 +102,9 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
                   what: str = "Nq") -> torch.Tensor | None:
     """``cache_seqlens`` as an int tensor on ``device`` (None: every sequence is ``n_max`` long).
 
-    A list or a CPU tensor is checked value by value (``n_min <= len <= n_max``, one per sequence) before
-    it is copied to the device; a tensor already on the device is checked for shape and dtype only:
-    reading its values would synchronise.
+    A list or a CPU tensor is checked value by value (``n_min <= len <= n_max``, one per sequence) on the host,
+    then copied to the device without synchronising (pinned, non-blocking); a tensor already on the device is
+    checked for shape and dtype only: reading its values would synchronise.
     """
     if cache_seqlens is None:
         return None
@@ -127,6 +127,8 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
         if low < n_min:
             raise ValueError(f"cache_seqlens has a length {low} under {what}={n_min}: each sequence must hold "
                              f"its new tokens")
+        if device.type == "cuda":  # from pinned memory the copy is queued, never a synchronisation
+            return cache_seqlens.pin_memory().to(device, non_blocking=True)
         return cache_seqlens.to(device)
     if cache_seqlens.device != device:
         raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but the caches are on {device}")

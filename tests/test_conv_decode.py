@@ -133,6 +133,21 @@ def test_folded_queries():
             torch.testing.assert_close(qf[0, :, b, t], want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="synchronisation is a GPU matter")
+def test_a_decode_step_does_not_synchronise():
+    q, k, v = caches(2, 4, 2, 2048, 64, [2048, 2048], torch.float16)
+    weight = rand(4, 6, 11, scale=0.2)
+    on_device = torch.tensor([2048, 700], dtype=torch.int32, device=DEVICE)
+    mta.conv_decode_attention(q, k, v, weight, cache_seqlens=on_device)  # compile first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for lengths in (on_device, [2048, 700], None):
+            mta.conv_decode_attention(q, k, v, weight, cache_seqlens=lengths)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 # --- input checks ------------------------------------------------------------------------------
 
 

@@ -128,6 +128,21 @@ def test_device_lengths_are_clamped_to_the_cache():
     torch.testing.assert_close(out, mta.decode_attention(q, k, v, scale=0.25), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="synchronisation is a GPU matter")
+def test_a_decode_step_does_not_synchronise():
+    q = rand(2, 4, 1, 64, dtype=torch.float16)
+    k, v = rand(2, 2, 4096, 64, dtype=torch.float16), rand(2, 2, 4096, 64, dtype=torch.float16)
+    on_device = torch.tensor([4096, 1000], dtype=torch.int32, device=DEVICE)
+    mta.decode_attention(q, k, v, cache_seqlens=on_device)  # compile first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for lengths in (on_device, [4096, 1000], None):
+            mta.decode_attention(q, k, v, cache_seqlens=lengths)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 # --- the split rule ----------------------------------------------------------------------------
 
 
