@@ -119,7 +119,7 @@ def plot_ownership(n_tiles: int = 6, query_tile: int = 4, key_tile: int = 1, row
     ax.add_patch(Rectangle((7.5, row_tiles - 0.85), 1.8, 0.7, facecolor="#8FB0D9", edgecolor="0.3"))
     ax.text(8.4, row_tiles - 0.5, "$dW$", ha="center", va="center", fontsize=10)
     ax.text(0.2, row_tiles + 0.55, "conv_near_kernel, conv_dq_fold_kernel, conv_dk_fold_kernel:\none program per "
-            "row tile writes its rows of $G$, $dq$, $dk$\nand one partial of $dW$; torch.sum adds the partials",
+            "row tile writes its rows of $G$, $dq$, $dk$\nand its partials of $dW$ (near and far); torch.sum adds them",
             fontsize=8.5, va="top")
     ax.set_title("(c) the row-tile passes and the fixed-order reduction", fontsize=9, loc="left")
     fig.legend([Patch(color=OWN), Patch(facecolor=OTHER, edgecolor="0.45"), Patch(color=SKIP),
