@@ -224,8 +224,9 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     summed over the batch.
 
     Order: the pre-passes again (folded keys, past and diagonal scores: recomputed, cheaper than keeping
-    ``cq`` folded copies of K alive between forward and backward), ``Delta``, the dQ-side and dK/dV-side
-    tiled kernels (``Gq``, ``dV``, ``U``), the near-diagonal kernel (causal), then the two folds.
+    ``cq`` folded copies of K alive between forward and backward), ``Delta``, the near-diagonal kernel
+    (causal), the dQ-side tiled kernel and its fold, then the dK/dV-side tiled kernel and its fold: the two
+    ``cq``-fold fp32 buffers ``Gq`` and ``U`` are never alive at the same time.
     """
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
@@ -249,26 +250,11 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     rowsum_do_o_kernel[(triton.cdiv(N, rowsum_block), B * Hq)](
         o, do, delta, *o.stride(), *do.stride(), N, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
 
-    gq = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
-    u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     bucket = size_bucket(N)
     # True fp32 products for fp32, as in the forward: P recomputed here must match the forward's lse (at
     # logits of 1e3, tf32x3's 4x larger product error moved dV by 4x the fp32 rounding of the same method).
     meta = dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=e_pad, QA=qa, QB=qb, D=D, BLOCK_D=block_d,
                 PRECISION=dot_precision(q.dtype, split_fp32=False))
-    launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
-                 (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
-                  N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
-                 fit=lambda tile: _fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
-                 key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
-    launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_N"]), B * Hkv),
-                 (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
-                  *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
-                 fit=lambda tile: _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size()),
-                 key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
-    del kf
-
     # Post-passes: memory-bound. The interpreter pays per operation, so it gets long tiles; on a GPU the folds'
     # tiles shrink with the head dim (a few fp32 [rows, block_d] tiles live in registers: no spills).
     block_r = 128 if runtime.INTERPRET else max(16, min(64, 4096 // block_d))
@@ -282,13 +268,31 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
         conv_near_kernel[(tiles, B * Hq)](cd, pv, pq, lse, delta, w, g, dwn, N, Hq, scale, CQ=cq, CK=ck, E=e,
                                           E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=block_r, num_warps=4)
         dw_parts.append(dwn)
+        del pv
     else:
         g = torch.zeros(16, device=dev, dtype=torch.float32)
+
+    # dQ side, then dK/dV side: the two cq-fold fp32 buffers (Gq, U) are never alive together.
+    gq = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
+    launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
+                 (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
+                  N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
+                 fit=lambda tile: _fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
+                 key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     conv_dq_fold_kernel[(tiles, B * Hq)](gq, g, k, dq, *k.stride(), *dq.stride(), N, Hq, Hq // Hkv, scale,
                                          NEAR=near, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d,
                                          BLOCK_R=block_r, num_warps=4)
     del gq
+
+    u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_N"]), B * Hkv),
+                 (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
+                  *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
+                 fit=lambda tile: _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size()),
+                 key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
+    del kf
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dwf = torch.empty((tiles, B, Hq, cq, ck), device=dev, dtype=torch.float32)
     conv_dk_fold_kernel[(tiles, B * Hkv)](u, g, q, k, w, dk, dwf, *q.stride(), *k.stride(), *dk.stride(), N, Hkv,
