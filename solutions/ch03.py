@@ -1,0 +1,166 @@
+"""Reference solutions to chapter 03's exercises (FlashAttention-2 in Triton). Try the exercises first.
+
+Checked by ``tests/test_exercises_03.py`` with the checkers in :mod:`mta.exercises.ch03`.
+"""
+
+from __future__ import annotations
+
+import mta  # noqa: F401  (first: sets TRITON_INTERPRET when there is no GPU, before Triton is imported)
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+def precision(dtype):
+    """True fp32 products for fp32 inputs (on a GPU ``tl.dot`` would use TF32 by default)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+# Exercise 1: a causal kernel in two stages.
+@triton.jit
+def _fold_key_tiles(acc, m, l, q, K, V, stride_kn, offs_m, start, stop, n_k, diag, qk_scale,
+                    MASKED: tl.constexpr, D: tl.constexpr, T_K: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold the key tiles ``[start, stop)`` into the state ``(acc, m, l)`` of one query tile; also return how many
+    tiles were visited."""
+    offs_n = tl.arange(0, T_K)
+    offs_d = tl.arange(0, D)
+    visited = 0
+    for start_n in range(start, stop, T_K):
+        offs_k = start_n + offs_n
+        if MASKED:
+            key_ok = offs_k < n_k
+            kt = tl.load(K + offs_k[None, :] * stride_kn + offs_d[:, None], mask=key_ok[None, :], other=0.0)
+            v = tl.load(V + offs_k[:, None] * stride_kn + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        else:
+            kt = tl.load(K + offs_k[None, :] * stride_kn + offs_d[:, None])
+            v = tl.load(V + offs_k[:, None] * stride_kn + offs_d[None, :])
+        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+        if MASKED:
+            visible = (offs_k[None, :] < n_k) & (offs_k[None, :] <= offs_m[:, None] + diag)
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)      # the guard
+        else:
+            m_new = tl.maximum(m, tl.max(s, 1))
+            m_sub = m_new
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m - m_sub)
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+        visited += 1
+    return acc, m, l, visited
+
+
+@triton.jit
+def flash_fwd_causal(Q, K, V, O, LSE, VISITS, n_q, n_k, stride_qbh, stride_qm, stride_kbh, stride_kn, qk_scale,
+                     D: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    Q += pid_bh * stride_qbh
+    O += pid_bh * stride_qbh
+    K += pid_bh * stride_kbh
+    V += pid_bh * stride_kbh
+    m0 = pid_m * T_Q
+    offs_m = m0 + tl.arange(0, T_Q)
+    offs_d = tl.arange(0, D)
+    row_ok = offs_m < n_q
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    m = tl.full([T_Q], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([T_Q], dtype=tl.float32)
+    acc = tl.zeros([T_Q, D], dtype=tl.float32)
+
+    diag = n_k - n_q                                            # query i sees keys j <= i + diag
+    full_stop = tl.minimum(tl.maximum(m0 + diag + 1, 0), n_k) // T_K * T_K
+    masked_stop = tl.minimum(tl.maximum(m0 + T_Q + diag, 0), n_k)
+    acc, m, l, n_full = _fold_key_tiles(acc, m, l, q, K, V, stride_kn, offs_m, 0, full_stop, n_k, diag, qk_scale,
+                                        False, D, T_K, PRECISION)
+    acc, m, l, n_masked = _fold_key_tiles(acc, m, l, q, K, V, stride_kn, offs_m, full_stop, masked_stop, n_k, diag,
+                                          qk_scale, True, D, T_K, PRECISION)
+
+    seen = l > 0.0
+    l_div = tl.where(seen, l, 1.0)
+    o = acc / l_div[:, None]
+    lse = tl.where(seen, (m + tl.math.log2(l_div)) * 0.6931471805599453, float("-inf"))
+    tl.store(O + offs_m[:, None] * stride_qm + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LSE + pid_bh * n_q + offs_m, lse, mask=row_ok)
+    visits = VISITS + (pid_bh * tl.num_programs(0) + pid_m) * 2
+    tl.store(visits, n_full)
+    tl.store(visits + 1, n_masked)
+
+
+def attention_causal(q, k, v, T_q=16, T_k=16, kernel=flash_fwd_causal):
+    """Causal attention, bottom-right aligned: ``(o, lse, visits)`` (see the exercise)."""
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    q3, k3, v3 = (x.reshape(B * H, -1, D).contiguous() for x in (q, k, v))
+    o3 = torch.empty_like(q3)
+    lse = torch.empty(B * H, Nq, device=q.device, dtype=torch.float32)
+    grid = (triton.cdiv(Nq, T_q), B * H)
+    visits = torch.zeros(B * H, grid[0], 2, device=q.device, dtype=torch.int32)
+    kernel[grid](q3, k3, v3, o3, lse, visits, Nq, Nk, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
+                 D ** -0.5 * LOG2E, D=D, T_Q=T_q, T_K=T_k, PRECISION=precision(q.dtype))
+    return o3.reshape(B, H, Nq, D), lse.reshape(B, H, Nq), visits
+
+
+# Exercise 2: key tiles visited, and the causal / non-causal ratio.
+def key_tiles_visited(n_q, n_k, T_q, T_k, causal):
+    total = 0
+    for m0 in range(0, n_q, T_q):
+        if causal:
+            last_row = min(m0 + T_q, n_q) - 1                        # the tile's last real query
+            n_seen = min(max(last_row + (n_k - n_q) + 1, 0), n_k)    # it sees keys j < last_row + diag + 1
+            total += triton.cdiv(n_seen, T_k)
+        else:
+            total += triton.cdiv(n_k, T_k)
+    return total
+
+
+def visited_ratio(N, T_q):
+    # Query tile t (of n = N / T_q) visits (t + 1) * T_q / T_k key tiles; the sum over t is
+    # (T_q / T_k) * n (n + 1) / 2, against n * N / T_k = (T_q / T_k) * n^2 without the mask.
+    # The ratio (n + 1) / (2 n) = 1/2 + T_q / (2 N) tends to 1/2, with an excess that shrinks like 1/N.
+    return 0.5 + T_q / (2 * N)
+
+
+# Exercise 3: dS from the D term.
+def ds_from_formula(s, v, do):
+    p = torch.softmax(s, dim=-1)
+    o = p @ v
+    dp = do @ v.T
+    d = (do * o).sum(dim=-1, keepdim=True)            # D_i = rowsum(dO * O)
+    return p * (dp - d)
+
+# Why not D_i = sum_j dP_ij: the softmax Jacobian subtracts the P-weighted mean of row i of dP,
+# sum_j P_ij dP_ij = dO_i . O_i; the unweighted sum is a different number (and grows with N_k).
+
+
+# Exercise 4: the backward's pre-pass D = rowsum(dO * O), one program per (row tile, batch x head).
+@triton.jit
+def rowsum_do_o_kernel(O, DO, DELTA, n, num_heads,
+                       stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
+                       D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_n[:, None] < n) & (offs_d[None, :] < D)       # the row tail and the padded feature columns
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_n[:, None] * stride_on + offs_d[None, :],
+                mask=mask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_n[:, None] * stride_don + offs_d[None, :],
+                 mask=mask, other=0.0)
+    tl.store(DELTA + pid_bh * n + offs_n, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=offs_n < n)
+
+
+def rowsum_do_o(o, do, block_n=16):
+    B, H, N, D = o.shape
+    o, do = (x if x.stride(-1) == 1 else x.contiguous() for x in (o, do))   # the kernel assumes unit stride on d
+    delta = torch.empty(B, H, N, device=o.device, dtype=torch.float32)
+    rowsum_do_o_kernel[(triton.cdiv(N, block_n), B * H)](
+        o, do, delta, N, H, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n)
+    return delta
