@@ -1,0 +1,194 @@
+"""Chapter 04's exercises: every reference solution passes its checker, and a plausible wrong answer fails it
+with a message that names the failing case."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+import mta  # noqa: F401  (sets the runtime before any kernel below is defined)
+from mta.exercises import ch04
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_solutions():
+    spec = importlib.util.spec_from_file_location("solutions_ch04", ROOT / "solutions" / "ch04.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SOLUTIONS = load_solutions()
+
+
+def test_solution_1_passes(capsys):
+    result = ch04.check_diagonal_scores(SOLUTIONS.diagonal_scores)
+    assert result.passed and result.attempted
+    assert f"all {len(ch04.DIAGONAL_CASES)} cases pass" in capsys.readouterr().out
+
+
+def test_solution_2_passes():
+    assert ch04.check_tile_kinds(SOLUTIONS.classify_by_definition).passed
+
+
+def test_solution_3_passes():
+    assert ch04.check_fold_keys(SOLUTIONS.fold_keys).passed
+
+
+def test_solution_4_passes():
+    assert ch04.check_one_hot_kernel(SOLUTIONS.one_hot_kernel).passed
+
+
+def test_stubs_are_not_attempted(capsys):
+    def stub(*args):
+        raise NotImplementedError
+
+    checks = (ch04.check_diagonal_scores, ch04.check_tile_kinds, ch04.check_fold_keys, ch04.check_one_hot_kernel)
+    for check in checks:
+        result = check(stub)
+        assert not result.passed and not result.attempted
+    assert capsys.readouterr().out.count("not attempted yet") == len(checks)
+
+
+def test_wrong_1_forgets_the_pre_mask():
+    # The convolution of the raw scores S: the right half of the kernel then reads future scores.
+    def no_pre_mask(q, k, w, scale):
+        N = q.shape[0]
+        cq, ck = w.shape
+        pk = (ck - 1) // 2
+        S_pad = F.pad(scale * q @ k.T, (pk, pk, cq - 1, 0))
+        out = torch.zeros(N, cq - 1 + pk, dtype=q.dtype)
+        for i in range(N):
+            for delta in range(min(cq - 1 + pk, i + 1)):
+                out[i, delta] = (w * S_pad[i:i + cq, i - delta:i - delta + ck]).sum()
+        return out
+
+    result = ch04.check_diagonal_scores(no_pre_mask)
+    assert result.attempted and not result.passed
+    assert "case 'N=12, 3x5' fails: diagonal scores: max abs error" in result.message
+
+
+def test_wrong_1_flips_the_kernel():
+    # A true convolution (kernel flipped on both axes) instead of the cross-correlation F.conv2d computes.
+    def flipped(q, k, w, scale):
+        return SOLUTIONS.diagonal_scores(q, k, w.flip(0, 1), scale)
+
+    result = ch04.check_diagonal_scores(flipped)
+    assert "case 'N=12, 3x5' fails: diagonal scores: max abs error" in result.message
+
+
+def test_wrong_2_forgets_the_reach():
+    # Plain flash attention's rule: a tile is unmasked once it lies on or below the diagonal (E taken as 0).
+    def flash_rule(i0, j0, BM, BN, N, cq, ck):
+        i = np.arange(i0, i0 + BM)[:, None]
+        j = np.arange(j0, j0 + BN)[None, :]
+        real = (i < N) & (j < N)
+        if (j > i)[real].all():
+            return ch04.SKIPPED
+        return ch04.FOLDED if (i - j >= 0).all() else ch04.DIAGONAL
+
+    result = ch04.check_tile_kinds(flash_rule)
+    assert result.attempted and not result.passed
+    assert "case 'N=37, tiles 16x16, 2x9' fails: tile (i0=16, j0=0): got FOLDED, the kernel's rule says DIAGONAL" \
+        in result.message
+
+
+def test_wrong_2_reach_off_by_one():
+    # E = cq + pk: one diagonal too many. Only a tile whose nearest entry is exactly E below the diagonal tells.
+    def off_by_one(i0, j0, BM, BN, N, cq, ck):
+        return SOLUTIONS.classify_by_definition(i0, j0, BM, BN, N, cq + 1, ck)
+
+    result = ch04.check_tile_kinds(off_by_one)
+    assert "case 'N=130, tiles 32x16, 11x15' fails:" in result.message
+    assert "got DIAGONAL, the kernel's rule says FOLDED" in result.message
+
+
+@triton.jit
+def _fold_wrong_way(K, W, KF, n, CQ: tl.constexpr, CK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    # As the solution, but kernel column b reads key j + pk - b (the shift runs the wrong way).
+    PK: tl.constexpr = (CK - 1) // 2
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    for a in tl.static_range(CQ):
+        acc = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+        for b in tl.static_range(CK):
+            rows = offs_n + PK - b
+            k = tl.load(K + rows[:, None] * D + offs_d[None, :], mask=((rows >= 0) & (rows < n))[:, None], other=0.0)
+            acc += tl.load(W + a * CK + b) * k
+        tl.store(KF + (a * n + offs_n[:, None]) * D + offs_d[None, :], acc, mask=(offs_n < n)[:, None])
+
+
+@triton.jit
+def _fold_clamped(K, W, KF, n, CQ: tl.constexpr, CK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    # As the solution, but rows outside [0, n) are clamped to the nearest key instead of reading 0.
+    PK: tl.constexpr = (CK - 1) // 2
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    for a in tl.static_range(CQ):
+        acc = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+        for b in tl.static_range(CK):
+            rows = tl.minimum(tl.maximum(offs_n - PK + b, 0), n - 1)
+            k = tl.load(K + rows[:, None] * D + offs_d[None, :])
+            acc += tl.load(W + a * CK + b) * k
+        tl.store(KF + (a * n + offs_n[:, None]) * D + offs_d[None, :], acc, mask=(offs_n < n)[:, None])
+
+
+def _fold_with(kernel):
+    def fold(k, w, block_n=16):
+        N, D = k.shape
+        cq, ck = w.shape
+        kf = torch.empty(cq, N, D, device=k.device, dtype=torch.float32)
+        kernel[(triton.cdiv(N, block_n),)](k.contiguous(), w.contiguous(), kf, N, CQ=cq, CK=ck, D=D, BLOCK_N=block_n)
+        return kf
+    return fold
+
+
+def test_wrong_3_shifts_the_wrong_way():
+    # With one token only the centre column reads a key, so N = 1 passes; N = 37 does not.
+    result = ch04.check_fold_keys(_fold_with(_fold_wrong_way))
+    assert result.attempted and not result.passed
+    assert "case 'N=37, D=16, 2x9' fails: folded keys: max abs error" in result.message
+
+
+def test_wrong_3_clamps_the_padding():
+    # Replicate padding instead of zero padding: wrong at both ends, already with one token.
+    result = ch04.check_fold_keys(_fold_with(_fold_clamped))
+    assert "case 'N=1, D=16, 3x5' fails: folded keys: max abs error" in result.message
+
+
+def test_wrong_4_puts_the_one_at_column_0():
+    # The 1 at column 0 (the key pk to the left): one token has nothing to its left but itself, so N = 1 passes.
+    def left_column(Hq, ck):
+        w = torch.zeros(Hq, 1, ck)
+        w[:, 0, 0] = 1.0
+        return w
+
+    result = ch04.check_one_hot_kernel(left_column)
+    assert result.attempted and not result.passed
+    assert "case 'N=23, ck=7' fails: MTA output: max abs error" in result.message
+
+
+def test_wrong_4_forgets_the_query_axis():
+    def flat(Hq, ck):
+        return SOLUTIONS.one_hot_kernel(Hq, ck)[:, 0]
+
+    result = ch04.check_one_hot_kernel(flat)
+    assert "case 'N=1, ck=3' fails: weight shape: got (2, 3), expected (2, 1, 3)" in result.message
+
+
+@pytest.mark.parametrize("N,BM,BN,cq,ck", [(37, 16, 16, 2, 9), (200, 16, 16, 6, 11), (1024, 64, 64, 6, 11)])
+def test_tile_kinds_follow_the_kernel(N, BM, BN, cq, ck):
+    # The grid from the kernel's key_tile_bounds is the one from the definition, and the fused kernel's checks in
+    # the notebook rely on it.
+    kinds = ch04.tile_kinds(N, cq, ck, BM, BN)
+    for t in range(kinds.shape[0]):
+        for u in range(kinds.shape[1]):
+            assert kinds[t, u] == SOLUTIONS.classify_by_definition(t * BM, u * BN, BM, BN, N, cq, ck)
