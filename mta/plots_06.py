@@ -27,7 +27,7 @@ def plot_decode_roofline(peak_flops: float, bandwidth: float, points: list[tuple
     ridge = peak_flops / bandwidth
     xs = np.logspace(-1, 4.5, 200)
     roof = np.minimum(peak_flops, xs * bandwidth) / 1e12
-    fig, ax = plt.subplots(figsize=(8.6, 4.4))
+    fig, ax = plt.subplots(figsize=(8.0, 5.6))
     ax.loglog(xs, roof, "k-", linewidth=2, label="roofline (datasheet peaks)")
     ax.axvline(ridge, color="gray", linestyle=":", linewidth=1)
     ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, 0.3), xytext=(4, 0), textcoords="offset points", color="gray")
@@ -40,7 +40,7 @@ def plot_decode_roofline(peak_flops: float, bandwidth: float, points: list[tuple
     ax.set_ylim(0.2, 3000)
     ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8.5, ncol=1, frameon=False)
     fig.tight_layout()
     return fig
 

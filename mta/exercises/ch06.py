@@ -144,7 +144,8 @@ def mta_rows_truth(q_cache, k_cache, v_cache, weight, lens, n):
     ``L`` positions, float64."""
     rows = []
     for b, L in enumerate(lens):
-        rows.append(conv_attention_reference(q_cache[b:b + 1, :, :L], k_cache[b:b + 1, :, :L], v_cache[b:b + 1, :, :L], weight)[:, :, L - n:])
+        rows.append(conv_attention_reference(q_cache[b:b + 1, :, :L], k_cache[b:b + 1, :, :L],
+                                             v_cache[b:b + 1, :, :L], weight)[:, :, L - n:])
     return torch.cat(rows)
 
 
