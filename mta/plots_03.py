@@ -202,5 +202,5 @@ def plot_bench_launch_order(data: dict, model: dict):
     axes[0][0].set_ylabel("natural time / heaviest-first time")
     fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.suptitle(f"Causal tiles launched heaviest first, bf16\n{provenance_line(data['provenance'])}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.17, 1, 1))
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     return fig
