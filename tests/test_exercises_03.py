@@ -169,8 +169,9 @@ def test_wrong_1_has_no_unmasked_stage():
 
 
 def test_wrong_1_does_not_round_full_stop():
+    # Its last unmasked tile may also reach past the keys (an unmasked load): wrong numbers or NaN, either way "o".
     result = ch03.check_causal_kernel(_wrong_causal(2))
-    assert "case 'Nq=Nk=40, tiles 16x16' fails: o: max abs error" in result.message
+    assert "case 'Nq=Nk=40, tiles 16x16' fails: o: " in result.message
 
 
 def test_wrong_1_forgets_the_guard():
