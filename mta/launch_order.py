@@ -2,13 +2,14 @@
 
 The GPU starts programs in the order of their linear id (axis 0 fastest) and
 gives a free SM the next one. Under a causal mask the tiles are unequal: the
-last query tile visits every key tile, the first visits one. Numbered the
+last query tile visits every key tile, the first only the keys up to its diagonal. Numbered the
 natural way (all tiles of head 0, then head 1, ...), the last wave is a mix
 of long and short programs and the SMs that drew short ones sit idle while the
 long ones finish. Numbered tile-major with the longest tiles first (every
 head's last query tile, then every head's second-to-last, ...), the short
 programs come last and fill the gaps: longest-processing-time-first scheduling.
-Chapter 03 measures what it buys.
+Appendix 03b (``notebooks/03b_launch_order.ipynb``) measures what it buys for the causal forward
+kernels; for the non-causal and backward launches it is applied but not measured.
 """
 
 from __future__ import annotations
