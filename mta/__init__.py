@@ -9,6 +9,8 @@ from .conv import conv_attention
 from .conv_decode import conv_decode_attention
 from .decode import decode_attention
 from .flash import flash_attention
+from .kv_cache import KVCache
+from .layer import MultiTokenAttention
 from .online_softmax import (
     AttentionState,
     attention_state,
@@ -19,9 +21,12 @@ from .online_softmax import (
     merge_states,
 )
 from .reference import conv_attention_reference, naive_attention
+from . import ops  # noqa: E402  (the kernels as torch.library custom ops, for torch.compile)
 
 __all__ = [
     "AttentionState",
+    "KVCache",
+    "MultiTokenAttention",
     "attention_state",
     "blocked_attention",
     "blocked_softmax",
@@ -34,6 +39,7 @@ __all__ = [
     "flash_attention",
     "merge_states",
     "naive_attention",
+    "ops",
     "runtime",
 ]
 

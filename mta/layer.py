@@ -1,0 +1,203 @@
+"""``mta.MultiTokenAttention``: an attention layer whose scores go through MTA's key-query convolution.
+
+``x [B, N, dim]`` -> projections -> heads ``[B, H, N, D]`` -> RoPE (optional) -> causal MTA (the fused kernels
+of :func:`mta.conv_attention`, through the ``mta::conv_attention`` op of :mod:`mta.ops`) -> ``o_proj``.
+With ``kernel_size=(1, 1)`` it is a plain causal attention layer (:func:`mta.flash_attention`), with no kernel.
+
+The kernel ``conv_weight [H, cq, ck]`` (fp32) starts as the identity (a 1 on the current query and key), so a new
+layer computes exactly causal attention and training moves it away from there, as in the MTA paper.
+
+Generation: :meth:`MultiTokenAttention.new_cache` makes a :class:`mta.KVCache`; :meth:`~MultiTokenAttention.prefill`
+runs the fused forward on the prompt and fills the cache; :meth:`~MultiTokenAttention.step` appends a few new
+tokens per sequence and runs the decode kernels. ``layer(x, cache=cache)`` does whichever of the two applies.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from . import ops
+from .kv_cache import KVCache
+from .rope import apply_rope
+
+#: The MTA paper's other options, which this layer does not implement (pre-softmax key-query convolution only).
+UNSUPPORTED_OPTIONS = {
+    "post_softmax_conv": "a key-query convolution after the softmax",
+    "after_sm_kernel_size": "a key-query convolution after the softmax",
+    "head_mixing": "the head-mixing convolution",
+    "head_kernel_size": "the head-mixing convolution",
+    "pre_sm_linear_head": "head mixing before the softmax",
+    "post_sm_linear_head": "head mixing after the softmax",
+    "group_norm": "group normalisation of the heads' outputs",
+    "gating": "gating of the heads' outputs",
+    "add_gating": "gating of the heads' outputs",
+}
+
+
+def identity_kernel(num_heads: int, cq: int, ck: int) -> torch.Tensor:
+    """``[num_heads, cq, ck]`` fp32: 1 at ``[:, cq - 1, (ck - 1) // 2]`` (current query, current key), else 0."""
+    w = torch.zeros(num_heads, cq, ck, dtype=torch.float32)
+    w[:, cq - 1, (ck - 1) // 2] = 1.0
+    return w
+
+
+class MultiTokenAttention(nn.Module):
+    """Causal Multi-Token Attention (pre-softmax key-query convolution), with GQA and optional RoPE.
+
+    Args:
+        dim: model width; ``dim % num_heads == 0``, head dim ``D = dim // num_heads`` (at most 256).
+        num_heads: query heads ``H``.
+        num_kv_heads: key/value heads (grouped-query attention), a divisor of ``num_heads``; default ``num_heads``.
+        kernel_size: ``(cq, ck)`` of the convolution, ``cq`` queries back, ``ck`` keys centred (odd). ``(1, 1)``:
+            plain causal attention, no ``conv_weight``.
+        rope_theta: apply RoPE with this base to queries and keys (needs an even ``D``); None: no positions.
+
+    Parameters: ``q_proj [H D, dim]``, ``k_proj``, ``v_proj [Hkv D, dim]``, ``o_proj [dim, H D]`` (bias-free),
+    ``conv_weight [H, cq, ck]`` fp32 (identity at init; None for ``(1, 1)``).
+
+    The paper's post-softmax convolution, head mixing and group norm are not implemented: asking for them
+    (``post_softmax_conv=True``, ``head_mixing=True``, ``group_norm=True``, ...) raises ``NotImplementedError``.
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, num_kv_heads: Optional[int] = None,
+                 kernel_size: tuple[int, int] = (6, 11), rope_theta: Optional[float] = None, **options):
+        super().__init__()
+        asked = sorted(name for name in options if name in UNSUPPORTED_OPTIONS)
+        if asked:
+            what = "; ".join(f"{name} ({UNSUPPORTED_OPTIONS[name]})" for name in asked)
+            raise NotImplementedError(f"MultiTokenAttention implements the pre-softmax key-query convolution only; "
+                                      f"not supported: {what}")
+        if options:
+            raise TypeError(f"MultiTokenAttention got unexpected keyword arguments: {sorted(options)}")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads < 1 or num_kv_heads < 1:
+            raise ValueError(f"num_heads and num_kv_heads must be positive, got {num_heads} and {num_kv_heads}")
+        if dim % num_heads:
+            raise ValueError(f"dim must be a multiple of num_heads, got dim={dim}, num_heads={num_heads}")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads must be a multiple of num_kv_heads (GQA), got num_heads={num_heads}, "
+                             f"num_kv_heads={num_kv_heads}")
+        cq, ck = (int(s) for s in kernel_size)
+        if cq < 1 or ck < 1:
+            raise ValueError(f"kernel_size must be at least (1, 1), got {tuple(kernel_size)}")
+        if ck % 2 == 0:
+            raise ValueError(f"the key-axis kernel size ck must be odd (it is centred on the key), got ck={ck}")
+        head_dim = dim // num_heads
+        if rope_theta is not None and head_dim % 2:
+            raise ValueError(f"RoPE needs an even head dim, got dim // num_heads = {head_dim}")
+        self.dim, self.num_heads, self.num_kv_heads, self.head_dim = dim, num_heads, num_kv_heads, head_dim
+        self.kernel_size = (cq, ck)
+        self.rope_theta = rope_theta
+        self.q_proj = nn.Linear(dim, num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(dim, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(dim, num_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, dim, bias=False)
+        if self.is_mta:
+            self.conv_weight = nn.Parameter(identity_kernel(num_heads, cq, ck))
+        else:
+            self.register_parameter("conv_weight", None)
+
+    @property
+    def is_mta(self) -> bool:
+        """True unless the kernel is 1 x 1 (then the layer is plain causal attention)."""
+        return self.kernel_size != (1, 1)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"kernel_size={self.kernel_size}, rope_theta={self.rope_theta}")
+
+    def reset_conv_weight(self) -> None:
+        """Back to the identity kernel (plain causal attention)."""
+        if self.conv_weight is not None:
+            with torch.no_grad():
+                self.conv_weight.copy_(identity_kernel(self.num_heads, *self.kernel_size))
+
+    # --- projections ------------------------------------------------------------------------------------------
+
+    def _project(self, x: torch.Tensor, positions: Optional[torch.Tensor]):
+        """``x [B, n, dim]`` -> ``q [B, n, H, D]``, ``k, v [B, n, Hkv, D]`` in one dtype, RoPE applied at
+        ``positions`` (``[n]`` or ``[B, n]``)."""
+        B, n, _ = x.shape
+        q = self.q_proj(x).view(B, n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, n, self.num_kv_heads, self.head_dim)
+        if self.rope_theta is not None:
+            # apply_rope works on [B, H, n, D]; transposes are views.
+            q = apply_rope(q.transpose(1, 2), positions, self.rope_theta).transpose(1, 2)
+            k = apply_rope(k.transpose(1, 2), positions, self.rope_theta).transpose(1, 2)
+        # The kernels want q, k, v in one dtype (autocast gives the projections' dtype to all three already).
+        return q, k.to(q.dtype), v.to(q.dtype)
+
+    def _attend(self, q, k, v) -> torch.Tensor:
+        """Causal attention on ``[B, H, N, D]`` heads through the custom ops: ``[B, H, N, D]``."""
+        if self.is_mta:
+            return ops.conv_attention(q, k, v, self.conv_weight, causal=True)
+        return ops.flash_attention(q, k, v, causal=True)
+
+    def _merge_heads(self, o: torch.Tensor) -> torch.Tensor:
+        B, _, n, _ = o.shape
+        return self.o_proj(o.transpose(1, 2).reshape(B, n, self.num_heads * self.head_dim))
+
+    # --- forward, prefill, decode -----------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+        """``x [B, N, dim]`` -> ``[B, N, dim]``.
+
+        Without a cache: the causal layer on all ``N`` positions (fused forward and backward). With a cache:
+        :meth:`prefill` if it is empty, else :meth:`step` (``N`` new tokens per sequence).
+        """
+        if cache is not None:
+            return self.prefill(x, cache) if cache.is_empty else self.step(x, cache)
+        N = x.shape[1]
+        q, k, v = self._project(x, torch.arange(N, device=x.device))
+        return self._merge_heads(self._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
+
+    def new_cache(self, batch: int, max_len: int, *, dtype: Optional[torch.dtype] = None, device=None) -> KVCache:
+        """An empty :class:`mta.KVCache` for this layer (queries kept for MTA). ``dtype``: that of the activations
+        the projections produce (default: the projections' weight dtype; ``torch.bfloat16`` under bf16
+        autocast)."""
+        weight = self.q_proj.weight
+        return KVCache.empty(batch, max_len, self.num_heads, self.num_kv_heads, self.head_dim,
+                             keep_queries=self.is_mta, dtype=dtype or weight.dtype, device=device or weight.device)
+
+    def prefill(self, x: torch.Tensor, cache: KVCache, lengths=None) -> torch.Tensor:
+        """Run the fused causal forward on a prompt ``x [B, N, dim]`` and fill the empty ``cache`` with it.
+
+        ``lengths`` ``[B]`` (ints): a right-padded batch's real lengths (default: all ``N``); a causal layer's
+        rows before a sequence's end never see the padding, and decoding continues at each sequence's length.
+        Returns ``[B, N, dim]`` (rows at or past a sequence's length are padding).
+        """
+        N = x.shape[1]
+        q, k, v = self._project(x, torch.arange(N, device=x.device))
+        cache.fill(q, k, v, lengths)
+        # Attend in the cache's dtype, as the decode steps will.
+        qc, kc, vc = (t.to(cache.k.dtype).transpose(1, 2) for t in (q, k, v))
+        return self._merge_heads(self._attend(qc, kc, vc).to(q.dtype))
+
+    @torch.no_grad()
+    def step(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Decode ``n`` new tokens per sequence, ``x [B, n, dim]`` (``1 <= n <= 16``), at positions
+        ``cache.lengths[b] .. + n - 1``: append them to ``cache``, then attend with the decode kernels
+        (:func:`mta.conv_decode_attention` for MTA, :func:`mta.decode_attention` for plain attention).
+
+        Exactly the rows of :meth:`forward` on each whole sequence so far. Returns ``[B, n, dim]``.
+        """
+        B, n, _ = x.shape
+        if B != cache.batch:
+            raise ValueError(f"x has batch {B} but the cache holds {cache.batch} sequences")
+        positions = cache.positions(n).to(x.device)
+        q, k, v = self._project(x, positions)
+        cache.append(q, k, v)
+        qc, kc, vc = cache.views()
+        lengths = cache.lengths.to(torch.int32)
+        if self.is_mta:
+            o = ops.conv_decode_attention(qc, kc, vc, self.conv_weight, cache_seqlens=lengths, num_queries=n)
+        else:
+            o = ops.decode_attention(q.to(kc.dtype).transpose(1, 2), kc, vc, cache_seqlens=lengths)
+        return self._merge_heads(o.to(q.dtype))
+
+
+__all__ = ["MultiTokenAttention", "UNSUPPORTED_OPTIONS", "identity_kernel"]

@@ -1,0 +1,210 @@
+"""The public kernels as ``torch.library`` custom ops, so that ``torch.compile`` keeps them whole.
+
+``torch.compile`` cannot trace into a Triton launcher written in Python with host-side logic (tile tables,
+pre-passes, split counts), and an ``autograd.Function`` around it costs a graph break. Registering each entry
+point as a custom op gives the compiler what it needs instead: an opaque operator with a *fake* implementation
+(output shapes and dtypes only, run on meta/fake tensors while tracing) and, for the differentiable ones, an
+autograd formula whose backward is itself a custom op. The compiled graph then calls the real kernels.
+
+Ops (namespace ``mta``):
+
+* ``mta::conv_attention(q, k, v, weight, causal, scale) -> (o, lse)`` and ``mta::conv_attention_backward``;
+* ``mta::flash_attention(q, k, v, causal, scale) -> (o, lse)`` and ``mta::flash_attention_backward``;
+* ``mta::decode_attention(q, k_cache, v_cache, cache_seqlens, scale, num_splits) -> o`` (no gradient);
+* ``mta::conv_decode_attention(q_cache, k_cache, v_cache, weight, cache_seqlens, num_queries, scale,
+  num_splits) -> o`` (no gradient).
+
+The Python functions of this module have the same keyword interface as :func:`mta.conv_attention`,
+:func:`mta.flash_attention`, :func:`mta.decode_attention` and :func:`mta.conv_decode_attention` and call the ops;
+those functions themselves are unchanged. Inputs are checked by the eager functions inside each op, so errors
+read the same either way.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import conv as _conv
+from . import flash as _flash
+from ._checks import resolve_scale
+from .conv_decode import conv_decode_attention as _conv_decode_attention
+from .decode import decode_attention as _decode_attention
+
+# ----------------------------------------------------------------------------------------------------------------
+# MTA: forward, backward, autograd
+
+
+@torch.library.custom_op("mta::conv_attention", mutates_args=())
+def _conv_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, causal: bool,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # The public function checks the inputs; under the op autograd is off, so it only runs the forward.
+    return _conv.conv_attention(q, k, v, weight, causal=causal, scale=scale, return_lse=True)
+
+
+@_conv_attention_op.register_fake
+def _(q, k, v, weight, causal, scale):
+    B, Hq, N, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B, Hq, N), dtype=torch.float32)
+
+
+@torch.library.custom_op("mta::conv_attention_backward", mutates_args=())
+def _conv_attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                o: torch.Tensor, lse: torch.Tensor, weight: torch.Tensor, causal: bool,
+                                scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv, dweight = _conv.conv_attention_backward(do, q, k, v, o, lse, weight, causal, scale)
+    return dq, dk, dv, dweight.to(weight.dtype)
+
+
+@_conv_attention_backward_op.register_fake
+def _(do, q, k, v, o, lse, weight, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), weight.new_empty(weight.shape)
+
+
+def _conv_setup_context(ctx, inputs, output):
+    q, k, v, weight, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, weight)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _conv_backward(ctx, do, _dlse):
+    q, k, v, o, lse, weight = ctx.saved_tensors
+    dq, dk, dv, dweight = torch.ops.mta.conv_attention_backward(do, q, k, v, o, lse, weight, ctx.causal, ctx.scale)
+    return dq, dk, dv, dweight, None, None
+
+
+_conv_attention_op.register_autograd(_conv_backward, setup_context=_conv_setup_context)
+
+
+def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None = None, return_lse: bool = False):
+    """:func:`mta.conv_attention` through the ``mta::conv_attention`` op (same arguments, same results).
+
+    Args:
+        q: ``[B, Hq, N, D]``; k, v: ``[B, Hkv, N, D]``; weight: ``[Hq, cq, ck]`` (any float dtype, used in fp32).
+    Returns:
+        ``o [B, Hq, N, D]`` in q's dtype (and the fp32 ``lse [B, Hq, N]`` with ``return_lse``).
+    """
+    o, lse = torch.ops.mta.conv_attention(q, k, v, weight, bool(causal), resolve_scale(scale, q.shape[-1]))
+    return (o, lse) if return_lse else o
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Flash attention: forward, backward, autograd
+
+
+@torch.library.custom_op("mta::flash_attention", mutates_args=())
+def _flash_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _flash.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+
+
+@_flash_attention_op.register_fake
+def _(q, k, v, causal, scale):
+    B, Hq, Nq, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("mta::flash_attention_backward", mutates_args=())
+def _flash_attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 o: torch.Tensor, lse: torch.Tensor, causal: bool,
+                                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _flash.flash_backward(do, q, k, v, o, lse, causal, scale)
+
+
+@_flash_attention_backward_op.register_fake
+def _(do, q, k, v, o, lse, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _flash_setup_context(ctx, inputs, output):
+    q, k, v, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _flash_backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.mta.flash_attention_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+_flash_attention_op.register_autograd(_flash_backward, setup_context=_flash_setup_context)
+
+
+def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):
+    """:func:`mta.flash_attention` through the ``mta::flash_attention`` op (same arguments, same results)."""
+    o, lse = torch.ops.mta.flash_attention(q, k, v, bool(causal), resolve_scale(scale, q.shape[-1]))
+    return (o, lse) if return_lse else o
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Decode (inference only: no autograd formula)
+
+
+@torch.library.custom_op("mta::decode_attention", mutates_args=())
+def _decode_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         cache_seqlens: Optional[torch.Tensor], scale: float,
+                         num_splits: Optional[int]) -> torch.Tensor:
+    return _decode_attention(q, k_cache, v_cache, cache_seqlens=cache_seqlens, scale=scale, num_splits=num_splits)
+
+
+@_decode_attention_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, scale, num_splits):
+    return q.new_empty(q.shape)
+
+
+@torch.library.custom_op("mta::conv_decode_attention", mutates_args=())
+def _conv_decode_attention_op(q_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              weight: torch.Tensor, cache_seqlens: Optional[torch.Tensor], num_queries: int,
+                              scale: float, num_splits: Optional[int]) -> torch.Tensor:
+    return _conv_decode_attention(q_cache, k_cache, v_cache, weight, cache_seqlens=cache_seqlens,
+                                  num_queries=num_queries, scale=scale, num_splits=num_splits)
+
+
+@_conv_decode_attention_op.register_fake
+def _(q_cache, k_cache, v_cache, weight, cache_seqlens, num_queries, scale, num_splits):
+    B, Hq, _, D = q_cache.shape
+    return q_cache.new_empty((B, Hq, num_queries, D))
+
+
+def _seqlens(cache_seqlens) -> Optional[torch.Tensor]:
+    # A custom op takes tensors, not lists: a list becomes a CPU int32 tensor (checked on the host inside the op).
+    if isinstance(cache_seqlens, (list, tuple)):
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in cache_seqlens):
+            raise TypeError("cache_seqlens must be a list of ints or an int tensor")
+        return torch.tensor(cache_seqlens, dtype=torch.int32)
+    return cache_seqlens
+
+
+def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | None = None,
+                     num_splits: int | None = None) -> torch.Tensor:
+    """:func:`mta.decode_attention` through the ``mta::decode_attention`` op.
+
+    Args:
+        q: ``[B, Hq, Nq, D]``; k_cache, v_cache: ``[B, Hkv, Nmax, D]``; cache_seqlens: ``[B]`` ints or None.
+    Returns:
+        ``[B, Hq, Nq, D]`` in q's dtype.
+    """
+    return torch.ops.mta.decode_attention(q, k_cache, v_cache, _seqlens(cache_seqlens),
+                                          resolve_scale(scale, q.shape[-1]), num_splits)
+
+
+def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=None, num_queries: int = 1,
+                          scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+    """:func:`mta.conv_decode_attention` through the ``mta::conv_decode_attention`` op.
+
+    Args:
+        q_cache: ``[B, Hq, Nmax, D]``; k_cache, v_cache: ``[B, Hkv, Nmax, D]``; weight: ``[Hq, cq, ck]``.
+    Returns:
+        ``[B, Hq, num_queries, D]`` in q_cache's dtype.
+    """
+    return torch.ops.mta.conv_decode_attention(q_cache, k_cache, v_cache, weight, _seqlens(cache_seqlens),
+                                               num_queries, resolve_scale(scale, q_cache.shape[-1]), num_splits)
+
+
+__all__ = ["conv_attention", "conv_decode_attention", "decode_attention", "flash_attention"]
