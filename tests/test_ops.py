@@ -1,0 +1,96 @@
+"""The custom ops of ``mta.ops``: the same numbers as the eager functions, fake implementations that agree with
+the real ones, autograd through the backward ops, and ``torch.compile(fullgraph=True)`` without graph breaks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import mta, rand, rand_qkv
+
+from mta import ops
+
+TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+def _leaves(*tensors):
+    return [t.clone().requires_grad_() for t in tensors]
+
+
+def _grads(fn, leaves, do):
+    out = fn(*leaves)
+    return [out, *torch.autograd.grad(out, leaves, do)]
+
+
+def test_conv_op_matches_conv_attention_forward_and_backward():
+    q, k, v = rand_qkv(2, 4, 2, 11, 11, 16)
+    w = rand(4, 2, 5, scale=0.3)
+    do = rand(2, 4, 11, 16)
+    got = _grads(lambda *a: ops.conv_attention(*a, causal=True), _leaves(q, k, v, w), do)
+    want = _grads(lambda *a: mta.conv_attention(*a, causal=True), _leaves(q, k, v, w), do)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, **TOL)
+
+
+def test_conv_op_lse_is_not_differentiable():
+    q, k, v = _leaves(*rand_qkv(1, 2, 2, 5, 5, 16))
+    o, lse = ops.conv_attention(q, k, v, rand(2, 1, 3), return_lse=True)
+    assert o.requires_grad and not lse.requires_grad and lse.dtype == torch.float32
+
+
+def test_flash_op_matches_flash_attention():
+    q, k, v = rand_qkv(1, 4, 1, 9, 9, 16)
+    do = rand(1, 4, 9, 16)
+    got = _grads(lambda *a: ops.flash_attention(*a, causal=True), _leaves(q, k, v), do)
+    want = _grads(lambda *a: mta.flash_attention(*a, causal=True), _leaves(q, k, v), do)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, **TOL)
+
+
+def test_decode_ops_match_the_eager_functions():
+    B, Hq, Hkv, n_max, D = 2, 4, 2, 12, 16
+    qc, kc, vc = rand_qkv(B, Hq, Hkv, n_max, n_max, D)
+    w = rand(Hq, 2, 3, scale=0.3)
+    lens = [4, 12]
+    got = ops.conv_decode_attention(qc, kc, vc, w, cache_seqlens=lens, num_queries=2)
+    want = mta.conv_decode_attention(qc, kc, vc, w, cache_seqlens=lens, num_queries=2)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    q = rand(B, Hq, 1, D)
+    got = ops.decode_attention(q, kc, vc, cache_seqlens=torch.tensor(lens, dtype=torch.int32))
+    torch.testing.assert_close(got, mta.decode_attention(q, kc, vc, cache_seqlens=lens), atol=0, rtol=0)
+
+
+def test_ops_check_inputs_like_the_eager_functions():
+    q, k, v = rand_qkv(1, 2, 2, 5, 5, 16)
+    with pytest.raises(ValueError, match="ck must be odd"):
+        ops.conv_attention(q, k, v, rand(2, 2, 4))
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        ops.flash_attention(q, k[:, :1].expand(1, 3, 5, 16), v[:, :1].expand(1, 3, 5, 16))
+
+
+@pytest.mark.parametrize("op,args", [
+    ("conv_attention", lambda: (*rand_qkv(1, 2, 1, 6, 6, 16), rand(2, 2, 3), True, 0.25)),
+    ("flash_attention", lambda: (*rand_qkv(1, 2, 1, 6, 6, 16), True, 0.25)),
+])
+def test_opcheck(op, args):
+    # Schema, fake (meta) implementation against the real one, autograd registration.
+    torch.library.opcheck(getattr(torch.ops.mta, op).default, args(),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_compile_fullgraph_through_the_ops():
+    q, k, v = rand_qkv(1, 2, 1, 7, 7, 16)
+    w = rand(2, 2, 3, scale=0.3)
+
+    def f(q, k, v, w):
+        return (ops.conv_attention(q, k, v, w) + ops.flash_attention(q, k, v, causal=True)).square().sum()
+
+    explained = torch._dynamo.explain(f)(q, k, v, w)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got = _leaves(q, k, v, w)
+    want = _leaves(q, k, v, w)
+    torch.autograd.backward(compiled(*got))
+    torch.autograd.backward(f(*want))
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g.grad, r.grad, **TOL)
