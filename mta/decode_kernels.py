@@ -87,9 +87,7 @@ def _far_tiles(acc, m, l, qf_rows, stride_fa, k_base, v_base, stride_kn, stride_
             c = tl.dot(q, kt, input_precision=PRECISION)
         else:
             c = tl.zeros([qf_rows.shape[0], BLOCK_N], dtype=tl.float32)
-            # One product per key shift, the halo read from the cache. Unrolled: the ck loads are independent,
-            # so they issue back to back instead of each waiting for the previous product.
-            for b in tl.static_range(CK):
+            for b in range(CK):  # one product per key shift, the halo read from the cache
                 keys = j - PK + b
                 kt = tl.load(k_base + keys[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                              mask=d_ok[:, None] & ((keys >= 0) & (keys < key_stop))[None, :], other=0.0)
@@ -122,7 +120,7 @@ def _band_state(acc, m, l, q_rows, stride_qm, stride_qd, w_rows, k_base, v_base,
         r = i - (CQ - 1) + a  # rows before 0 are the zero padding
         q_a = tl.load(q_rows + r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                       mask=(row_ok & (r >= 0) & (r < seq_len))[:, None] & d_ok[None, :], other=0.0)
-        for b in tl.static_range(CK):  # unrolled, as in _far_tiles
+        for b in range(CK):
             keys = j - PK + b
             kt = tl.load(k_base + keys[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                          mask=d_ok[:, None] & ((keys >= 0) & (keys < seq_len))[None, :], other=0.0)
@@ -256,7 +254,7 @@ def fold_queries_kernel(Q, W, LENS, QF, stride_qb, stride_qh, stride_qm, stride_
     a = rr[None, :] - t[:, None]
     a_ok = (a >= 0) & (a < CQ)
     out = QF + b.to(tl.int64) * stride_fb + h * stride_fh + t[:, None] * stride_fm + offs_d[None, :] * stride_fd
-    for kb in tl.static_range(CK):
+    for kb in range(CK):
         w = tl.load(W + (h * CQ + a) * CK + kb, mask=a_ok, other=0.0)
         qf = tl.dot(w, q_win, input_precision="ieee")
         tl.store(out + kb * stride_fa, qf.to(QF.dtype.element_ty), mask=(t < n_new)[:, None] & (offs_d < D)[None, :])
