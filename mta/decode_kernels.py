@@ -30,8 +30,9 @@ import triton.language as tl
 
 from .kernel_parts import LOG2E, finish_rows, online_softmax_step
 
-#: Kernel arguments that stay run-time values (a cache length or query count of 1 is not made a constant).
-NO_SPECIALIZE = ["n_max", "n_new"]
+#: Kernel arguments that stay run-time values (a cache length, query count or split count of 1 is not made a
+#: constant: a one-split launch compiled its own variant, which needed more shared memory than an H100 has).
+NO_SPECIALIZE = ["n_max", "n_new", "num_splits"]
 
 
 @triton.jit
@@ -228,7 +229,7 @@ def decode_combine_kernel(M_PART, L_PART, ACC_PART, O, stride_ob, stride_oh, str
              o.to(O.dtype.element_ty), mask=d_ok)
 
 
-@triton.jit(do_not_specialize=NO_SPECIALIZE)
+@triton.jit(do_not_specialize=["n_max", "n_new"])
 def fold_queries_kernel(Q, W, LENS, QF, stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_fb, stride_fh, stride_fa, stride_fm, stride_fd, n_max, n_new, num_heads,
                         HAS_LENS: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, D: tl.constexpr,
