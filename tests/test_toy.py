@@ -1,0 +1,94 @@
+"""The toy task ("find the block"): the generator's guarantees, the model, and a tiny training run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import DEVICE
+
+from mta import toy
+
+
+def blocks_of(tokens, task):
+    """The sample's blocks (lists of letter ids), its query and its target, parsed back from the tokens."""
+    text = toy.decode_tokens(tokens)
+    body, rest = text.split("#")
+    query, target = rest[:task.query_len], rest[task.query_len:]
+    return body.split("."), query, target
+
+
+@pytest.mark.parametrize("task", [toy.TaskConfig(), toy.TaskConfig(num_blocks=52), toy.PRESETS["cpu"].task,
+                                  toy.TaskConfig(num_blocks=6, block_len=4, query_len=3, letters=6)])
+def test_generator_block_property(task):
+    tokens, target = toy.make_batch(task, 200, torch.Generator().manual_seed(0))
+    assert tokens.shape == (200, task.seq_len) and tokens.dtype == torch.int64
+    for row, t in zip(tokens, target):
+        blocks, query, answer = blocks_of(row, task)
+        assert len(blocks) == task.num_blocks
+        assert all(len(b) == task.block_len == len(set(b)) for b in blocks)       # distinct letters per block
+        assert all(c in "abcdefghijklmnopqrstuvwxyz"[:task.letters] for b in blocks for c in b)
+        assert len(set(query)) == task.query_len and answer == blocks[int(t)]      # the target is that block
+        holding = [i for i, b in enumerate(blocks) if set(query) <= set(b)]
+        assert holding == [int(t)]                                                # no other block holds the query
+
+
+def test_generator_is_seeded_and_spreads_the_target():
+    task = toy.TaskConfig(num_blocks=8)
+    a, ta = toy.make_batch(task, 64, torch.Generator().manual_seed(3))
+    b, tb = toy.make_batch(task, 64, torch.Generator().manual_seed(3))
+    assert torch.equal(a, b) and torch.equal(ta, tb)
+    assert len(set(ta.tolist())) > 4
+
+
+def test_bad_task_configs():
+    with pytest.raises(ValueError):
+        toy.TaskConfig(block_len=5, query_len=6)
+    with pytest.raises(ValueError):
+        toy.TaskConfig(letters=30)
+
+
+def test_loss_and_error_count_whole_sequences():
+    task = toy.TaskConfig(num_blocks=2, block_len=3, query_len=2, letters=5)
+    tokens, _ = toy.make_batch(task, 3, torch.Generator().manual_seed(0))
+    logits = torch.full((3, task.seq_len - 1, toy.VOCAB), -10.0)
+    logits.scatter_(2, tokens[:, 1:, None], 10.0)                  # perfect predictions
+    logits[1, -2] = 0.0
+    logits[1, -2, (int(tokens[1, -2]) + 1) % 5] = 10.0            # one wrong target token in sequence 1
+    loss, wrong = toy.loss_and_error(logits, tokens, task)
+    assert wrong.tolist() == [False, True, False]
+    assert loss.item() > 0
+
+
+def test_model_layers_and_decoding_match_the_forward():
+    cfg = toy.ModelConfig(dim=32, n_layers=2, n_heads=2, mta_layers=(1,), kernel_size=(2, 3))
+    model = toy.ToyDecoder(cfg).to(DEVICE)
+    assert model.blocks[0].attn.conv_weight is None and model.blocks[1].attn.kernel_size == (2, 3)
+    for p in model.parameters():      # larger weights than the init, so that the check means something
+        torch.nn.init.normal_(p, std=0.3) if p.dim() > 1 else None
+    tokens = torch.randint(toy.VOCAB, (2, 10), device=DEVICE)
+    with torch.no_grad():
+        full = model(tokens)
+        caches = model.new_caches(2, 10)
+        rows = [model(tokens[:, :6], caches)]
+        for t in range(6, 10):
+            rows.append(model(tokens[:, t:t + 1], caches))
+    torch.testing.assert_close(torch.cat(rows, 1), full, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="out of range"):
+        toy.ToyDecoder(toy.ModelConfig(n_layers=2, mta_layers=(2,)))
+
+
+def test_tiny_training_run_reduces_the_loss(tmp_path):
+    cfg = toy.PRESETS["cpu"]
+    out = tmp_path / "toy.json"
+    results = toy.run_all(cfg, ["mta"], [0], out, progress=False)
+    run = results["runs"][0]
+    assert run["curve"]["loss"][-1] < 0.9 * run["curve"]["loss"][0]
+    assert run["eval"]["loss"][-1] < run["eval"]["loss"][0]
+    saved = json.loads(out.read_text())
+    assert saved["config"]["model"]["mta_layers"] == [1] and saved["seeds"] == [0]
+    assert {"gpu", "torch", "git_commit", "argv"} <= set(saved["provenance"])
+    assert set(run) >= {"final_error", "train_seconds", "curve", "eval"}
+    assert out.with_suffix(".png").exists()
