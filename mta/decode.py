@@ -27,15 +27,10 @@ MAX_SPLITS = 128
 COMBINE_BLOCK_S = 16
 
 #: ``(BLOCK_N, num_warps, num_stages)`` by head-dim width: decode reads K and V once, so long key tiles and a
-#: deep pipeline for fp16/bf16; fp32 (three TF32 products each) halves the tile (``figures/bench_decode.json``).
+#: deep pipeline for fp16/bf16; fp32 (three TF32 products each) halves the tile. Not yet timed on a GPU.
 TILES = {64: (128, 4, 3), 128: (64, 4, 3), 256: (32, 4, 2)}
 TILES_FP32 = {64: (64, 4, 2), 128: (32, 4, 2), 256: (16, 4, 2)}
 INTERPRETER_TILE = (32, 4, 1)
-#: MTA decode stacks its key shifts up to this many 16-bit columns (``shifts * BLOCK_D``, half for fp32) per
-#: product, and uses key tiles of at most :data:`MTA_BLOCK_N` (each pipeline stage keeps a stacked key tile in
-#: shared memory).
-SHIFT_COLUMNS = 256
-MTA_BLOCK_N = 64
 
 
 def decode_tile(block_d: int, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -153,9 +148,6 @@ def launch_decode(qf, k, v, lens, n_new: int, scale: float, num_splits: int | No
     e = cq - 1 + (ck - 1) // 2
     block_d = head_dim_block(D)
     block_n, warps, stages = decode_tile(block_d, k.dtype)
-    shifts = max(1, min(triton.next_power_of_2(ck), SHIFT_COLUMNS // block_d // (k.element_size() // 2)))
-    if ck > 1:
-        block_n = min(block_n, MTA_BLOCK_N)
     block_m = row_block((Hq // Hkv) * n_new, block_d)
     row_tiles = triton.cdiv((Hq // Hkv) * n_new, block_m)
     if num_splits is None:
@@ -173,7 +165,7 @@ def launch_decode(qf, k, v, lens, n_new: int, scale: float, num_splits: int | No
     decode_split_kernel[(programs, B * Hkv, row_tiles)](
         qf, q_cache, weight, k, v, lens, o, *parts, *qf_strides, *q_strides, *k.stride(), *v.stride(),
         *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
-        HAS_LENS=lens is not None, ONE_SPLIT=one, CQ=cq, CK=ck, SHIFTS=shifts, E=e, D=D, BLOCK_D=block_d, BLOCK_M=block_m,
+        HAS_LENS=lens is not None, ONE_SPLIT=one, CQ=cq, CK=ck, E=e, D=D, BLOCK_D=block_d, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_E=max(16, triton.next_power_of_2(n_new + e - 1)),
         PRECISION=dot_precision(k.dtype), num_warps=warps, num_stages=stages)
     if not one:

@@ -67,23 +67,17 @@ def merge_states(m, l, acc, m_s, l_s, acc_s):
 
 
 @triton.jit
-def _far_tiles(acc, m, l, qf_row, stride_fa, stride_fd, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-               i, row_ok, offs_d, start, stop, seq_len, qk_scale, CK: tl.constexpr, SHIFTS: tl.constexpr,
-               E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-               PRECISION: tl.constexpr):
+def _far_tiles(acc, m, l, qf_rows, stride_fa, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+               i, row_ok, offs_d, start, stop, seq_len, qk_scale, CK: tl.constexpr, E: tl.constexpr,
+               D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the keys ``[start, stop)`` into ``(acc, m, l)`` for the rows at positions ``i`` (row ``r`` sees
-    key ``j`` when ``j <= i - E``). ``qf_row [BLOCK_M]``: pointers to the rows' folded queries ``Qf_0``
-    (``Qf_b`` is ``b * stride_fa`` further; plain attention: the queries, ``CK = 1``).
-
-    The ``ck`` key shifts go ``SHIFTS`` at a time: the folded queries of ``SHIFTS`` shifts side by side
-    (``[BLOCK_M, SHIFTS * BLOCK_D]``) against the matching stack of shifted key tiles, one load and one product
-    per group, so a tile waits on ``cdiv(ck, SHIFTS)`` loads in turn rather than ``ck``."""
+    key ``j`` when ``j <= i - E``). ``qf_rows``: pointers to the rows' folded queries ``Qf_0``
+    (``Qf_b`` is ``b * stride_fa`` further; plain attention: the queries, ``CK = 1``)."""
     PK: tl.constexpr = (CK - 1) // 2
     d_ok = offs_d < D
+    q_ok = row_ok[:, None] & d_ok[None, :]
     if CK == 1:  # plain attention: the queries, loaded once
-        q = tl.load(qf_row[:, None] + offs_d[None, :] * stride_fd, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    cols = tl.arange(0, SHIFTS * BLOCK_D)
-    dd = cols % BLOCK_D
+        q = tl.load(qf_rows, mask=q_ok, other=0.0)
     offs_n = tl.arange(0, BLOCK_N)
     key_stop = tl.minimum(stop + PK, seq_len)  # the last valid column reads key stop - 1 + pk
     for start_n in range(start, stop, BLOCK_N):
@@ -93,15 +87,12 @@ def _far_tiles(acc, m, l, qf_row, stride_fa, stride_fd, k_base, v_base, stride_k
                          mask=d_ok[:, None] & (j < key_stop)[None, :], other=0.0)
             c = tl.dot(q, kt, input_precision=PRECISION)
         else:
-            c = tl.zeros([qf_row.shape[0], BLOCK_N], dtype=tl.float32)
-            for b0 in range(0, CK, SHIFTS):  # the halo keys come from the cache
-                kb = b0 + cols // BLOCK_D
-                col_ok = (kb < CK) & (dd < D)
-                qf = tl.load(qf_row[:, None] + kb[None, :] * stride_fa + dd[None, :] * stride_fd,
-                             mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-                keys = j[None, :] - PK + kb[:, None]
-                kt = tl.load(k_base + keys * stride_kn + dd[:, None] * stride_kd,
-                             mask=col_ok[:, None] & (keys >= 0) & (keys < key_stop), other=0.0)
+            c = tl.zeros([qf_rows.shape[0], BLOCK_N], dtype=tl.float32)
+            for b in range(CK):  # one product per key shift, the halo read from the cache
+                keys = j - PK + b
+                kt = tl.load(k_base + keys[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                             mask=d_ok[:, None] & ((keys >= 0) & (keys < key_stop))[None, :], other=0.0)
+                qf = tl.load(qf_rows + b * stride_fa, mask=q_ok, other=0.0)
                 c = tl.dot(qf, kt, c, input_precision=PRECISION)
         keep = (j < stop)[None, :] & (j[None, :] <= i[:, None] - E)
         s = tl.where(keep, c * qk_scale, float("-inf"))
@@ -153,13 +144,12 @@ def decode_split_kernel(QF, Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
                         stride_ob, stride_oh, stride_om, stride_od,
                         n_max, n_new, num_heads, num_kv_heads, num_splits, scale,
                         HAS_LENS: tl.constexpr, ONE_SPLIT: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr,
-                        SHIFTS: tl.constexpr, E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, PRECISION: tl.constexpr):
+                        E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, PRECISION: tl.constexpr):
     """The state of one split for the ``G * n`` rows of a (batch, kv head) pair.
 
     ``QF [B, Hq, CK, n, D]``: the folded queries (plain attention: ``q [B, Hq, n, D]``, ``CK = 1``);
-    ``Q [B, Hq, n_max, D]``, ``W [Hq, CQ, CK]`` (fp32): the query cache and kernel the band reads (``E > 0``);
-    ``SHIFTS``: key shifts per product (:func:`_far_tiles`).
+    ``Q [B, Hq, n_max, D]``, ``W [Hq, CQ, CK]`` (fp32): the query cache and kernel the band reads (``E > 0``).
     The new queries sit at positions ``len - n .. len - 1``. Splits ``0 .. num_splits - 1`` share the keys
     ``[0, len - E)`` tile by tile; split ``num_splits`` (``E > 0``) is the band. ``ONE_SPLIT``: write the
     normalised output to ``O [B, Hq, n, D]``; else the fp32 state to ``M_PART, L_PART [S, B * Hq * n]`` and
@@ -185,10 +175,10 @@ def decode_split_kernel(QF, Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     per_split = tl.cdiv(tl.cdiv(n_far, BLOCK_N), num_splits) * BLOCK_N
     start = split * per_split
     stop = tl.minimum(start + per_split, n_far)
-    qf_row = QF + b64 * stride_fb + h * stride_fh + t * stride_fm
-    acc, m, l = _far_tiles(acc, m, l, qf_row, stride_fa, stride_fd, k_base, v_base, stride_kn, stride_kd,
-                           stride_vn, stride_vd, i, row_ok, offs_d, start, stop, seq_len, qk_scale, CK, SHIFTS, E,
-                           D, BLOCK_D, BLOCK_N, PRECISION)
+    qf_rows = QF + b64 * stride_fb + h[:, None] * stride_fh + t[:, None] * stride_fm + offs_d[None, :] * stride_fd
+    acc, m, l = _far_tiles(acc, m, l, qf_rows, stride_fa, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                           stride_vd, i, row_ok, offs_d, start, stop, seq_len, qk_scale, CK, E, D, BLOCK_N,
+                           PRECISION)
     if E > 0:
         if split == num_splits:
             acc, m, l = _band_state(acc, m, l, Q + b64 * stride_qb + h[:, None] * stride_qh, stride_qm, stride_qd,

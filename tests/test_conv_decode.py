@@ -40,9 +40,10 @@ def caches(B, Hq, Hkv, n_max, D, lengths, dtype):
 
 
 def reference(q, k, v, weight, lengths, n):
-    """Rows ``L - n .. L - 1`` of the float64 causal MTA forward on each sequence's first ``L`` positions."""
-    return torch.cat([mta.conv_attention_reference(*(x[b:b + 1, :, :L].double().cpu() for x in (q, k, v)),
-                                                   weight.double().cpu())[:, :, L - n:]
+    """Rows ``L - n .. L - 1`` of the float64 causal MTA forward on each sequence's first ``L`` positions
+    (on the caches' device: on a GPU the long caches' N x N float64 matrices would not fit a CPU worker)."""
+    return torch.cat([mta.conv_attention_reference(*(x[b:b + 1, :, :L].double() for x in (q, k, v)),
+                                                   weight.double())[:, :, L - n:].cpu()
                       for b, L in enumerate(lengths)])
 
 
@@ -126,7 +127,7 @@ def test_only_the_last_query_rows_are_read():
 def test_folded_queries():
     q = rand(1, 2, 10, 16)
     weight = rand(2, 3, 5, scale=0.2)
-    qf = conv_decode.fold_queries(q, weight, torch.tensor([4], dtype=torch.int32), 2)  # rows 2, 3 of 4
+    qf = conv_decode.fold_queries(q, weight, torch.tensor([4], dtype=torch.int32, device=DEVICE), 2)  # rows 2, 3 of 4
     for t, i in enumerate((2, 3)):
         for b in range(5):
             want = sum(weight[:, a, b, None] * q[0, :, i - 2 + a] for a in range(3) if i - 2 + a >= 0)
@@ -193,6 +194,6 @@ def test_bad_shapes_and_kernels():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("D", [64, 128])
 def test_long_caches_on_the_gpu(dtype, D):
-    lengths = [3, 2049, 6000]
+    lengths = [3, 2049, 4500]
     run_case(6, 11, 2, dtype, Hq=8, Hkv=2, D=D, lengths=lengths)
     run_case(11, 15, 1, dtype, Hq=8, Hkv=2, D=D, lengths=lengths, num_splits=7)
