@@ -155,14 +155,21 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.dim, cfg.mlp_ratio * cfg.dim, bias=False), nn.GELU(),
                                  nn.Linear(cfg.mlp_ratio * cfg.dim, cfg.dim, bias=False))
 
-    def forward(self, x, cache=None):
-        x = x + self.attn(self.attn_norm(x), cache=cache)
+    def forward(self, x, cache=None, lengths=None):
+        h = self.attn_norm(x)
+        if cache is not None and cache.is_empty:
+            x = x + self.attn.prefill(h, cache, lengths)          # lengths: a right-padded prompt batch
+        else:
+            x = x + self.attn(h, cache=cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
 class ToyDecoder(nn.Module):
-    """``tokens [B, N]`` -> logits ``[B, N, VOCAB]`` (fp32). ``caches``: one :class:`mta.KVCache` per layer
-    (:meth:`new_caches`) to prefill and then decode a few tokens at a time."""
+    """``tokens [B, N]`` -> logits ``[B, N, VOCAB]`` (fp32).
+
+    With ``caches`` (one :class:`mta.KVCache` per layer, :meth:`new_caches`): empty caches are prefilled with
+    ``tokens`` (a right-padded batch whose real lengths are ``lengths``, default all ``N``); otherwise ``tokens``
+    are the next 1 to 16 tokens of every sequence, decoded at each sequence's own position."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -177,10 +184,10 @@ class ToyDecoder(nn.Module):
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
 
-    def forward(self, tokens, caches=None):
+    def forward(self, tokens, caches=None, lengths=None):
         x = self.embed(tokens)
         for i, block in enumerate(self.blocks):
-            x = block(x, None if caches is None else caches[i])
+            x = block(x, None if caches is None else caches[i], lengths)
         return (self.norm(x) @ self.embed.weight.to(x.dtype).T).float()     # tied head
 
     def new_caches(self, batch: int, max_len: int, dtype=None):
@@ -214,7 +221,7 @@ class ToyConfig:
 #: ``cpu``: tiny, seconds in Triton's interpreter (tests, readers).
 PRESETS = {
     "gpu": ToyConfig(TaskConfig(num_blocks=16), ModelConfig(dim=128, n_layers=4, n_heads=2),
-                     TrainConfig(steps=6000, batch=64, lr=1e-3, warmup=200, eval_samples=1024, eval_every=250)),
+                     TrainConfig(steps=8000, batch=64, lr=1e-3, warmup=200, eval_samples=1024, eval_every=250)),
     # Triton's interpreter pays per program (batch x heads): one head, four sequences, a few steps.
     "cpu": ToyConfig(TaskConfig(num_blocks=3, block_len=3, query_len=2, letters=8),
                      ModelConfig(dim=32, n_layers=2, n_heads=1, mta_layers=(1,)),
