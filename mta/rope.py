@@ -24,7 +24,8 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.
 
     Returns a tensor of x's shape and dtype.
     """
-    angles = rope_angles(positions, x.shape[-1], theta)          # [N, D/2] or [B, N, D/2]
+    # Positions may live on the host (a cache keeps its lengths there); the angles go where x is.
+    angles = rope_angles(positions.to(x.device, non_blocking=True), x.shape[-1], theta)  # [N, D/2] or [B, N, D/2]
     if angles.dim() == 3:
         angles = angles[:, None]                                  # broadcast over the heads
     cos, sin = angles.cos(), angles.sin()

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from conftest import DEVICE
 from mta.bench import decode as db
 from mta.bench import harness
 from mta.reference import conv_attention_reference
@@ -40,7 +41,7 @@ def test_last_rows_reference_is_the_forward_s_last_rows(N, n):
 
 def tiny_inputs(N=40):
     shape = db.DecodeShape("float32", 2, 4, 2, 16, N)
-    return shape, db.random_inputs(shape, "cpu")
+    return shape, db.random_inputs(shape, DEVICE)
 
 
 def test_checks_pass_and_catch_a_wrong_decoder():
@@ -66,7 +67,7 @@ class Tiny(db.DecodeBenchmark):
         return [db.DecodeShape("float32", b, 4, 2, 16, n) for b in (1, 2) for n in (24, 40)]
 
 
-TOOLS = harness.Tools(timer=lambda fn, before_each=None: fn() is None or 0.01, memory=None, device="cpu", warn=print)
+TOOLS = harness.Tools(timer=lambda fn, before_each=None: fn() is None or 0.01, memory=None, device=DEVICE, warn=print)
 
 
 @pytest.fixture(scope="module")
