@@ -27,7 +27,8 @@ MAX_SPLITS = 128
 COMBINE_BLOCK_S = 16
 
 #: ``(BLOCK_N, num_warps, num_stages)`` by head-dim width: decode reads K and V once, so long key tiles and a
-#: deep pipeline for fp16/bf16; fp32 (three TF32 products each) halves the tile. Not yet timed on a GPU.
+#: deep pipeline for fp16/bf16; fp32 (three TF32 products each) halves the tile. Chosen, not swept; at 16 bits
+#: they run at the plain read's bandwidth on an H100 (``figures/bench_decode.json``).
 TILES = {64: (128, 4, 3), 128: (64, 4, 3), 256: (32, 4, 2)}
 TILES_FP32 = {64: (64, 4, 2), 128: (32, 4, 2), 256: (16, 4, 2)}
 INTERPRETER_TILE = (32, 4, 1)
