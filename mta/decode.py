@@ -11,7 +11,7 @@ import functools
 import torch
 import triton
 
-from . import runtime
+from . import runtime, tuning
 from ._checks import resolve_scale
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
 from .launch import check_kernel_inputs, dot_precision, head_dim_block
@@ -26,12 +26,8 @@ MAX_SPLITS = 128
 #: Splits of the merge kernel read per step.
 COMBINE_BLOCK_S = 16
 
-#: ``(BLOCK_N, num_warps, num_stages)`` by head-dim width: decode reads K and V once, so long key tiles and a
-#: deep pipeline for fp16/bf16; fp32 (three TF32 products each) halves the tile. Chosen, not swept; at 16 bits
-#: they run at the plain read's bandwidth on an H100 (``figures/bench_decode.json``).
-TILES = {64: (128, 4, 3), 128: (64, 4, 3), 256: (32, 4, 2)}
-TILES_FP32 = {64: (64, 4, 2), 128: (32, 4, 2), 256: (16, 4, 2)}
-INTERPRETER_TILE = (32, 4, 1)
+#: The tile tables live with the others in :mod:`mta.tuning`.
+TILES, TILES_FP32, INTERPRETER_TILE = tuning.DECODE, tuning.DECODE_FP32, tuning.DECODE_INTERPRETER
 
 
 def decode_tile(block_d: int, dtype: torch.dtype) -> tuple[int, int, int]:

@@ -69,6 +69,14 @@ OTHER_GPU = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)}
 FP32 = {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 2)}
 FP32_BACKWARD = {64: (32, 32, 4, 2), 128: (32, 32, 4, 2), 256: (32, 32, 4, 2)}
 
+#: Split-K decode (:mod:`mta.decode`), ``(BLOCK_N, num_warps, num_stages)`` by head-dim width, any GPU: decode
+#: reads K and V once, so long key tiles and a deep pipeline at 16 bits; fp32 (three TF32 products each) halves
+#: the tile. Chosen, not swept; at 16 bits they run at the plain read's bandwidth on an H100
+#: (``figures/bench_decode.json``).
+DECODE = {64: (128, 4, 3), 128: (64, 4, 3), 256: (32, 4, 2)}
+DECODE_FP32 = {64: (64, 4, 2), 128: (32, 4, 2), 256: (16, 4, 2)}
+DECODE_INTERPRETER = (32, 4, 1)
+
 #: What ``MTA_AUTOTUNE=1`` times, per kernel (the fastest few of the H200/H100 sweeps; ``notes/``).
 CANDIDATES = {
     "flash_forward": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3), (128, 128, 4, 3), (64, 64, 4, 2),
