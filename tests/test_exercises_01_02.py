@@ -6,24 +6,14 @@ name that case. Checkers never raise, also for a stub that raises NotImplemented
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 import mta
+from conftest import load_solutions
 from mta.exercises import ch01, ch02
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_solutions(name):
-    spec = importlib.util.spec_from_file_location(f"solutions_{name}", ROOT / "solutions" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 SOL1, SOL2 = load_solutions("ch01"), load_solutions("ch02")

@@ -3,9 +3,6 @@ with a message that names the failing case."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,19 +10,10 @@ import triton
 import triton.language as tl
 
 import mta  # noqa: F401  (sets the runtime before any kernel below is defined)
+from conftest import load_solutions
 from mta.exercises import ch05
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def load_solutions():
-    spec = importlib.util.spec_from_file_location("solutions_ch05", ROOT / "solutions" / "ch05.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-SOLUTIONS = load_solutions()
+SOLUTIONS = load_solutions("ch05")
 
 
 def test_solution_1_passes(capsys):

@@ -3,25 +3,13 @@ with a message that names the failing case."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import torch
 
 import mta  # noqa: F401
+from conftest import load_solutions
 from mta.exercises import ch07
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def load_solutions():
-    spec = importlib.util.spec_from_file_location("solutions_ch07", ROOT / "solutions" / "ch07.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-SOLUTIONS = load_solutions()
+SOLUTIONS = load_solutions("ch07")
 
 
 def test_solutions_pass(capsys):
