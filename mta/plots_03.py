@@ -20,6 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from .bench.plots import provenance_line, select, seq_len_label
+from .figures import tile_grid_axes
 
 SKIPPED, FULL, MASKED = 0, 1, 2
 STAGE_COLORS = {SKIPPED: "#E8E8E8", FULL: "#4C72B0", MASKED: "#DD8452"}
@@ -136,13 +137,7 @@ def plot_backward_ownership(n: int = 6, dkdv_tile: int = 2, dq_tile: int = 4):
                         arrowprops=dict(arrowstyle="->", lw=1.5), zorder=3)
             ax.set_title(f"flash_dq_kernel: the program of query tile {pick}\nloads $Q_{pick}, dO_{pick}$, lse, $D$ "
                          f"once, walks along the key tiles,\nwrites $dQ_{pick}$ once", fontsize=9)
-        ax.set_xlim(0, n)
-        ax.set_ylim(n, 0)
-        ax.set_aspect("equal")
-        ax.set_xticks([x + 0.5 for x in range(n)], range(n))
-        ax.set_yticks([x + 0.5 for x in range(n)], range(n))
-        ax.set_xlabel("key tile $J$")
-        ax.set_ylabel("query tile $I$")
+        tile_grid_axes(ax, n)
     fig.legend([Patch(color="#FFBB78"), Patch(facecolor="white", edgecolor="0.4"), Patch(color="#E8E8E8")],
                ["visited by this program (in order)", "visited by other programs", "skipped (causal)"],
                loc="lower center", ncol=3, frameon=False)

@@ -17,6 +17,7 @@ from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
 from .bench.plots import provenance_line
+from .figures import tile_grid_axes
 
 FAR, NEAR, OWN, SKIP, OTHER = "#4C72B0", "#DD8452", "#FFBB78", "#E8E8E8", "white"
 
@@ -64,13 +65,7 @@ def _tile_grid(ax, n, color_of, title):
     for i in range(n):
         for j in range(n):
             ax.add_patch(Rectangle((j, i), 1, 1, facecolor=color_of(i, j), edgecolor="0.45", lw=0.6))
-    ax.set_xlim(0, n)
-    ax.set_ylim(n, 0)
-    ax.set_aspect("equal")
-    ax.set_xticks([x + 0.5 for x in range(n)], range(n))
-    ax.set_yticks([x + 0.5 for x in range(n)], range(n))
-    ax.set_xlabel("key tile $J$")
-    ax.set_ylabel("query tile $I$")
+    tile_grid_axes(ax, n)
     ax.set_title(title, fontsize=9, loc="left")
 
 
