@@ -17,8 +17,8 @@ from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
                            holds_queries, past_scores_kernel, query_shift_groups)
 from .flash_backward import rowsum_do_o_kernel
-from .launch import (check_kernel_device, check_kernel_inputs, dot_precision, head_dim_block, launch_tiled,
-                     size_bucket)
+from .launch import (check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, head_dim_block, launch,
+                     launch_tiled, size_bucket)
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -47,7 +47,7 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int) -> torch.
     # The interpreter pays per operation, not per element. On a GPU short tiles keep the ck shifted
     # loads of a tile in L1 across the cq kernel rows (8 rows, 2 warps: fastest on an H200 at d = 128).
     block_n, warps = (128, 4) if runtime.INTERPRET else (8, 2)
-    fold_keys_kernel[(triton.cdiv(N, block_n), B * num_q_heads)](
+    launch(fold_keys_kernel, (triton.cdiv(N, block_n), B * num_q_heads),
         k, w, kf, *k.stride(), *kf.stride(), N, num_q_heads, num_q_heads // Hkv,
         CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=warps)
     return kf
@@ -81,7 +81,7 @@ def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
     p = torch.empty((B, Hq, N, width), device=q.device, dtype=torch.float32)
     # On an H200, 16 rows per program is fastest at d = 64 and 128; the interpreter pays per operation.
     block_r = 128 if runtime.INTERPRET else 16
-    past_scores_kernel[(triton.cdiv(N, block_r), B * Hq)](
+    launch(past_scores_kernel, (triton.cdiv(N, block_r), B * Hq),
         q, k, p, *q.stride(), *k.stride(), *p.stride()[:3], N, Hq, Hq // Hkv,
         EP=reach, EP_PAD=width, D=D, BLOCK_D=head_dim_block(D), BLOCK_R=block_r, num_warps=4)
     return p
@@ -109,7 +109,7 @@ def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor,
     p = past_scores(q, k, e_past) if past is None else past
     cd = torch.empty((B, Hq, N, _pad16(e)), device=q.device, dtype=torch.float32)
     block_r = 16 if runtime.INTERPRET else 64
-    diagonal_scores_kernel[(triton.cdiv(N, block_r), B * Hq)](
+    launch(diagonal_scores_kernel, (triton.cdiv(N, block_r), B * Hq),
         p, weight, cd, *p.stride()[:3], N, Hq, CQ=cq, CK=ck, E=e, E_PAD=cd.shape[-1], EP_PAD=p.shape[-1],
         BLOCK_R=block_r, num_warps=4)
     return cd
@@ -139,7 +139,8 @@ def stream_descriptors(q, v, kf):
     ``v [B, Hkv, N, D]`` for the kernel's reloaded (streamed) path, their boxes fitted to the tile at launch
     (:func:`mta.conv_forward.fit_stream_descriptors`); ``(None, None, None)`` where the copy engine does not
     apply: turned off (``mta.conv_forward.USE_TMA``), a GPU before Hopper, fp32, or rows not 16-byte aligned."""
-    on_hopper = runtime.INTERPRET or torch.cuda.get_device_capability(q.device)[0] >= 9
+    gpu = None if q.device.type == "meta" else q.device  # meta: compile_ahead's dry run, on the current GPU
+    on_hopper = runtime.INTERPRET or torch.cuda.get_device_capability(gpu)[0] >= 9
     if not (conv_forward.USE_TMA and TensorDescriptor is not None and on_hopper
             and q.dtype in (torch.float16, torch.bfloat16) and all(_tma_ready(t) for t in (q, v, kf))):
         return None, None, None
@@ -191,6 +192,7 @@ def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool
 
 def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
     """The pre-passes, then the fused kernel: ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32)."""
+    compile_ahead("conv_forward", lambda *x: conv_attention_forward(*x, scale), q, k, v, weight, causal)
     kf, cd = conv_prepasses(q, k, weight, causal)
     return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), causal, scale)
 
@@ -228,6 +230,7 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     (causal), the dQ-side tiled kernel and its fold, then the dK/dV-side tiled kernel and its fold: the two
     ``cq``-fold fp32 buffers ``Gq`` and ``U`` are never alive at the same time.
     """
+    compile_ahead("conv_backward", lambda *x: conv_attention_backward(*x, scale), do, q, k, v, o, lse, weight, causal)
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
     cq, ck = weight.shape[1:]
@@ -247,7 +250,7 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
 
     delta = torch.empty_like(lse)
     rowsum_block = 64
-    rowsum_do_o_kernel[(triton.cdiv(N, rowsum_block), B * Hq)](
+    launch(rowsum_do_o_kernel, (triton.cdiv(N, rowsum_block), B * Hq),
         o, do, delta, *o.stride(), *do.stride(), N, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
 
     bucket = size_bucket(N)
@@ -265,8 +268,8 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
         pv = past_scores(do, v, e - 1)  # dO_i . v_{i - delta} on the E masked diagonals
         g = torch.empty((B, Hq, N, ep_pad), device=dev, dtype=torch.float32)
         dwn = torch.empty((tiles, B, Hq, cq, ck), device=dev, dtype=torch.float32)
-        conv_near_kernel[(tiles, B * Hq)](cd, pv, pq, lse, delta, w, g, dwn, N, Hq, scale, CQ=cq, CK=ck, E=e,
-                                          E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=block_r, num_warps=4)
+        launch(conv_near_kernel, (tiles, B * Hq), cd, pv, pq, lse, delta, w, g, dwn, N, Hq, scale,
+               CQ=cq, CK=ck, E=e, E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=block_r, num_warps=4)
         dw_parts.append(dwn)
         del pv
     else:
@@ -280,9 +283,8 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
                  fit=lambda tile: _fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
                  key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    conv_dq_fold_kernel[(tiles, B * Hq)](gq, g, k, dq, *k.stride(), *dq.stride(), N, Hq, Hq // Hkv, scale,
-                                         NEAR=near, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d,
-                                         BLOCK_R=block_r, num_warps=4)
+    launch(conv_dq_fold_kernel, (tiles, B * Hq), gq, g, k, dq, *k.stride(), *dq.stride(), N, Hq, Hq // Hkv, scale,
+           NEAR=near, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4)
     del gq
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
@@ -295,13 +297,23 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     del kf
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dwf = torch.empty((tiles, B, Hq, cq, ck), device=dev, dtype=torch.float32)
-    conv_dk_fold_kernel[(tiles, B * Hkv)](u, g, q, k, w, dk, dwf, *q.stride(), *k.stride(), *dk.stride(), N, Hkv,
-                                          Hq // Hkv, scale, NEAR=near, CQ=cq, CK=ck, EP=e_past, EP_PAD=ep_pad, D=D,
-                                          BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4)
+    launch(conv_dk_fold_kernel, (tiles, B * Hkv), u, g, q, k, w, dk, dwf, *q.stride(), *k.stride(), *dk.stride(),
+           N, Hkv, Hq // Hkv, scale, NEAR=near, CQ=cq, CK=ck, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d,
+           BLOCK_R=block_r, num_warps=4)
     dw_parts.append(dwf)
     # Fixed-order reductions over the per-program partials: deterministic.
     dweight = torch.cat(dw_parts).sum(dim=(0, 1)) * scale
     return dq, dk, dv, dweight
+
+
+def compile_conv_ahead(q, k, v, weight, causal: bool, scale: float) -> None:
+    """Before a first call that will be differentiated: compile the forward's and the backward's kernels side
+    by side (:func:`mta.launch.compile_ahead`; the forward and backward compile their own otherwise)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, weight)):
+        def forward_backward(q, k, v, weight, causal):
+            o, lse = conv_attention_forward(q, k, v, weight, causal, scale)
+            conv_attention_backward(torch.empty_like(o), q, k, v, o, lse, weight, causal, scale)
+        compile_ahead("conv_forward_backward", forward_backward, q, k, v, weight, causal)
 
 
 class ConvAttention(torch.autograd.Function):
@@ -347,5 +359,6 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     if cq > conv_forward.MAX_CQ or ck > conv_forward.MAX_CK:
         raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={conv_forward.MAX_CQ} and ck={conv_forward.MAX_CK} here")
     scale = resolve_scale(scale, D)
+    compile_conv_ahead(q, k, v, weight, bool(causal), scale)
     o, lse = ConvAttention.apply(q, k, v, weight, bool(causal), scale)
     return (o, lse) if return_lse else o

@@ -14,7 +14,7 @@ from . import conv_forward
 from ._checks import check_weight, resolve_scale
 from .decode import check_new_queries, check_num_splits, check_seqlens, launch_decode
 from .decode_kernels import fold_queries_kernel
-from .launch import check_kernel_inputs, head_dim_block
+from .launch import check_kernel_inputs, head_dim_block, launch
 
 
 def fold_queries(q_cache, weight, lens, n_new: int) -> torch.Tensor:
@@ -30,7 +30,7 @@ def fold_queries(q_cache, weight, lens, n_new: int) -> torch.Tensor:
     _, cq, ck = weight.shape
     qf = torch.empty((B, Hq, ck, n_new, D), device=q_cache.device, dtype=q_cache.dtype)
     block_d = head_dim_block(D)
-    fold_queries_kernel[(B * Hq,)](
+    launch(fold_queries_kernel, (B * Hq,),
         q_cache, weight, lens, qf, *q_cache.stride(), *qf.stride(), n_max, n_new, Hq, HAS_LENS=lens is not None,
         CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_T=16, BLOCK_R=max(16, triton.next_power_of_2(n_new + cq - 1)),
         num_warps=4)

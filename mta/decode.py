@@ -14,7 +14,7 @@ import triton
 from . import runtime, tuning
 from ._checks import resolve_scale
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
-from .launch import check_kernel_inputs, dot_precision, head_dim_block
+from .launch import check_kernel_inputs, dot_precision, head_dim_block, launch
 
 #: Most new queries per call (rows of a decode tile: query heads of a group x new queries).
 MAX_NEW_QUERIES = 16
@@ -159,15 +159,15 @@ def launch_decode(qf, k, v, lens, n_new: int, scale: float, num_splits: int | No
         torch.empty((programs, rows, D), device=k.device, dtype=torch.float32))
     qf_strides = qf.stride() if qf.dim() == 5 else (*qf.stride()[:2], 0, *qf.stride()[2:])
     q_strides = q_cache.stride() if q_cache is not None else (0, 0, 0, 0)
-    decode_split_kernel[(programs, B * Hkv, row_tiles)](
+    launch(decode_split_kernel, (programs, B * Hkv, row_tiles),
         qf, q_cache, weight, k, v, lens, o, *parts, *qf_strides, *q_strides, *k.stride(), *v.stride(),
         *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
         HAS_LENS=lens is not None, ONE_SPLIT=one, CQ=cq, CK=ck, E=e, D=D, BLOCK_D=block_d, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_E=max(16, triton.next_power_of_2(n_new + e - 1)),
         PRECISION=dot_precision(k.dtype), num_warps=warps, num_stages=stages)
     if not one:
-        decode_combine_kernel[(rows,)](*parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,
-                                       BLOCK_S=COMBINE_BLOCK_S, num_warps=1 if block_d <= 64 else 2)
+        launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,
+               BLOCK_S=COMBINE_BLOCK_S, num_warps=1 if block_d <= 64 else 2)
     return o
 
 

@@ -13,7 +13,7 @@ import triton
 from ._checks import resolve_scale
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
-from .launch import check_kernel_inputs, dot_precision, head_dim_block, launch_tiled, size_bucket
+from .launch import check_kernel_inputs, compile_ahead, dot_precision, head_dim_block, launch, launch_tiled, size_bucket
 
 
 def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
@@ -39,6 +39,7 @@ def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
 
 def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     """Launch the ``D`` pre-pass, the dK/dV kernel and the dQ kernel; return ``dq, dk, dv``."""
+    compile_ahead("flash_backward", lambda *x: flash_backward(*x, scale), do, q, k, v, o, lse, causal)
     B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
     block_d = head_dim_block(D)
     precision = dot_precision(q.dtype)
@@ -49,7 +50,7 @@ def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
         return dq.zero_(), dk.zero_(), dv.zero_()
     delta = torch.empty_like(lse)
     rowsum_block = 64
-    rowsum_do_o_kernel[(triton.cdiv(Nq, rowsum_block), B * Hq)](
+    launch(rowsum_do_o_kernel, (triton.cdiv(Nq, rowsum_block), B * Hq),
         o, do, delta, *o.stride(), *do.stride(), Nq, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
     bucket = size_bucket(max(Nq, Nk))
     meta = dict(CAUSAL=causal, D=D, BLOCK_D=block_d, PRECISION=precision)
@@ -62,6 +63,16 @@ def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
                   *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
                   Nq, Nk, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype)
     return dq, dk, dv
+
+
+def compile_flash_ahead(q, k, v, causal: bool, scale: float) -> None:
+    """Before a first call that will be differentiated: compile the forward's and the backward's kernels side
+    by side (:func:`mta.launch.compile_ahead`)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        def forward_backward(q, k, v, causal):
+            o, lse = flash_forward(q, k, v, causal, scale)
+            flash_backward(torch.empty_like(o), q, k, v, o, lse, causal, scale)
+        compile_ahead("flash_forward_backward", forward_backward, q, k, v, causal)
 
 
 class FlashAttention(torch.autograd.Function):
@@ -100,5 +111,6 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     """
     D = check_kernel_inputs(q, k, v)[5]
     scale = resolve_scale(scale, D)
+    compile_flash_ahead(q, k, v, bool(causal), scale)
     o, lse = FlashAttention.apply(q, k, v, bool(causal), scale)
     return (o, lse) if return_lse else o

@@ -1,20 +1,30 @@
-"""What every launcher shares: input checks for the kernels, head-dim tiles, and launching with a tile.
+"""What every launcher shares: input checks for the kernels, head-dim tiles, and launching.
 
-:func:`launch_tiled` takes the tile from :mod:`mta.tuning`'s tables (the
-default: nothing is timed at call time), from the caller (benchmarks), or,
-with ``MTA_AUTOTUNE=1``, from Triton's autotuner over the table's candidates.
-The autotuner's choices are cached on disk, so each shape bucket is timed
-once per machine, and candidates that cannot fit in shared memory or
+Every kernel is launched through :func:`launch`. :func:`launch_tiled` takes the tile from :mod:`mta.tuning`'s
+tables (the default: nothing is timed at call time), from the caller (benchmarks), or, with
+``MTA_AUTOTUNE=1``, from Triton's autotuner over the table's candidates. The autotuner's choices are cached
+on disk, so each shape bucket is timed once per machine, and candidates that cannot fit in shared memory or
 registers are pruned before they are compiled.
+
+A first call compiles its kernels; :func:`compile_ahead` compiles all of them side by side instead of one
+after the other.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import triton
+
+try:  # Triton >= 3.5: a launch inside this mode queues its compile in an executor
+    from triton import AsyncCompileMode
+except ImportError:  # pragma: no cover - older Triton compiles at each launch
+    AsyncCompileMode = None
 
 from . import runtime, tuning
 from ._checks import check_qkv
@@ -32,8 +42,11 @@ NO_SPECIALIZE = ["n_q", "n_k", "N_BUCKET"]
 
 
 def check_kernel_device(**tensors: torch.Tensor) -> None:
-    """Each named tensor is where the Triton kernels run: the GPU, or the CPU in interpreter mode."""
+    """Each named tensor is where the Triton kernels run: the GPU, or the CPU in interpreter mode
+    (or the meta device, inside :func:`compile_ahead`'s dry run)."""
     for name, x in tensors.items():
+        if x.device.type == "meta" and _DRY_RUN.get():
+            continue
         if runtime.INTERPRET and x.device.type != "cpu":
             raise ValueError(f"Triton runs in interpreter mode (TRITON_INTERPRET=1): {name} must be on the cpu, "
                              f"got {x.device}")
@@ -130,4 +143,79 @@ def launch_tiled(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dty
             config = fit(config)
     if pre_hook is not None:
         pre_hook({**dict(zip(kernel.arg_names, args)), **meta, **config})
-    return kernel[grid(config) if callable(grid) else grid](*args, **meta, **config)
+    return launch(kernel, grid(config) if callable(grid) else grid, *args, **meta, **config)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Launching, and compiling a first call's kernels side by side
+
+#: ``MTA_COMPILE_AHEAD=0`` turns :func:`compile_ahead` off (each launch then compiles its own kernel).
+COMPILE_AHEAD = os.environ.get("MTA_COMPILE_AHEAD", "1") != "0"
+_DRY_RUN = contextvars.ContextVar("mta_dry_run", default=False)
+_COMPILED_AHEAD: set = set()
+
+
+def launch(kernel, grid: tuple, *args, **meta):
+    """``kernel[grid](*args, **meta)``; inside :func:`compile_ahead`'s dry run, only its compile, queued."""
+    if _DRY_RUN.get():
+        return kernel.warmup(*args, grid=grid, **meta)
+    return kernel[grid](*args, **meta)
+
+
+@functools.cache
+def _compile_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                              else os.cpu_count() or 1), thread_name_prefix="mta-compile")
+
+
+def _signature(x):
+    """What of an argument can change the kernels compiled for it: a tensor's dtype, its head count and head
+    dim, and whether its sequence length and strides are 1 or multiples of 16 (Triton specializes on those);
+    anything else as it is."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    sizes = tuple((s == 1, s % 16 == 0) if i == 2 else s for i, s in enumerate(x.shape) if i > 0)
+    return x.dtype, sizes, tuple((s == 1, s % 16 == 0) for s in x.stride())
+
+
+def _build_launcher(kernel) -> None:
+    # Triton builds each kernel's C launcher (a C compiler run) at its first launch; built here, in the pool,
+    # that first launch finds it in Triton's cache.
+    from triton.runtime.driver import driver
+    if kernel is not None and hasattr(driver.active, "launcher_cls"):
+        driver.active.launcher_cls(kernel.src, kernel.metadata)
+
+
+def compile_ahead(name: str, launches, *args) -> None:
+    """Compile every kernel that ``launches(*args)`` launches, side by side in threads, launching none: once per
+    process for each ``name`` and signature of ``args`` (:func:`_signature`).
+
+    Without it a first call compiles its kernels one after the other (seconds each: Triton's passes, ptxas,
+    then a C compiler for the launcher), and the MTA forward and backward launch eleven. Here ``launches`` runs
+    once as a dry run, on meta tensors of the same sizes, strides and dtypes: each :func:`launch` queues its
+    compile (Triton's ``AsyncCompileMode``) in a thread pool, where LLVM and ptxas run without the GIL, and the
+    launchers are built there too. The real launches that follow find their kernels compiled: they specialize
+    the same way (a meta tensor's address is 0, 16-byte aligned like any fresh allocation; an unaligned view
+    just compiles again). Nothing happens in Triton's interpreter, with ``MTA_AUTOTUNE=1`` (the autotuner
+    compiles its candidates itself), with ``MTA_COMPILE_AHEAD=0``, or while ``torch.compile`` traces; if the
+    dry run fails, the real call compiles, and reports errors, as it would without it.
+    """
+    if (not COMPILE_AHEAD or runtime.INTERPRET or tuning.AUTOTUNE or AsyncCompileMode is None or _DRY_RUN.get()
+            or torch.compiler.is_compiling()):
+        return
+    key = (name, *map(_signature, args))
+    if key in _COMPILED_AHEAD:
+        return
+    ghosts = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+              if isinstance(x, torch.Tensor) else x for x in args]
+    pool = _compile_pool()
+    _COMPILED_AHEAD.add(key)
+    token = _DRY_RUN.set(True)
+    try:
+        with AsyncCompileMode(pool) as mode, torch.no_grad():
+            launches(*ghosts)
+        list(pool.map(_build_launcher, [future.kernel for future in mode.future_kernels.values()]))
+    except Exception:  # noqa: BLE001 - only a head start: the real call compiles (and reports) for itself
+        pass
+    finally:
+        _DRY_RUN.reset(token)

@@ -87,7 +87,9 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     Returns:
         ``o [B, Hq, N, D]`` in q's dtype (and the fp32 ``lse [B, Hq, N]`` with ``return_lse``).
     """
-    o, lse = torch.ops.mta.conv_attention(q, k, v, weight, bool(causal), resolve_scale(scale, q.shape[-1]))
+    scale = resolve_scale(scale, q.shape[-1])
+    _conv.compile_conv_ahead(q, k, v, weight, bool(causal), scale)  # eager first calls only
+    o, lse = torch.ops.mta.conv_attention(q, k, v, weight, bool(causal), scale)
     return (o, lse) if return_lse else o
 
 
@@ -138,7 +140,9 @@ _flash_attention_op.register_autograd(_flash_backward, setup_context=_flash_setu
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):
     """:func:`mta.flash_attention` through the ``mta::flash_attention`` op (same arguments, same results)."""
-    o, lse = torch.ops.mta.flash_attention(q, k, v, bool(causal), resolve_scale(scale, q.shape[-1]))
+    scale = resolve_scale(scale, q.shape[-1])
+    _flash.compile_flash_ahead(q, k, v, bool(causal), scale)  # eager first calls only
+    o, lse = torch.ops.mta.flash_attention(q, k, v, bool(causal), scale)
     return (o, lse) if return_lse else o
 
 

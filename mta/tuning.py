@@ -68,6 +68,11 @@ OTHER_GPU = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)}
 #: (the backward's two kernels hold more tiles than the forward: smaller still).
 FP32 = {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 2)}
 FP32_BACKWARD = {64: (32, 32, 4, 2), 128: (32, 32, 4, 2), 256: (32, 32, 4, 2)}
+#: fp32 in the MTA kernels (forward and backward), by head-dim width: their products are true fp32 (CUDA-core
+#: FMAs, fully unrolled over ``cq`` shifted tiles), and ptxas time grows with each thread's share of them.
+#: 16 x 16 tiles over 8 warps compile in 1-3 s per kernel at d <= 128 (6 x 11, sm_90, Triton 3.8), where
+#: 64 x 32 over 4 warps took 13-27 s (``notes/performance.md``).
+FP32_MTA = {64: (16, 16, 8, 1), 128: (16, 16, 8, 1), 256: (16, 16, 8, 1)}
 
 #: Split-K decode (:mod:`mta.decode`), ``(BLOCK_N, num_warps, num_stages)`` by head-dim width, any GPU: decode
 #: reads K and V once, so long key tiles and a deep pipeline at 16 bits; fp32 (three TF32 products each) halves
@@ -117,6 +122,8 @@ def config_for(kernel_name: str, block_d: int, dtype: torch.dtype, causal: bool,
     width = width_of(block_d)
     if family == "interpreter":
         tile = INTERPRETER_TILE
+    elif dtype == torch.float32 and kernel_name.startswith("conv_"):
+        tile = FP32_MTA[width]
     elif dtype == torch.float32:
         tile = (FP32_BACKWARD if kernel_name in ("flash_dkdv", "flash_dq") else FP32)[width]
     elif family == "hopper":

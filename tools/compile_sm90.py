@@ -67,6 +67,7 @@ from mta.flash import flash_forward  # noqa: E402
 from mta.flash_forward import flash_forward_kernel  # noqa: E402
 
 torch.cuda.get_device_capability = lambda *args: (9, 0)  # the launchers ask: answer as an H100/H200 would
+torch.cuda.current_device = lambda: 0
 assert not mta.runtime.INTERPRET, "TRITON_INTERPRET must be 0"
 
 TARGET = GPUTarget("cuda", 90, 32)  # what the driver reports on H100/H200 (warp size 32)

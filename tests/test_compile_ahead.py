@@ -1,0 +1,95 @@
+"""Compiling a first call's kernels side by side (``mta.launch.compile_ahead``).
+
+On a GPU: after the dry run, the real forward and backward compile nothing more (the dry run specialized every
+kernel as the real launches do), and the results are those of a process that never compiled ahead.
+Everywhere: a launch is a launch outside the dry run and a queued compile inside it; the signature that keys
+the dry runs separates what Triton specializes on; in the interpreter nothing happens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+import mta
+from mta import conv_backward, conv_forward, flash_backward, flash_forward, launch, runtime
+
+GPU = pytest.mark.skipif(runtime.INTERPRET, reason="compiling needs a GPU (the interpreter compiles nothing)")
+MODULES = (conv_forward, conv_backward, flash_forward, flash_backward)
+
+
+class FakeKernel:
+    """Records how it was launched."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.calls.append(("launch", grid, args, meta))
+
+    def warmup(self, *args, grid, **meta):
+        self.calls.append(("warmup", grid, args, meta))
+
+
+def test_launch_runs_the_kernel_outside_the_dry_run_and_only_compiles_inside():
+    kernel = FakeKernel()
+    launch.launch(kernel, (3, 2), 1, 2, BLOCK=16)
+    token = launch._DRY_RUN.set(True)
+    try:
+        launch.launch(kernel, (3, 2), 1, 2, BLOCK=16)
+    finally:
+        launch._DRY_RUN.reset(token)
+    assert kernel.calls == [("launch", (3, 2), (1, 2), {"BLOCK": 16}), ("warmup", (3, 2), (1, 2), {"BLOCK": 16})]
+
+
+def test_the_signature_separates_what_triton_specializes_on():
+    sig = launch._signature
+    x = torch.empty(2, 8, 64, 32)
+    assert sig(x) == sig(torch.empty(5, 8, 128, 32))              # batch and N (both multiples of 16) don't matter
+    assert sig(x) != sig(torch.empty(2, 8, 65, 32))               # N not a multiple of 16
+    assert sig(x) != sig(torch.empty(2, 8, 1, 32))                # N = 1 (an int equal to 1 is a constant)
+    assert sig(x) != sig(torch.empty(2, 8, 64, 48))               # another head dim
+    assert sig(x) != sig(x.half())
+    assert sig(x) == sig(torch.empty(2, 64, 8, 32).transpose(1, 2))  # strides: multiples of 16 either way
+    assert sig(x) != sig(torch.empty(2, 8, 64, 40)[..., :32])      # a row stride of 40
+    assert sig(3) == 3 and sig(True) is True
+
+
+def test_nothing_is_compiled_ahead_in_the_interpreter(monkeypatch):
+    if not runtime.INTERPRET:
+        pytest.skip("the interpreter's behaviour")
+    calls = []
+    launch.compile_ahead("test", lambda *x: calls.append(x), torch.empty(2, 2))
+    assert calls == []
+
+
+def compiled_kernels() -> int:
+    """How many compiled kernels the package's Triton kernels hold, over every device."""
+    total = 0
+    for module in MODULES:
+        for value in vars(module).values():
+            while hasattr(value, "fn") and not isinstance(value, triton.runtime.jit.JITFunction):
+                value = value.fn
+            if isinstance(value, triton.runtime.jit.JITFunction) and value.__module__ == module.__name__:
+                total += sum(len(caches[0]) for caches in value.device_caches.values())
+    return total
+
+
+@GPU
+@pytest.mark.parametrize("dtype, head_dim, n, kernel_size", [
+    (torch.bfloat16, 64, 200, (6, 11)), (torch.float16, 96, 37, (2, 9)), (torch.float32, 32, 1, (3, 3))])
+def test_after_the_dry_run_the_first_forward_and_backward_compile_nothing(dtype, head_dim, n, kernel_size):
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, n, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(2, 2, n, head_dim, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+    weight = (0.3 * torch.randn(4, *kernel_size, device="cuda")).requires_grad_()
+    scale = head_dim ** -0.5
+    mta.conv.compile_conv_ahead(q, k, v, weight, True, scale)
+    mta.flash.compile_flash_ahead(q, k, v, True, scale)
+    before = compiled_kernels()
+    out = mta.conv_attention(q, k, v, weight, causal=True) + mta.flash_attention(q, k, v, causal=True)
+    out.backward(torch.randn_like(out))
+    torch.cuda.synchronize()
+    assert compiled_kernels() == before
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v, weight))
