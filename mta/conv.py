@@ -17,8 +17,8 @@ from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
                            holds_queries, past_scores_kernel, query_shift_groups)
 from .flash_backward import rowsum_do_o_kernel
-from .launch import (check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, head_dim_block, launch,
-                     launch_tiled, size_bucket)
+from .launch import (check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, head_dim_block,
+                     in_dry_run, launch, launch_tiled, size_bucket)
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -301,6 +301,8 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
            N, Hkv, Hq // Hkv, scale, NEAR=near, CQ=cq, CK=ck, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d,
            BLOCK_R=block_r, num_warps=4)
     dw_parts.append(dwf)
+    if in_dry_run():
+        return dq, dk, dv, None
     # Fixed-order reductions over the per-program partials: deterministic.
     dweight = torch.cat(dw_parts).sum(dim=(0, 1)) * scale
     return dq, dk, dv, dweight
@@ -309,7 +311,8 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
 def compile_conv_ahead(q, k, v, weight, causal: bool, scale: float) -> None:
     """Before a first call that will be differentiated: compile the forward's and the backward's kernels side
     by side (:func:`mta.launch.compile_ahead`; the forward and backward compile their own otherwise)."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, weight)):
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling() and any(
+            t.requires_grad for t in (q, k, v, weight)):
         def forward_backward(q, k, v, weight, causal):
             o, lse = conv_attention_forward(q, k, v, weight, causal, scale)
             conv_attention_backward(torch.empty_like(o), q, k, v, o, lse, weight, causal, scale)

@@ -68,7 +68,7 @@ def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
 def compile_flash_ahead(q, k, v, causal: bool, scale: float) -> None:
     """Before a first call that will be differentiated: compile the forward's and the backward's kernels side
     by side (:func:`mta.launch.compile_ahead`)."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling() and any(t.requires_grad for t in (q, k, v)):
         def forward_backward(q, k, v, causal):
             o, lse = flash_forward(q, k, v, causal, scale)
             flash_backward(torch.empty_like(o), q, k, v, o, lse, causal, scale)

@@ -45,7 +45,7 @@ def check_kernel_device(**tensors: torch.Tensor) -> None:
     """Each named tensor is where the Triton kernels run: the GPU, or the CPU in interpreter mode
     (or the meta device, inside :func:`compile_ahead`'s dry run)."""
     for name, x in tensors.items():
-        if x.device.type == "meta" and _DRY_RUN.get():
+        if x.device.type == "meta" and in_dry_run():
             continue
         if runtime.INTERPRET and x.device.type != "cpu":
             raise ValueError(f"Triton runs in interpreter mode (TRITON_INTERPRET=1): {name} must be on the cpu, "
@@ -153,11 +153,19 @@ def launch_tiled(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dty
 COMPILE_AHEAD = os.environ.get("MTA_COMPILE_AHEAD", "1") != "0"
 _DRY_RUN = contextvars.ContextVar("mta_dry_run", default=False)
 _COMPILED_AHEAD: set = set()
+#: ``(name, error)`` of each dry run that failed (the calls then compiled as they went): for tests.
+DRY_RUN_ERRORS: list = []
+
+
+def in_dry_run() -> bool:
+    """Inside :func:`compile_ahead`'s dry run (tensors on the meta device, launches only compile). Launchers skip
+    the torch arithmetic after their last kernel there: its first use on meta tensors costs a second."""
+    return _DRY_RUN.get()
 
 
 def launch(kernel, grid: tuple, *args, **meta):
     """``kernel[grid](*args, **meta)``; inside :func:`compile_ahead`'s dry run, only its compile, queued."""
-    if _DRY_RUN.get():
+    if in_dry_run():
         return kernel.warmup(*args, grid=grid, **meta)
     return kernel[grid](*args, **meta)
 
@@ -200,8 +208,8 @@ def compile_ahead(name: str, launches, *args) -> None:
     compiles its candidates itself), with ``MTA_COMPILE_AHEAD=0``, or while ``torch.compile`` traces; if the
     dry run fails, the real call compiles, and reports errors, as it would without it.
     """
-    if (not COMPILE_AHEAD or runtime.INTERPRET or tuning.AUTOTUNE or AsyncCompileMode is None or _DRY_RUN.get()
-            or torch.compiler.is_compiling()):
+    if (torch.compiler.is_compiling() or not COMPILE_AHEAD or runtime.INTERPRET or tuning.AUTOTUNE
+            or AsyncCompileMode is None or in_dry_run()):
         return
     key = (name, *map(_signature, args))
     if key in _COMPILED_AHEAD:
@@ -215,7 +223,7 @@ def compile_ahead(name: str, launches, *args) -> None:
         with AsyncCompileMode(pool) as mode, torch.no_grad():
             launches(*ghosts)
         list(pool.map(_build_launcher, [future.kernel for future in mode.future_kernels.values()]))
-    except Exception:  # noqa: BLE001 - only a head start: the real call compiles (and reports) for itself
-        pass
+    except Exception as error:  # noqa: BLE001 - only a head start: the real call compiles (and reports) for itself
+        DRY_RUN_ERRORS.append((name, repr(error)))
     finally:
         _DRY_RUN.reset(token)
