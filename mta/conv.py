@@ -15,10 +15,10 @@ from ._checks import check_weight, resolve_scale
 from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_kernel, conv_dq_kernel,
                             conv_near_kernel)
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
-                           holds_queries, past_scores_kernel, query_shift_groups)
+                           held_shared_bytes, holds_queries, past_scores_kernel, query_shift_groups)
 from .flash_backward import rowsum_do_o_kernel
 from .launch import (check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, head_dim_block,
-                     in_dry_run, launch, launch_tiled, size_bucket)
+                     in_dry_run, launch, launch_tiled, shared_memory_limit, size_bucket)
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -149,11 +149,22 @@ def stream_descriptors(q, v, kf):
 
 def _hold_or_stream(config: dict, q: torch.Tensor, cq: int, causal: bool) -> dict:
     """``config`` where its rows' ``cq`` shifted query tiles fit on chip (:func:`mta.conv_forward.holds_queries`),
-    else the table's streamed tile."""
+    its pipeline made shallower, then its key tiles shorter, until the program fits in shared memory
+    (:func:`mta.conv_forward.held_shared_bytes`: the table's tiles are sized for ``cq`` of 4 or more, where
+    d = 128 streams); else the table's streamed tile."""
     block_d = head_dim_block(q.shape[-1])
-    if holds_queries(config["BLOCK_M"], cq, block_d, q.element_size()):
+    if not holds_queries(config["BLOCK_M"], cq, block_d, q.element_size()):
+        return tuning.config_for("conv_forward_streamed", block_d, q.dtype, causal)
+    if runtime.INTERPRET:
         return config
-    return tuning.config_for("conv_forward_streamed", block_d, q.dtype, causal)
+    config, limit = dict(config), shared_memory_limit(q.device)
+    while (held_shared_bytes(config, cq, block_d, q.element_size()) > limit
+           and (config["num_stages"] > 2 or config["BLOCK_N"] > 16)):
+        if config["num_stages"] > 2:
+            config["num_stages"] -= 1
+        else:
+            config["BLOCK_N"] //= 2
+    return config
 
 
 def conv_forward_config(q: torch.Tensor, cq: int, causal: bool) -> dict:

@@ -78,6 +78,15 @@ def holds_queries(block_m: int, cq: int, block_d: int, elem_bytes: int) -> bool:
     return block_m * sum(query_shift_groups(cq)) * block_d * elem_bytes <= RESIDENT_BYTES
 
 
+def held_shared_bytes(config: dict, cq: int, block_d: int, elem_bytes: int) -> int:
+    """Shared memory of a program that holds its queries (measured from sm_90 builds, exact for 16-bit inputs):
+    the held ``[BLOCK_M, (QA + QB) * BLOCK_D]`` shifted queries and ``num_stages`` buffers of a folded-key tile
+    ``[BLOCK_N, (QA + QB) * BLOCK_D]`` and a value tile ``[BLOCK_N, BLOCK_D]``."""
+    cols = sum(query_shift_groups(cq)) * block_d
+    per_stage = config["BLOCK_N"] * (cols + block_d)
+    return (config["BLOCK_M"] * cols + max(config["num_stages"], 1) * per_stage) * elem_bytes
+
+
 def stream_width(block_d: int) -> int:
     """Depth of one streamed product: half the head-dim tile (lighter on registers and shared memory),
     or all of it when that is 16 (``tl.dot`` needs a depth of at least 16)."""

@@ -99,10 +99,20 @@ def fits_on_chip(config: dict, block_d: int, elem_bytes: int, shared_bytes: int)
     return shared <= shared_bytes and acc_registers <= 128
 
 
+def shared_memory_limit(device: torch.device) -> int:
+    """Bytes of shared memory one program may use on ``device`` (a meta tensor's: the current GPU's)."""
+    return _shared_memory_limit(torch.cuda.current_device() if device.type == "meta" else device.index)
+
+
+@functools.cache
+def _shared_memory_limit(index) -> int:
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
 def _prune(configs, named_args, **kwargs):
     meta = {**named_args, **kwargs}
     device = next(a.device for a in named_args.values() if isinstance(a, torch.Tensor))
-    shared = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    shared = shared_memory_limit(device)
     elem = next(a.element_size() for a in named_args.values() if isinstance(a, torch.Tensor))
     kept = [c for c in configs if fits_on_chip({**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages},
                                                meta["BLOCK_D"], elem, shared)]

@@ -73,6 +73,15 @@ def test_dtypes_and_noncausal(N, cq, ck, causal, dtype, poisoned_outputs):
     run_case(N, cq, ck, causal, dtype)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the GPU's tiles: held or streamed queries, fitted to its shared memory")
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
+@pytest.mark.parametrize("cq,ck", [(1, 1), (2, 9), (3, 3), (6, 11), (16, 15)], ids=str)
+def test_every_head_dim_width_and_kernel_in_16_bits(D, cq, ck, poisoned_outputs):
+    """Small kernels hold their shifted queries (d = 128 with cq = 2 once asked for 352 KB of shared memory),
+    larger ones stream them; forward and backward, bf16, each head-dim width."""
+    run_case(70, cq, ck, True, torch.bfloat16, Hq=2, Hkv=1, D=D)
+
+
 @pytest.mark.parametrize("N,causal", [(26, True), (20, False)])
 def test_gqa_head_dim_96_and_batch(N, causal, poisoned_outputs):
     """Hq = 4 query heads on Hkv = 2 kv heads (dk, dv sum over a group), D = 96 (padded to 128),
