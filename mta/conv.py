@@ -231,6 +231,23 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
     return config
 
 
+def check_backward_fits(cq: int, ck: int, head_dim: int, dtype: torch.dtype) -> None:
+    """Raise where even the smallest backward tile cannot fit on chip: 16 owned and 16 streamed rows,
+    ``(QA + QB) * BLOCK_D`` wide (:func:`_fit_backward_tile`), over :data:`mta.conv_backward.SHARED_BYTES`.
+    That leaves out, in bf16/fp16, cq > 12 at d > 128 and cq > 24 at d > 64; in fp32, cq > 6 at d > 128,
+    cq > 12 at d > 64 and cq > 24 at d > 32."""
+    block_d, elem = head_dim_block(head_dim), dtype.itemsize
+
+    def smallest(c):
+        return 32 * sum(query_shift_groups(c)) * block_d * elem
+    if smallest(cq) > conv_backward.SHARED_BYTES:
+        most = max((c for c in range(1, cq) if smallest(c) <= conv_backward.SHARED_BYTES), default=0)
+        raise ValueError(
+            f"the MTA backward of a {cq} x {ck} kernel at head dim {head_dim} in {str(dtype).replace('torch.', '')} "
+            f"does not fit in a GPU program's shared memory (it holds {sum(query_shift_groups(cq))} shifted copies "
+            f"of {block_d}-wide rows); at this head dim and dtype it supports cq <= {most}")
+
+
 def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     """``dq, dk, dv, dweight`` of :func:`conv_attention` (the split into far and near parts:
     :mod:`mta.conv_backward`). ``dq, dk, dv`` in the dtypes of ``q, k, v``; ``dweight`` ``[Hq, cq, ck]`` fp32,
@@ -241,6 +258,8 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     (causal), the dQ-side tiled kernel and its fold, then the dK/dV-side tiled kernel and its fold: the two
     ``cq``-fold fp32 buffers ``Gq`` and ``U`` are never alive at the same time.
     """
+    if not runtime.INTERPRET:
+        check_backward_fits(*weight.shape[1:], q.shape[-1], q.dtype)
     compile_ahead("conv_backward", lambda *x: conv_attention_backward(*x, scale), do, q, k, v, o, lse, weight, causal)
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
@@ -364,7 +383,9 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
         return_lse: also return the fp32 log-sum-exp of each row of the convolved scores (not differentiable).
 
     Differentiable in ``q``, ``k``, ``v`` and ``weight`` (fused backward, :mod:`mta.conv_backward`): the
-    gradients come in the dtypes of their inputs, the weight's summed over the batch.
+    gradients come in the dtypes of their inputs, the weight's summed over the batch. On a GPU the backward of
+    the tallest kernels at the widest head dims does not fit in shared memory and raises a ``ValueError``
+    that says which ``cq`` fits (:func:`check_backward_fits`; e.g. ``cq <= 12`` at d = 256 in bf16).
     """
     _, Hq, _, Nq, Nk, D = check_kernel_inputs(q, k, v)
     if Nq != Nk:

@@ -78,8 +78,27 @@ def test_dtypes_and_noncausal(N, cq, ck, causal, dtype, poisoned_outputs):
 @pytest.mark.parametrize("cq,ck", [(1, 1), (2, 9), (3, 3), (6, 11), (16, 15)], ids=str)
 def test_every_head_dim_width_and_kernel_in_16_bits(D, cq, ck, poisoned_outputs):
     """Small kernels hold their shifted queries (d = 128 with cq = 2 once asked for 352 KB of shared memory),
-    larger ones stream them; forward and backward, bf16, each head-dim width."""
-    run_case(70, cq, ck, True, torch.bfloat16, Hq=2, Hkv=1, D=D)
+    larger ones stream them; forward and backward, bf16, each head-dim width. 16 x 15 at d = 256 is too big for
+    the backward: a clear error."""
+    if (D, cq) == (256, 16):
+        with pytest.raises(ValueError, match="shared memory.*supports cq <= 12"):
+            run_case(70, cq, ck, True, torch.bfloat16, Hq=2, Hkv=1, D=D)
+    else:
+        run_case(70, cq, ck, True, torch.bfloat16, Hq=2, Hkv=1, D=D)
+
+
+@pytest.mark.parametrize("cq,head_dim,dtype,fits", [
+    (11, 256, torch.bfloat16, True), (12, 256, torch.bfloat16, True), (13, 256, torch.bfloat16, False),
+    (16, 128, torch.bfloat16, True), (6, 256, torch.float32, True), (7, 256, torch.float32, False),
+    (12, 128, torch.float32, True), (13, 128, torch.float32, False), (24, 64, torch.float32, True),
+    (25, 64, torch.float32, False), (24, 128, torch.bfloat16, True), (25, 128, torch.bfloat16, False)])
+def test_backward_refuses_kernels_too_wide_for_shared_memory(cq, head_dim, dtype, fits):
+    """The bound behind the error (sm_90 builds: 16 x 15 at d = 256 in bf16 needs 296 KB, 11 x 15 fits in 208 KB)."""
+    if fits:
+        mta.conv.check_backward_fits(cq, 3, head_dim, dtype)
+    else:
+        with pytest.raises(ValueError, match=f"{cq} x 3 kernel at head dim {head_dim}.*does not fit"):
+            mta.conv.check_backward_fits(cq, 3, head_dim, dtype)
 
 
 @pytest.mark.parametrize("N,causal", [(26, True), (20, False)])
