@@ -221,7 +221,8 @@ def compile_ahead(name: str, launches, *args) -> None:
     if (torch.compiler.is_compiling() or not COMPILE_AHEAD or runtime.INTERPRET or tuning.AUTOTUNE
             or AsyncCompileMode is None or in_dry_run()):
         return
-    key = (name, *map(_signature, args))
+    device = next((x.device for x in args if isinstance(x, torch.Tensor)), None)  # Triton caches per GPU
+    key = (name, device, *map(_signature, args))
     if key in _COMPILED_AHEAD:
         return
     ghosts = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
