@@ -181,7 +181,8 @@ def launch(kernel, grid: tuple, *args, **meta):
 
 
 @functools.cache
-def _compile_pool() -> ThreadPoolExecutor:
+def _compile_pool(pid: int) -> ThreadPoolExecutor:
+    # One per process: a forked child does not inherit the parent's threads.
     return ThreadPoolExecutor(max_workers=min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                                               else os.cpu_count() or 1), thread_name_prefix="mta-compile")
 
@@ -227,7 +228,7 @@ def compile_ahead(name: str, launches, *args) -> None:
         return
     ghosts = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
               if isinstance(x, torch.Tensor) else x for x in args]
-    pool = _compile_pool()
+    pool = _compile_pool(os.getpid())
     _COMPILED_AHEAD.add(key)
     token = _DRY_RUN.set(True)
     try:

@@ -20,7 +20,8 @@ paper's toy setting, identity init), the others plain causal attention (``kernel
     python -m mta.toy --preset gpu --arm plain mta --seeds 0 1 2 --out figures/toy_find_block.json
 
 trains each (arm, seed) with a progress bar (bf16 autocast on a GPU), evaluates on a fixed held-out set, and
-writes JSON (provenance, config, loss curves, errors, times) and a plot next to it. ``--preset cpu`` is a tiny
+writes JSON (provenance, config, loss curves, errors, times) and a plot next to it; ``--save-weights DIR`` also
+keeps each trained model (fp16, read back by :func:`load_model`). ``--preset cpu`` is a tiny
 configuration that runs in seconds in Triton's interpreter.
 """
 
@@ -278,10 +279,12 @@ def evaluate(model: nn.Module, tokens: torch.Tensor, task: TaskConfig, batch: in
     return sum(losses) / tokens.shape[0], torch.cat(wrong).float().mean().item()
 
 
-def train_run(cfg: ToyConfig, arm: str, seed: int, *, device=None, progress: bool = True) -> dict:
+def train_run(cfg: ToyConfig, arm: str, seed: int, *, device=None, progress: bool = True,
+              weights: Optional[Path] = None) -> dict:
     """Train one model from ``seed`` on fresh batches; return its curves, final error and times.
 
-    The held-out set is the same for every run (its own seed); training batches come from ``seed``.
+    The held-out set is the same for every run (its own seed); training batches come from ``seed``. With
+    ``weights``, the trained model's ``state_dict`` is saved there (fp16; :func:`load_model` reads it back).
     """
     device = torch.device(device or runtime.DEVICE)
     torch.manual_seed(seed)
@@ -319,9 +322,23 @@ def train_run(cfg: ToyConfig, arm: str, seed: int, *, device=None, progress: boo
     eval_seconds += _timed(lambda: _record_eval(model, held_out, cfg, evals, tc.steps), device)
     bar.set_postfix(loss=f"{curve['loss'][-1]:.3f}", error=f"{evals['error'][-1]:.3f}")
     bar.close()
+    if weights is not None:
+        Path(weights).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({name: t.detach().cpu().half() for name, t in model.state_dict().items()}, weights)
     return {"arm": arm, "seed": seed, "curve": curve, "eval": evals, "final_error": evals["error"][-1],
             "final_loss": evals["loss"][-1], "train_seconds": train_seconds, "eval_seconds": eval_seconds,
             "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def load_model(cfg: ToyConfig, arm: str, weights: Path, device=None) -> "ToyDecoder":
+    """The model a run saved with ``weights`` (:func:`train_run`), in fp32, in eval mode."""
+    model = ToyDecoder(model_config_for(cfg.model, arm))
+    model.load_state_dict({name: t.float() for name, t in torch.load(weights, map_location="cpu").items()})
+    return model.to(device or runtime.DEVICE).eval()
+
+
+def weights_path(weights_dir: Path, arm: str, seed: int) -> Path:
+    return Path(weights_dir) / f"toy_{arm}_seed{seed}.pt"
 
 
 def _record_eval(model, held_out, cfg, evals, step):
@@ -354,9 +371,11 @@ def config_dict(cfg: ToyConfig) -> dict:
     return json.loads(json.dumps(asdict(cfg)))       # tuples become lists, as in the file
 
 
-def run_all(cfg: ToyConfig, arms, seeds, out: Optional[Path] = None, *, progress: bool = True) -> dict:
+def run_all(cfg: ToyConfig, arms, seeds, out: Optional[Path] = None, *, progress: bool = True,
+            weights_dir: Optional[Path] = None) -> dict:
     """Train every (arm, seed) and return the results; with ``out``, write JSON after each run (runs of the same
-    configuration already in the file are kept unless repeated) and a plot next to it."""
+    configuration already in the file are kept unless repeated) and a plot next to it; with ``weights_dir``,
+    save each trained model there (:func:`weights_path`)."""
     from .bench.provenance import provenance
 
     results = {"provenance": provenance(), "config": config_dict(cfg), "seq_len": cfg.task.seq_len, "runs": []}
@@ -366,7 +385,8 @@ def run_all(cfg: ToyConfig, arms, seeds, out: Optional[Path] = None, *, progress
             results["runs"] = [r for r in old["runs"] if not (r["arm"] in arms and r["seed"] in seeds)]
     for arm in arms:
         for seed in seeds:
-            results["runs"].append(train_run(cfg, arm, seed, progress=progress))
+            weights = None if weights_dir is None else weights_path(weights_dir, arm, seed)
+            results["runs"].append(train_run(cfg, arm, seed, progress=progress, weights=weights))
             results["runs"].sort(key=lambda r: (r["arm"], r["seed"]))
             results["seeds"] = sorted({r["seed"] for r in results["runs"]})
             results["summary"] = summarize(results["runs"])
@@ -409,6 +429,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--num-blocks", type=int, help="blocks per sample (the paper: 52)")
     parser.add_argument("--mta-layers", nargs="*", type=int, help="layers with an MTA kernel (default: the preset's)")
     parser.add_argument("--out", type=Path, help="JSON to write (a PNG plot goes next to it)")
+    parser.add_argument("--save-weights", type=Path, metavar="DIR",
+                        help="save each trained model there (fp16 state_dict, toy_<arm>_seed<seed>.pt)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     cfg = PRESETS[args.preset]
@@ -419,7 +441,8 @@ def main(argv=None) -> dict:
     if args.mta_layers is not None:
         cfg = replace(cfg, model=replace(cfg.model, mta_layers=tuple(args.mta_layers)))
     print(f"find the block: {cfg.task.seq_len} tokens per sample, {runtime.describe()}")
-    results = run_all(cfg, args.arm, args.seeds, args.out, progress=not args.no_progress)
+    results = run_all(cfg, args.arm, args.seeds, args.out, progress=not args.no_progress,
+                      weights_dir=args.save_weights)
     for arm, s in results["summary"].items():
         print(f"{arm}: final per-sequence error {s['mean_final_error']:.3f} over seeds {s['seeds']} "
               f"({s['mean_train_seconds']:.0f} s of training per run)")

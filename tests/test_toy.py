@@ -83,7 +83,7 @@ def test_model_layers_and_decoding_match_the_forward():
 def test_tiny_training_run_reduces_the_loss(tmp_path):
     cfg = toy.PRESETS["cpu"]
     out = tmp_path / "toy.json"
-    results = toy.run_all(cfg, ["mta"], [0], out, progress=False)
+    results = toy.run_all(cfg, ["mta"], [0], out, progress=False, weights_dir=tmp_path / "weights")
     run = results["runs"][0]
     assert run["curve"]["loss"][-1] < 0.9 * run["curve"]["loss"][0]
     assert run["eval"]["loss"][-1] < run["eval"]["loss"][0]
@@ -92,3 +92,14 @@ def test_tiny_training_run_reduces_the_loss(tmp_path):
     assert {"gpu", "torch", "git_commit", "argv"} <= set(saved["provenance"])
     assert set(run) >= {"final_error", "train_seconds", "curve", "eval"}
     assert out.with_suffix(".png").exists()
+
+
+def test_saved_weights_load_back_into_the_same_model(tmp_path):
+    """A run's saved weights (fp16) reload into a model whose held-out error is the run's final error."""
+    cfg = toy.PRESETS["cpu"]
+    results = toy.run_all(cfg, ["mta"], [1], progress=False, weights_dir=tmp_path)
+    model = toy.load_model(cfg, "mta", toy.weights_path(tmp_path, "mta", 1))
+    held_out, _ = toy.make_batch(cfg.task, cfg.train.eval_samples, torch.Generator().manual_seed(123456))
+    loss, error = toy.evaluate(model, held_out, cfg.task, cfg.train.batch)
+    assert error == results["runs"][0]["final_error"]
+    assert abs(loss - results["runs"][0]["final_loss"]) < 0.05 * results["runs"][0]["final_loss"]
