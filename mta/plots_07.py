@@ -1,7 +1,8 @@
 """Figures of chapter 07 (the MTA layer and the toy task), so that the notebook's cells show the idea.
 
 * :func:`plot_toy_runs`: training loss and held-out per-sequence error of toy runs, by arm (``mta.toy``'s JSON);
-* :func:`plot_attention_rows`: attention weights of one query over a lettered sequence, plain beside MTA.
+* :func:`plot_attention_rows`: attention weights of one query over a lettered sequence, plain beside MTA;
+* :func:`plot_layer_attention`: what the heads of each layer of trained models attend to from the target rows.
 
 Every function takes numbers and returns the Figure; nothing is saved here.
 """
@@ -61,5 +62,31 @@ def plot_attention_rows(text: str, rows: dict, *, title: str = ""):
     axes[-1, 0].set_xticklabels(list(text), fontfamily="monospace")
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_layer_attention(text: str, maps: dict, rows: range, target: range):
+    """One row of panels per model, one panel per layer: the attention of the query rows ``rows`` (heads side by
+    side) over the keys of ``text``, the target block's span ``target`` outlined. ``maps`` maps a label to that
+    model's per-layer ``[H, N, N]`` probabilities of one sample (``mta.toy.attention_maps``). Returns the Figure."""
+    labels = list(maps)
+    layers = len(maps[labels[0]])
+    fig, axes = plt.subplots(len(labels), layers, figsize=(3.2 * layers + 1, 0.5 + 0.28 * len(rows) *
+                             maps[labels[0]][0].shape[0] * len(labels)), squeeze=False)
+    for i, label in enumerate(labels):
+        for layer, probs in enumerate(maps[label]):
+            probs = np.asarray(probs, dtype=float)
+            image = np.concatenate([probs[h, rows.start:rows.stop] for h in range(probs.shape[0])], axis=0)
+            ax = axes[i][layer]
+            ax.imshow(image, aspect="auto", cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
+            for h in range(probs.shape[0]):
+                ax.add_patch(plt.Rectangle((target.start - 0.5, h * len(rows) - 0.5), len(target), len(rows),
+                                           fill=False, edgecolor=ARM_COLORS["mta"], linewidth=1.2))
+            ax.set_xticks(range(len(text)))
+            ax.set_xticklabels(list(text), fontfamily="monospace", fontsize=5)
+            ax.set_yticks([h * len(rows) + (len(rows) - 1) / 2 for h in range(probs.shape[0])])
+            ax.set_yticklabels([f"head {h}" for h in range(probs.shape[0])], fontsize=7)
+            ax.set_title(f"{label}, layer {layer}", fontsize=9)
     fig.tight_layout()
     return fig

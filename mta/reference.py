@@ -91,14 +91,28 @@ def conv_attention_reference(q, k, v, weight, *, causal: bool = True, scale: flo
         ``o [B, Hq, N, D]`` in q's dtype; with ``return_lse`` also ``lse [B, Hq, N]``
         in fp32 (fp64 for fp64 inputs).
     """
+    c = _convolved_scores(q, k, v, weight, causal, scale)
+    lse = torch.logsumexp(c, dim=-1)
+    o = (torch.softmax(c, dim=-1) @ expand_kv(v, q.shape[1]).to(c.dtype)).to(q.dtype)
+    return (o, lse) if return_lse else o
+
+
+def conv_attention_probabilities(q, k, weight, *, causal: bool = True, scale: float | None = None):
+    """The attention probabilities of :func:`conv_attention_reference`: ``P [B, Hq, N, N]`` in fp32 (fp64 for
+    fp64 inputs), ``softmax`` of the convolved scores; ``conv_attention_reference(q, k, v, weight) == P @ v``.
+    For looking at what heads attend to (small ``N``). A ``[Hq, 1, 1]`` weight of ones gives plain attention's."""
+    return torch.softmax(_convolved_scores(q, k, k, weight, causal, scale), dim=-1)
+
+
+def _convolved_scores(q, k, v, weight, causal: bool, scale):
+    """``C [B, Hq, N, N]``: the scaled scores, masked before and after the convolution when causal."""
     _, Hq, _, Nq, Nk, D = check_qkv(q, k, v)
     if Nq != Nk:
         raise ValueError(f"conv attention needs as many queries as keys, got Nq={Nq}, Nk={Nk}")
     cq, ck = check_weight(weight, num_heads=Hq, device=q.device)
     scale = resolve_scale(scale, D)
     ct = compute_dtype(q, weight)
-    k, v = expand_kv(k, Hq).to(ct), expand_kv(v, Hq).to(ct)
-    s = scale * (q.to(ct) @ k.transpose(-1, -2))  # [B, Hq, N, N]
+    s = scale * (q.to(ct) @ expand_kv(k, Hq).to(ct).transpose(-1, -2))  # [B, Hq, N, N]
     future = causal_future(Nq, Nk, q.device)
     if causal:
         s = s.masked_fill(future, 0.0)
@@ -106,6 +120,4 @@ def conv_attention_reference(q, k, v, weight, *, causal: bool = True, scale: flo
     c = F.conv2d(F.pad(s, (pad_k, pad_k, cq - 1, 0)), weight.to(ct)[:, None], groups=Hq)
     if causal:
         c = c.masked_fill(future, float("-inf"))
-    lse = torch.logsumexp(c, dim=-1)
-    o = (torch.softmax(c, dim=-1) @ v).to(q.dtype)
-    return (o, lse) if return_lse else o
+    return c

@@ -330,6 +330,17 @@ def train_run(cfg: ToyConfig, arm: str, seed: int, *, device=None, progress: boo
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
+@torch.no_grad()
+def attention_maps(model: "ToyDecoder", tokens: torch.Tensor) -> list:
+    """Per layer, what its heads attend to on ``tokens [B, N]``: ``[B, H, N, N]`` fp32 probabilities
+    (:meth:`mta.MultiTokenAttention.attention_probabilities` on the layer's normalized input)."""
+    x, maps = model.embed(tokens), []
+    for block in model.blocks:
+        maps.append(block.attn.attention_probabilities(block.attn_norm(x)))
+        x = block(x)
+    return maps
+
+
 def load_model(cfg: ToyConfig, arm: str, weights: Path, device=None) -> "ToyDecoder":
     """The model a run saved with ``weights`` (:func:`train_run`), in fp32, in eval mode."""
     model = ToyDecoder(model_config_for(cfg.model, arm))

@@ -103,3 +103,44 @@ def test_saved_weights_load_back_into_the_same_model(tmp_path):
     loss, error = toy.evaluate(model, held_out, cfg.task, cfg.train.batch)
     assert error == results["runs"][0]["final_error"]
     assert abs(loss - results["runs"][0]["final_loss"]) < 0.05 * results["runs"][0]["final_loss"]
+
+
+def test_attention_maps_are_the_layers_probabilities():
+    """Each layer's map is causal, sums to 1 per row, and times v gives the layer's attention output."""
+    torch.manual_seed(0)
+    cfg = toy.PRESETS["cpu"]
+    model = toy.ToyDecoder(cfg.model).to(DEVICE).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 3:                      # random MTA kernels: not the identity
+                p.add_(0.3 * torch.randn_like(p))
+    tokens, _ = toy.make_batch(cfg.task, 2, torch.Generator().manual_seed(5))
+    tokens = tokens.to(DEVICE)
+    maps = toy.attention_maps(model, tokens)
+    assert len(maps) == cfg.model.n_layers
+    x = model.embed(tokens)
+    for block, p in zip(model.blocks, maps):
+        B, N = tokens.shape
+        assert p.shape == (B, cfg.model.n_heads, N, N)
+        assert torch.allclose(p.sum(-1), torch.ones(B, cfg.model.n_heads, N, device=p.device), atol=1e-5)
+        assert (p.triu(1) == 0).all()
+        h = block.attn_norm(x)
+        q, k, v = block.attn._project(h, torch.arange(N, device=h.device))
+        o = block.attn._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        torch.testing.assert_close(p @ v.transpose(1, 2).float(), o.float(), rtol=1e-4, atol=1e-5)
+        x = block(x)
+
+
+def test_layer_attention_figure_has_a_panel_per_model_and_layer():
+    import matplotlib
+    matplotlib.use("Agg")
+    from mta import plots_07
+    cfg = toy.PRESETS["cpu"]
+    tokens, target = toy.make_batch(cfg.task, 1, torch.Generator().manual_seed(5))
+    maps = [m[0].cpu() for m in toy.attention_maps(toy.ToyDecoder(cfg.model).to(DEVICE).eval(), tokens.to(DEVICE))]
+    N, L = tokens.shape[1], cfg.task.block_len
+    start = int(target[0]) * (L + 1)
+    fig = plots_07.plot_layer_attention(toy.decode_tokens(tokens[0]), {"MTA": maps, "plain": maps},
+                                        range(N - L - 1, N - 1), range(start, start + L))
+    assert len(fig.axes) == 2 * cfg.model.n_layers
+    assert all(len(ax.patches) == cfg.model.n_heads for ax in fig.axes)   # the target block, outlined per head
