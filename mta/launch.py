@@ -188,12 +188,13 @@ def _compile_pool(pid: int) -> ThreadPoolExecutor:
 
 
 def _signature(x):
-    """What of an argument can change the kernels compiled for it: a tensor's dtype, its head count and head
-    dim, and whether its sequence length and strides are 1 or multiples of 16 (Triton specializes on those);
+    """What of an argument can change the kernels compiled for it: a tensor's dtype, its sizes but the batch,
+    and whether its strides are 1 or multiples of 16 (Triton specializes on those); of the sequence length of a
+    ``[B, H, N, D]`` tensor, too, only that (other tensors, such as a ``[H, cq, ck]`` weight, keep every size);
     anything else as it is."""
     if not isinstance(x, torch.Tensor):
         return x
-    sizes = tuple((s == 1, s % 16 == 0) if i == 2 else s for i, s in enumerate(x.shape) if i > 0)
+    sizes = tuple((s == 1, s % 16 == 0) if i == 2 and x.dim() == 4 else s for i, s in enumerate(x.shape) if i > 0)
     return x.dtype, sizes, tuple((s == 1, s % 16 == 0) for s in x.stride())
 
 

@@ -53,6 +53,7 @@ def test_the_signature_separates_what_triton_specializes_on():
     assert sig(x) != sig(x.half())
     assert sig(x) == sig(torch.empty(2, 64, 8, 32).transpose(1, 2))  # strides: multiples of 16 either way
     assert sig(x) != sig(torch.empty(2, 8, 64, 40)[..., :32])      # a row stride of 40
+    assert sig(torch.empty(4, 6, 11)) != sig(torch.empty(4, 6, 9))  # a weight's kernel size: every size counts
     assert sig(3) == 3 and sig(True) is True
 
 
