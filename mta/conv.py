@@ -215,7 +215,8 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
     * the fp32 accumulator ``[owned, cols]`` lives in registers: at most
       :data:`conv_backward.ACC_REGISTERS` per thread, else the owned rows halve;
     * the held 16-bit operand ``[owned, cols]`` and ``num_stages`` streamed ``[streamed, cols]`` tiles in shared
-      memory: at most :data:`conv_backward.SHARED_BYTES`, else the streamed rows halve first.
+      memory: at most :data:`conv_backward.SHARED_BYTES`, else the streamed rows halve first, then the owned
+      rows, then the pipeline loses stages (:func:`check_backward_fits` refuses what 16 x 16 x 1 cannot fit).
     """
     config = dict(config)
     cols = sum(query_shift_groups(cq)) * block_d
@@ -226,8 +227,15 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
     def shared():
         return (config[owned] + config[streamed] * max(config["num_stages"], 1)) * cols * elem_bytes
 
-    while shared() > conv_backward.SHARED_BYTES and (config[owned] > 16 or config[streamed] > 16):
-        config[streamed if config[streamed] > 16 else owned] //= 2
+    while shared() > conv_backward.SHARED_BYTES:
+        if config[streamed] > 16:
+            config[streamed] //= 2
+        elif config[owned] > 16:
+            config[owned] //= 2
+        elif config["num_stages"] > 1:  # tall kernels at d = 128: 16 x 16 rows, one buffer
+            config["num_stages"] -= 1
+        else:
+            break
     return config
 
 

@@ -248,7 +248,8 @@ def test_split_backward_in_float64(N, cq, ck, causal):
         torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12, msg=name)
 
 
-@pytest.mark.parametrize("cq,block_d,elem", [(1, 64, 2), (6, 64, 2), (6, 128, 2), (11, 128, 2), (6, 64, 4), (32, 256, 4)])
+@pytest.mark.parametrize("cq,block_d,elem", [(1, 64, 2), (6, 64, 2), (6, 128, 2), (11, 128, 2), (24, 128, 2), (6, 64, 4),
+                                             (32, 256, 4)])
 @pytest.mark.parametrize("warps,stages", [(4, 2), (8, 2), (8, 3)])
 def test_backward_tiles_shrink_to_fit(cq, block_d, elem, warps, stages):
     """The launcher halves a backward tile's owned and streamed rows (never below 16) until its fp32 accumulator
@@ -257,10 +258,12 @@ def test_backward_tiles_shrink_to_fit(cq, block_d, elem, warps, stages):
                                        "BLOCK_M", "BLOCK_N", cq, block_d, elem)
     cols = sum(mta.conv_forward.query_shift_groups(cq)) * block_d
     registers = tile["BLOCK_M"] * cols / (32 * warps)
-    shared = (tile["BLOCK_M"] + tile["BLOCK_N"] * stages) * cols * elem
+    shared = (tile["BLOCK_M"] + tile["BLOCK_N"] * tile["num_stages"]) * cols * elem
     assert tile["BLOCK_M"] >= 16 and tile["BLOCK_N"] >= 16 and tile["num_warps"] == warps
+    assert 1 <= tile["num_stages"] <= stages
+    assert tile["num_stages"] == stages or tile["BLOCK_M"] == tile["BLOCK_N"] == 16  # rows go first
     assert registers <= mta.conv_backward.ACC_REGISTERS or tile["BLOCK_M"] == 16
-    assert shared <= mta.conv_backward.SHARED_BYTES or tile["BLOCK_M"] == tile["BLOCK_N"] == 16
+    assert shared <= mta.conv_backward.SHARED_BYTES or (tile["BLOCK_M"], tile["BLOCK_N"], tile["num_stages"]) == (16, 16, 1)
     if (cq, block_d, elem) == (6, 64, 2) and warps == 4:  # the H100's d = 64 tile: 192 registers, left alone
         assert tile["BLOCK_M"] == 64
     if cq == 1 and block_d == 64:
