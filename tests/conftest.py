@@ -55,6 +55,18 @@ def load_solutions(chapter: str):
     return module
 
 
+def assert_stubs_not_attempted(checks, capsys) -> None:
+    """Each checker, given a stub that raises ``NotImplementedError``, neither passes nor counts it as an
+    attempt, and prints "not attempted yet" once."""
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    for check in checks:
+        result = check(stub)
+        assert not result.passed and not result.attempted, check.__name__
+    assert capsys.readouterr().out.count("not attempted yet") == len(checks)
+
+
 def close_in_norm(out: torch.Tensor, ref: torch.Tensor, tol: float) -> bool:
     """``||out - ref|| <= tol * ||ref|| + 1e-6 sqrt(numel)`` in fp64, and ``out`` finite."""
     out, ref = out.double().cpu(), ref.double().cpu()

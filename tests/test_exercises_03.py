@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 import mta  # noqa: F401  (sets the runtime before any kernel below is defined)
-from conftest import load_solutions
+from conftest import assert_stubs_not_attempted, load_solutions
 from mta.exercises import ch03
 
 SOLUTIONS = load_solutions("ch03")
@@ -37,15 +37,8 @@ def test_solution_4_passes():
 
 
 def test_stubs_are_not_attempted(capsys):
-    def stub(*args):
-        raise NotImplementedError
-
-    checks = (ch03.check_causal_kernel, ch03.check_key_tiles_visited, ch03.check_visited_ratio,
-              ch03.check_ds_formula, ch03.check_rowsum_do_o)
-    for check in checks:
-        result = check(stub)
-        assert not result.passed and not result.attempted
-    assert capsys.readouterr().out.count("not attempted yet") == len(checks)
+    assert_stubs_not_attempted((ch03.check_causal_kernel, ch03.check_key_tiles_visited, ch03.check_visited_ratio,
+                                ch03.check_ds_formula, ch03.check_rowsum_do_o), capsys)
 
 
 # ------------------------------------------------------------------------------------------- exercise 1, wrong

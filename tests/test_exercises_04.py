@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 import mta  # noqa: F401  (sets the runtime before any kernel below is defined)
-from conftest import load_solutions
+from conftest import assert_stubs_not_attempted, load_solutions
 from mta.exercises import ch04
 
 SOLUTIONS = load_solutions("ch04")
@@ -36,14 +36,8 @@ def test_solution_4_passes():
 
 
 def test_stubs_are_not_attempted(capsys):
-    def stub(*args):
-        raise NotImplementedError
-
-    checks = (ch04.check_diagonal_scores, ch04.check_tile_kinds, ch04.check_fold_keys, ch04.check_one_hot_kernel)
-    for check in checks:
-        result = check(stub)
-        assert not result.passed and not result.attempted
-    assert capsys.readouterr().out.count("not attempted yet") == len(checks)
+    assert_stubs_not_attempted((ch04.check_diagonal_scores, ch04.check_tile_kinds, ch04.check_fold_keys,
+                                ch04.check_one_hot_kernel), capsys)
 
 
 def test_wrong_1_forgets_the_pre_mask():

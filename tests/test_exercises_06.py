@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 import mta  # noqa: F401  (sets the runtime before any kernel below is defined)
-from conftest import load_solutions
+from conftest import assert_stubs_not_attempted, load_solutions
 from mta.exercises import ch06
 
 SOLUTIONS = load_solutions("ch06")
@@ -33,13 +33,7 @@ def test_solution_3_passes(capsys):
 
 
 def test_stubs_are_not_attempted(capsys):
-    def stub(*args):
-        raise NotImplementedError
-
-    for check in (ch06.check_split_decode, ch06.check_combine, ch06.check_mta_decode_rows):
-        result = check(stub)
-        assert not result.passed and not result.attempted
-    assert capsys.readouterr().out.count("not attempted yet") == 3
+    assert_stubs_not_attempted((ch06.check_split_decode, ch06.check_combine, ch06.check_mta_decode_rows), capsys)
 
 
 # --- exercise 1 ------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import mta  # noqa: F401
-from conftest import load_solutions
+from conftest import assert_stubs_not_attempted, load_solutions
 from mta.exercises import ch07
 
 SOLUTIONS = load_solutions("ch07")
@@ -21,13 +21,7 @@ def test_solutions_pass(capsys):
 
 
 def test_stubs_are_not_attempted(capsys):
-    def stub(*args):
-        raise NotImplementedError
-
-    for check in (ch07.check_append_to_cache, ch07.check_sequence_error, ch07.check_pair_kernel):
-        result = check(stub)
-        assert not result.passed and not result.attempted
-    assert capsys.readouterr().out.count("not attempted yet") == 3
+    assert_stubs_not_attempted((ch07.check_append_to_cache, ch07.check_sequence_error, ch07.check_pair_kernel), capsys)
 
 
 def test_wrong_1_writes_every_sequence_at_the_longest_length():
@@ -76,7 +70,7 @@ def test_wrong_3_plain_attention_cannot():
 
 def test_wrong_3_one_order_only():
     # x one key back, y on the key: finds "xy" but not "yx".
-    def in_order(): 
+    def in_order():
         w = torch.zeros(1, 2, 3)
         w[0, 0, 0] = w[0, 1, 1] = 1.0
         return w
