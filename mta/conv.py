@@ -18,7 +18,7 @@ from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stre
                            held_shared_bytes, holds_queries, past_scores_kernel, query_shift_groups)
 from .flash_backward import rowsum_do_o_kernel
 from .launch import (check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, head_dim_block,
-                     in_dry_run, launch, launch_tiled, shared_memory_limit, size_bucket)
+                     in_dry_run, launch, launch_tiled, shared_memory_limit, size_bucket, wants_gradients)
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -349,8 +349,7 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
 def compile_conv_ahead(q, k, v, weight, causal: bool, scale: float) -> None:
     """Before a first call that will be differentiated: compile the forward's and the backward's kernels side
     by side (:func:`mta.launch.compile_ahead`; the forward and backward compile their own otherwise)."""
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling() and any(
-            t.requires_grad for t in (q, k, v, weight)):
+    if wants_gradients(q, k, v, weight):
         def forward_backward(q, k, v, weight, causal):
             o, lse = conv_attention_forward(q, k, v, weight, causal, scale)
             conv_attention_backward(torch.empty_like(o), q, k, v, o, lse, weight, causal, scale)

@@ -13,7 +13,8 @@ import triton
 from ._checks import resolve_scale
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
-from .launch import check_kernel_inputs, compile_ahead, dot_precision, head_dim_block, launch, launch_tiled, size_bucket
+from .launch import (check_kernel_inputs, compile_ahead, dot_precision, head_dim_block, launch, launch_tiled,
+                     size_bucket, wants_gradients)
 
 
 def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
@@ -68,7 +69,7 @@ def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
 def compile_flash_ahead(q, k, v, causal: bool, scale: float) -> None:
     """Before a first call that will be differentiated: compile the forward's and the backward's kernels side
     by side (:func:`mta.launch.compile_ahead`)."""
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling() and any(t.requires_grad for t in (q, k, v)):
+    if wants_gradients(q, k, v):
         def forward_backward(q, k, v, causal):
             o, lse = flash_forward(q, k, v, causal, scale)
             flash_backward(torch.empty_like(o), q, k, v, o, lse, causal, scale)

@@ -173,6 +173,12 @@ def in_dry_run() -> bool:
     return _DRY_RUN.get()
 
 
+def wants_gradients(*tensors: torch.Tensor) -> bool:
+    """An eager call whose backward will follow (autograd on, an input requiring grad, not being traced)."""
+    return (not torch.compiler.is_compiling() and torch.is_grad_enabled()
+            and any(t.requires_grad for t in tensors))
+
+
 def launch(kernel, grid: tuple, *args, **meta):
     """``kernel[grid](*args, **meta)``; inside :func:`compile_ahead`'s dry run, only its compile, queued."""
     if in_dry_run():

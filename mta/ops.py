@@ -88,8 +88,7 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
         ``o [B, Hq, N, D]`` in q's dtype (and the fp32 ``lse [B, Hq, N]`` with ``return_lse``).
     """
     scale = resolve_scale(scale, q.shape[-1])
-    if not torch.compiler.is_compiling():  # eager first calls only
-        _conv.compile_conv_ahead(q, k, v, weight, bool(causal), scale)
+    _conv.compile_conv_ahead(q, k, v, weight, bool(causal), scale)  # eager first calls only
     o, lse = torch.ops.mta.conv_attention(q, k, v, weight, bool(causal), scale)
     return (o, lse) if return_lse else o
 
@@ -142,8 +141,7 @@ _flash_attention_op.register_autograd(_flash_backward, setup_context=_flash_setu
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):
     """:func:`mta.flash_attention` through the ``mta::flash_attention`` op (same arguments, same results)."""
     scale = resolve_scale(scale, q.shape[-1])
-    if not torch.compiler.is_compiling():  # eager first calls only
-        _flash.compile_flash_ahead(q, k, v, bool(causal), scale)
+    _flash.compile_flash_ahead(q, k, v, bool(causal), scale)  # eager first calls only
     o, lse = torch.ops.mta.flash_attention(q, k, v, bool(causal), scale)
     return (o, lse) if return_lse else o
 
