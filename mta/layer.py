@@ -22,7 +22,7 @@ from torch import nn
 from . import ops
 from .kv_cache import KVCache
 from .rope import apply_rope
-from .reference import conv_attention_probabilities
+from .reference import conv_attention_probabilities, expand_kv
 
 #: The MTA paper's other options, which this layer does not implement (pre-softmax key-query convolution only).
 UNSUPPORTED_OPTIONS = {
@@ -157,15 +157,20 @@ class MultiTokenAttention(nn.Module):
         return self._merge_heads(self._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
 
     @torch.no_grad()
-    def attention_probabilities(self, x: torch.Tensor) -> torch.Tensor:
+    def attention_probabilities(self, x: torch.Tensor, *, with_output: bool = False):
         """What each head attends to on ``x [B, N, dim]``: ``P [B, H, N, N]`` (fp32), materialized with
-        :func:`mta.reference.conv_attention_probabilities` (the forward's rows are ``P @ v``). For inspection
-        at small ``N``."""
+        :func:`mta.reference.conv_attention_probabilities`. For inspection at small ``N``. With ``with_output``,
+        also the layer's output computed from them, ``o_proj(P @ v)`` ``[B, N, dim]`` (the forward's value up to
+        rounding, without the kernels): ``(P, out)``."""
         N = x.shape[1]
-        q, k, _ = self._project(x, torch.arange(N, device=x.device))
+        q, k, v = self._project(x, torch.arange(N, device=x.device))
         weight = self.conv_weight if self.is_mta else torch.ones(self.num_heads, 1, 1, device=x.device)
-        return conv_attention_probabilities(q.transpose(1, 2).float(), k.transpose(1, 2).float(), weight.float(),
-                                            causal=True)
+        probs = conv_attention_probabilities(q.transpose(1, 2).float(), k.transpose(1, 2).float(), weight.float(),
+                                             causal=True)
+        if not with_output:
+            return probs
+        o = probs @ expand_kv(v.transpose(1, 2).float(), self.num_heads)
+        return probs, self._merge_heads(o.to(x.dtype))
 
     def new_cache(self, batch: int, max_len: int, *, dtype: Optional[torch.dtype] = None, device=None) -> KVCache:
         """An empty :class:`mta.KVCache` for this layer (queries kept for MTA). ``dtype``: that of the activations

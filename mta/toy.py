@@ -333,12 +333,42 @@ def train_run(cfg: ToyConfig, arm: str, seed: int, *, device=None, progress: boo
 @torch.no_grad()
 def attention_maps(model: "ToyDecoder", tokens: torch.Tensor) -> list:
     """Per layer, what its heads attend to on ``tokens [B, N]``: ``[B, H, N, N]`` fp32 probabilities
-    (:meth:`mta.MultiTokenAttention.attention_probabilities` on the layer's normalized input)."""
+    (:meth:`mta.MultiTokenAttention.attention_probabilities` on the layer's normalized input). The residual stream
+    is carried from layer to layer with the materialized ``P @ v``, not the kernels: the same values up to
+    rounding, and quick on a CPU, where the kernels run in Triton's interpreter."""
     x, maps = model.embed(tokens), []
     for block in model.blocks:
-        maps.append(block.attn.attention_probabilities(block.attn_norm(x)))
-        x = block(x)
+        probs, attn_out = block.attn.attention_probabilities(block.attn_norm(x), with_output=True)
+        maps.append(probs)
+        x = x + attn_out
+        x = x + block.mlp(block.mlp_norm(x))
     return maps
+
+
+def target_rows(task: TaskConfig, seq_len: int) -> range:
+    """The query rows that predict the target block's letters (the last query letter's row and the target's
+    rows but its last): ``seq_len - block_len - 1 .. seq_len - 2``."""
+    return range(seq_len - task.block_len - 1, seq_len - 1)
+
+
+def block_span(task: TaskConfig, block: int) -> range:
+    """The key positions of block ``block``'s letters."""
+    start = block * (task.block_len + 1)
+    return range(start, start + task.block_len)
+
+
+def attention_on_target(maps: list, target: torch.Tensor, task: TaskConfig) -> torch.Tensor:
+    """``[layers, H]``: the mean attention mass that the rows predicting the target (:func:`target_rows`) put on
+    the target block's letters in the context (:func:`block_span`), over the samples of ``maps``
+    (:func:`attention_maps` on a batch whose target blocks are ``target [B]``)."""
+    B, _, N, _ = maps[0].shape
+    rows = target_rows(task, N)
+    keys = torch.zeros(B, N, dtype=torch.bool)
+    for b, t in enumerate(target.tolist()):
+        span = block_span(task, t)
+        keys[b, span.start:span.stop] = True
+    keys = keys.to(maps[0].device)[:, None, None, :]                   # [B, 1, 1, N]
+    return torch.stack([(p[:, :, rows.start:rows.stop] * keys).sum(-1).mean((0, 2)) for p in maps]).cpu()
 
 
 def load_model(cfg: ToyConfig, arm: str, weights: Path, device=None) -> "ToyDecoder":

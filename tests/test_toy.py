@@ -106,7 +106,8 @@ def test_saved_weights_load_back_into_the_same_model(tmp_path):
 
 
 def test_attention_maps_are_the_layers_probabilities():
-    """Each layer's map is causal, sums to 1 per row, and times v gives the layer's attention output."""
+    """Each layer's map is causal, sums to 1 per row, times v gives the layer's attention output (the kernels),
+    and the maps carried with the materialized P @ v are those of the model's own forward."""
     torch.manual_seed(0)
     cfg = toy.PRESETS["cpu"]
     model = toy.ToyDecoder(cfg.model).to(DEVICE).eval()
@@ -119,16 +120,38 @@ def test_attention_maps_are_the_layers_probabilities():
     maps = toy.attention_maps(model, tokens)
     assert len(maps) == cfg.model.n_layers
     x = model.embed(tokens)
-    for block, p in zip(model.blocks, maps):
-        B, N = tokens.shape
-        assert p.shape == (B, cfg.model.n_heads, N, N)
-        assert torch.allclose(p.sum(-1), torch.ones(B, cfg.model.n_heads, N, device=p.device), atol=1e-5)
-        assert (p.triu(1) == 0).all()
-        h = block.attn_norm(x)
-        q, k, v = block.attn._project(h, torch.arange(N, device=h.device))
-        o = block.attn._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        torch.testing.assert_close(p @ v.transpose(1, 2).float(), o.float(), rtol=1e-4, atol=1e-5)
-        x = block(x)
+    with torch.no_grad():
+        for block, p in zip(model.blocks, maps):
+            B, N = tokens.shape
+            assert p.shape == (B, cfg.model.n_heads, N, N)
+            assert torch.allclose(p.sum(-1), torch.ones(B, cfg.model.n_heads, N, device=p.device), atol=1e-5)
+            assert (p.triu(1) == 0).all()
+            h = block.attn_norm(x)
+            q, k, v = block.attn._project(h, torch.arange(N, device=h.device))
+            o = block.attn._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            torch.testing.assert_close(p @ v.transpose(1, 2).float(), o.float(), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(block.attn.attention_probabilities(h), p, rtol=1e-4, atol=1e-5)
+            x = block(x)                          # the kernels' residual stream
+
+
+def test_attention_on_target_measures_the_target_blocks_share():
+    cfg = toy.PRESETS["gpu"]
+    task = cfg.task
+    tokens, target = toy.make_batch(task, 3, torch.Generator().manual_seed(2))
+    B, N = tokens.shape
+    rows = toy.target_rows(task, N)
+    assert len(rows) == task.block_len and rows.stop == N - 1
+    assert (tokens[:, rows.start - task.query_len] == toy.HASH).all()       # the first row reads the last query letter
+    on, off = torch.zeros(B, 2, N, N), torch.zeros(B, 2, N, N)
+    for b, t in enumerate(target.tolist()):
+        span = toy.block_span(task, t)
+        assert torch.equal(tokens[b, span.start:span.stop], tokens[b, N - task.block_len:])   # the block's letters
+        on[b, :, :, span.start + 2] = 1.0                     # all mass on one of the target's letters
+        off[b, :, :, toy.block_span(task, (t + 1) % task.num_blocks).start] = 1.0
+    on[:, 1, rows.start] = 0.0                                 # head 1: one of the five rows elsewhere
+    share = toy.attention_on_target([on, off], target, task)
+    assert share.shape == (2, 2)
+    torch.testing.assert_close(share, torch.tensor([[1.0, 0.8], [0.0, 0.0]]))
 
 
 def test_layer_attention_figure_has_a_panel_per_model_and_layer():
