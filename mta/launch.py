@@ -204,10 +204,12 @@ def _signature(x):
     return x.dtype, sizes, tuple((s == 1, s % 16 == 0) for s in x.stride())
 
 
-def _build_launcher(kernel) -> None:
-    # Triton builds each kernel's C launcher (a C compiler run) at its first launch; built here, in the pool,
-    # that first launch finds it in Triton's cache.
+def _build_launcher(compiling) -> None:
+    # Triton builds each kernel's C launcher (a C compiler run) at its first launch; built here, in the pool, as
+    # soon as its kernel is compiled (``compiling``: the compile's future), that first launch finds it in
+    # Triton's cache.
     from triton.runtime.driver import driver
+    kernel = compiling.result()
     if kernel is not None and hasattr(driver.active, "launcher_cls"):
         driver.active.launcher_cls(kernel.src, kernel.metadata)
 
@@ -241,7 +243,10 @@ def compile_ahead(name: str, launches, *args) -> None:
     try:
         with AsyncCompileMode(pool) as mode, torch.no_grad():
             launches(*ghosts)
-        list(pool.map(_build_launcher, [future.kernel for future in mode.future_kernels.values()]))
+            # Queued after every compile, so a thread that takes one of these finds its compile already started.
+            launchers = [pool.submit(_build_launcher, compiling) for compiling in mode.raw_futures]
+        for built in launchers:
+            built.result()
     except Exception as error:  # noqa: BLE001 - only a head start: the real call compiles (and reports) for itself
         DRY_RUN_ERRORS.append((name, repr(error)))
     finally:
