@@ -292,7 +292,7 @@ def train_run(cfg: ToyConfig, arm: str, seed: int, *, device=None, progress: boo
     tc = cfg.train
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=(0.9, 0.98), weight_decay=0.0)
     data_gen = torch.Generator().manual_seed(1000 + seed)
-    held_out, _ = make_batch(cfg.task, tc.eval_samples, torch.Generator().manual_seed(123456))
+    held_out, _ = held_out_set(cfg)
     curve = {"step": [], "loss": []}
     evals = {"step": [], "loss": [], "error": []}
     train_seconds = eval_seconds = 0.0
@@ -331,18 +331,31 @@ def train_run(cfg: ToyConfig, arm: str, seed: int, *, device=None, progress: boo
 
 
 @torch.no_grad()
-def attention_maps(model: "ToyDecoder", tokens: torch.Tensor) -> list:
-    """Per layer, what its heads attend to on ``tokens [B, N]``: ``[B, H, N, N]`` fp32 probabilities
-    (:meth:`mta.MultiTokenAttention.attention_probabilities` on the layer's normalized input). The residual stream
-    is carried from layer to layer with the materialized ``P @ v``, not the kernels: the same values up to
-    rounding, and quick on a CPU, where the kernels run in Triton's interpreter."""
+def materialized_forward(model: "ToyDecoder", tokens: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """The model on ``tokens [B, N]`` with every attention materialized: ``(logits [B, N, VOCAB], maps)``, where
+    ``maps`` holds, per layer, what its heads attend to, ``[B, H, N, N]`` fp32 probabilities
+    (:meth:`mta.MultiTokenAttention.attention_probabilities` on the layer's normalized input). Each layer's output
+    is the materialized ``P @ v``, not the kernels': the same values up to rounding, and quick on a CPU, where the
+    kernels run in Triton's interpreter. For inspecting a model at small ``N``."""
     x, maps = model.embed(tokens), []
     for block in model.blocks:
         probs, attn_out = block.attn.attention_probabilities(block.attn_norm(x), with_output=True)
         maps.append(probs)
         x = x + attn_out
         x = x + block.mlp(block.mlp_norm(x))
-    return maps
+    return (model.norm(x) @ model.embed.weight.to(x.dtype).T).float(), maps
+
+
+def attention_maps(model: "ToyDecoder", tokens: torch.Tensor) -> list:
+    """Per layer, what its heads attend to on ``tokens [B, N]``: ``[B, H, N, N]`` (:func:`materialized_forward`)."""
+    return materialized_forward(model, tokens)[1]
+
+
+def position_errors(logits: torch.Tensor, tokens: torch.Tensor, task: TaskConfig) -> torch.Tensor:
+    """``[block_len]``: the fraction of samples whose target letter ``p`` is mispredicted (teacher forcing;
+    ``logits`` from ``tokens[:, :-1]`` as in :func:`loss_and_error`)."""
+    L = task.block_len
+    return (logits[:, -L:].argmax(-1) != tokens[:, -L:]).float().mean(0).cpu()
 
 
 def target_rows(task: TaskConfig, seq_len: int) -> range:
@@ -358,9 +371,9 @@ def block_span(task: TaskConfig, block: int) -> range:
 
 
 def attention_on_target(maps: list, target: torch.Tensor, task: TaskConfig) -> torch.Tensor:
-    """``[layers, H]``: the mean attention mass that the rows predicting the target (:func:`target_rows`) put on
-    the target block's letters in the context (:func:`block_span`), over the samples of ``maps``
-    (:func:`attention_maps` on a batch whose target blocks are ``target [B]``)."""
+    """``[layers, H, block_len]``: the mean attention mass that each row predicting a target letter
+    (:func:`target_rows`) puts on the target block's letters in the context (:func:`block_span`), over the
+    samples of ``maps`` (:func:`attention_maps` on whole samples whose target blocks are ``target [B]``)."""
     B, _, N, _ = maps[0].shape
     rows = target_rows(task, N)
     keys = torch.zeros(B, N, dtype=torch.bool)
@@ -368,7 +381,12 @@ def attention_on_target(maps: list, target: torch.Tensor, task: TaskConfig) -> t
         span = block_span(task, t)
         keys[b, span.start:span.stop] = True
     keys = keys.to(maps[0].device)[:, None, None, :]                   # [B, 1, 1, N]
-    return torch.stack([(p[:, :, rows.start:rows.stop] * keys).sum(-1).mean((0, 2)) for p in maps]).cpu()
+    return torch.stack([(p[:, :, rows.start:rows.stop] * keys).sum(-1).mean(0) for p in maps]).cpu()
+
+
+def held_out_set(cfg: ToyConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed samples every run is evaluated on: :func:`make_batch` of ``cfg.train.eval_samples``."""
+    return make_batch(cfg.task, cfg.train.eval_samples, torch.Generator().manual_seed(123456))
 
 
 def load_model(cfg: ToyConfig, arm: str, weights: Path, device=None) -> "ToyDecoder":

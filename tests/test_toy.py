@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import DEVICE
 
@@ -99,7 +100,7 @@ def test_saved_weights_load_back_into_the_same_model(tmp_path):
     cfg = toy.PRESETS["cpu"]
     results = toy.run_all(cfg, ["mta"], [1], progress=False, weights_dir=tmp_path)
     model = toy.load_model(cfg, "mta", toy.weights_path(tmp_path, "mta", 1))
-    held_out, _ = toy.make_batch(cfg.task, cfg.train.eval_samples, torch.Generator().manual_seed(123456))
+    held_out, _ = toy.held_out_set(cfg)
     loss, error = toy.evaluate(model, held_out, cfg.task, cfg.train.batch)
     assert error == results["runs"][0]["final_error"]
     assert abs(loss - results["runs"][0]["final_loss"]) < 0.05 * results["runs"][0]["final_loss"]
@@ -134,6 +135,31 @@ def test_attention_maps_are_the_layers_probabilities():
             x = block(x)                          # the kernels' residual stream
 
 
+def test_materialized_forward_gives_the_models_logits_and_position_errors():
+    torch.manual_seed(1)
+    cfg = toy.PRESETS["cpu"]
+    model = toy.ToyDecoder(cfg.model).to(DEVICE).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 3:
+                p.add_(0.3 * torch.randn_like(p))
+            elif p.dim() == 2:
+                p.normal_(std=0.3)
+    tokens, _ = toy.make_batch(cfg.task, 3, torch.Generator().manual_seed(9))
+    tokens = tokens.to(DEVICE)
+    logits, maps = toy.materialized_forward(model, tokens[:, :-1])
+    with torch.no_grad():
+        torch.testing.assert_close(logits, model(tokens[:, :-1]), rtol=1e-4, atol=1e-4)
+    assert len(maps) == cfg.model.n_layers
+    L = cfg.task.block_len
+    perfect = F.one_hot(tokens[:, 1:], toy.VOCAB).float()            # teacher forcing, every letter right
+    assert torch.equal(toy.position_errors(perfect, tokens, cfg.task), torch.zeros(L))
+    perfect[0, -L + 1] = F.one_hot((tokens[0, -L + 2] + 1) % 26, toy.VOCAB)   # sample 0, target letter 1 wrong
+    expected = torch.zeros(L)
+    expected[1] = 1 / 3
+    torch.testing.assert_close(toy.position_errors(perfect, tokens, cfg.task), expected)
+
+
 def test_attention_on_target_measures_the_target_blocks_share():
     cfg = toy.PRESETS["gpu"]
     task = cfg.task
@@ -150,8 +176,11 @@ def test_attention_on_target_measures_the_target_blocks_share():
         off[b, :, :, toy.block_span(task, (t + 1) % task.num_blocks).start] = 1.0
     on[:, 1, rows.start] = 0.0                                 # head 1: one of the five rows elsewhere
     share = toy.attention_on_target([on, off], target, task)
-    assert share.shape == (2, 2)
-    torch.testing.assert_close(share, torch.tensor([[1.0, 0.8], [0.0, 0.0]]))
+    assert share.shape == (2, 2, task.block_len)
+    expected = torch.zeros(2, 2, task.block_len)
+    expected[0] = 1.0
+    expected[0, 1, 0] = 0.0
+    torch.testing.assert_close(share, expected)
 
 
 def test_layer_attention_figure_has_a_panel_per_model_and_layer():
