@@ -2,7 +2,8 @@
 
 * :func:`plot_toy_runs`: training loss and held-out per-sequence error of toy runs, by arm (``mta.toy``'s JSON);
 * :func:`plot_attention_rows`: attention weights of one query over a lettered sequence, plain beside MTA;
-* :func:`plot_layer_attention`: what the heads of each layer of trained models attend to from the target rows.
+* :func:`plot_layer_attention`: what the heads of each layer of trained models attend to from the target rows;
+* :func:`plot_target_attention`: how much of that attention lands on the target block, per layer and head.
 
 Every function takes numbers and returns the Figure; nothing is saved here.
 """
@@ -67,26 +68,61 @@ def plot_attention_rows(text: str, rows: dict, *, title: str = ""):
 
 
 def plot_layer_attention(text: str, maps: dict, rows: range, target: range):
-    """One row of panels per model, one panel per layer: the attention of the query rows ``rows`` (heads side by
-    side) over the keys of ``text``, the target block's span ``target`` outlined. ``maps`` maps a label to that
-    model's per-layer ``[H, N, N]`` probabilities of one sample (``mta.toy.attention_maps``). Returns the Figure."""
+    """One row of panels per model, one panel per layer: the attention of the query rows ``rows`` (heads stacked)
+    over the keys of ``text``, the target block's span ``target`` outlined. ``maps`` maps a label to that
+    model's per-layer ``[H, N, N]`` probabilities of one sample (``mta.toy.attention_maps``). The key axis is
+    labelled at the target block (its letters) and at the last ``#`` (with the query after it). Returns the
+    Figure."""
     labels = list(maps)
     layers = len(maps[labels[0]])
-    fig, axes = plt.subplots(len(labels), layers, figsize=(3.2 * layers + 1, 0.5 + 0.28 * len(rows) *
-                             maps[labels[0]][0].shape[0] * len(labels)), squeeze=False)
+    heads = maps[labels[0]][0].shape[0]
+    fig, axes = plt.subplots(len(labels), layers, figsize=(3.4 * layers + 1, 0.8 + 0.3 * len(rows) * heads *
+                             len(labels)), squeeze=False)
+    hash_at = text.rfind("#")
+    ticks = [(target.start + target.stop - 1) / 2, hash_at]
+    tick_labels = [text[target.start:target.stop], text[hash_at:len(text) - len(rows)]]
     for i, label in enumerate(labels):
         for layer, probs in enumerate(maps[label]):
             probs = np.asarray(probs, dtype=float)
-            image = np.concatenate([probs[h, rows.start:rows.stop] for h in range(probs.shape[0])], axis=0)
+            image = np.concatenate([probs[h, rows.start:rows.stop] for h in range(heads)], axis=0)
             ax = axes[i][layer]
             ax.imshow(image, aspect="auto", cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
-            for h in range(probs.shape[0]):
+            for h in range(heads):
                 ax.add_patch(plt.Rectangle((target.start - 0.5, h * len(rows) - 0.5), len(target), len(rows),
                                            fill=False, edgecolor=ARM_COLORS["mta"], linewidth=1.2))
-            ax.set_xticks(range(len(text)))
-            ax.set_xticklabels(list(text), fontfamily="monospace", fontsize=5)
-            ax.set_yticks([h * len(rows) + (len(rows) - 1) / 2 for h in range(probs.shape[0])])
-            ax.set_yticklabels([f"head {h}" for h in range(probs.shape[0])], fontsize=7)
-            ax.set_title(f"{label}, layer {layer}", fontsize=9)
+                if h:
+                    ax.axhline(h * len(rows) - 0.5, color="black", linewidth=0.6)
+            ax.set_xticks(ticks)
+            ax.set_xticklabels(tick_labels, fontfamily="monospace", fontsize=7)
+            ax.set_yticks([h * len(rows) for h in range(heads)])
+            ax.set_yticklabels([f"head {h}" for h in range(heads)], fontsize=7)
+            ax.set_title(f"{ARM_LABELS.get(label, label)}, layer {layer}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_target_attention(shares: dict):
+    """Two panels of bars, one bar per (layer, head) and model: the attention weight that the row of the last
+    query letter (left) and the rows of the target's letters (right, their mean) put on the target block.
+    ``shares`` maps a label to ``[layers, H, rows]`` (``mta.toy.attention_on_target``). Returns the Figure."""
+    labels = list(shares)
+    layers, heads, _ = shares[labels[0]].shape
+    x = np.arange(layers * heads)
+    width = 0.8 / len(labels)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
+    panels = (("row of the last query letter (predicts the target's first letter)", lambda s: s[:, :, 0]),
+              ("rows of the target's letters (mean)", lambda s: s[:, :, 1:].mean(-1)))
+    for ax, (title, pick) in zip(axes, panels):
+        for k, label in enumerate(labels):
+            values = np.asarray(pick(shares[label]), dtype=float).reshape(-1)
+            ax.bar(x + (k - (len(labels) - 1) / 2) * width, values, width, label=ARM_LABELS.get(label, label),
+                   color=ARM_COLORS.get(label, "gray"))
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"L{layer}H{h}" for layer in range(layers) for h in range(heads)])
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(0, 1)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("attention weight on the target block")
+    axes[0].legend()
     fig.tight_layout()
     return fig

@@ -196,3 +196,16 @@ def test_layer_attention_figure_has_a_panel_per_model_and_layer():
                                         range(N - L - 1, N - 1), range(start, start + L))
     assert len(fig.axes) == 2 * cfg.model.n_layers
     assert all(len(ax.patches) == cfg.model.n_heads for ax in fig.axes)   # the target block, outlined per head
+
+
+def test_target_attention_figure_has_a_bar_per_layer_head_and_model():
+    import matplotlib
+    matplotlib.use("Agg")
+    from mta import plots_07
+    shares = {"plain": torch.rand(4, 2, 5), "mta": torch.rand(4, 2, 5)}
+    fig = plots_07.plot_target_attention(shares)
+    left, right = fig.axes
+    assert len(left.patches) == len(right.patches) == 2 * 4 * 2
+    heights = sorted(p.get_height() for p in left.patches)
+    expected = sorted(torch.cat([shares["plain"][:, :, 0].flatten(), shares["mta"][:, :, 0].flatten()]).tolist())
+    assert heights == pytest.approx(expected)
