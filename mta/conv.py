@@ -17,8 +17,9 @@ from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
                            held_shared_bytes, holds_queries, past_scores_kernel, query_shift_groups)
 from .flash_backward import rowsum_do_o_kernel
-from .launch import (check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, head_dim_block,
-                     in_dry_run, launch, launch_tiled, shared_memory_limit, size_bucket, wants_gradients)
+from .launch import (check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous,
+                     head_dim_block, in_dry_run, launch, launch_tiled, shared_memory_limit, size_bucket,
+                     wants_gradients)
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -186,7 +187,7 @@ def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool
     cq, ck = kernel_size
     e, _ = diagonal_reach(cq, ck)
     block_d = head_dim_block(D)
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    o = empty_contiguous(q)
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
     qd, kfd, vd = stream_descriptors(q, v, kf)
     launch_tiled(
@@ -286,7 +287,7 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
         cd = torch.zeros(16, device=dev, dtype=torch.float32)
     e_pad = _pad16(e)
 
-    delta = torch.empty_like(lse)
+    delta = empty_contiguous(lse)
     rowsum_block = 64
     launch(rowsum_do_o_kernel, (triton.cdiv(N, rowsum_block), B * Hq),
         o, do, delta, *o.stride(), *do.stride(), N, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
@@ -320,20 +321,20 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
                   N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
                  fit=lambda tile: _fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
                  key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dq = empty_contiguous(q)
     launch(conv_dq_fold_kernel, (tiles, B * Hq), gq, g, k, dq, *k.stride(), *dq.stride(), N, Hq, Hq // Hkv, scale,
            NEAR=near, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4)
     del gq
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    dv = empty_contiguous(v)
     launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_N"]), B * Hkv),
                  (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
                   *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
                  fit=lambda tile: _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size()),
                  key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     del kf
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dk = empty_contiguous(k)
     dwf = torch.empty((tiles, B, Hq, cq, ck), device=dev, dtype=torch.float32)
     launch(conv_dk_fold_kernel, (tiles, B * Hkv), u, g, q, k, w, dk, dwf, *q.stride(), *k.stride(), *dk.stride(),
            N, Hkv, Hq // Hkv, scale, NEAR=near, CQ=cq, CK=ck, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d,
@@ -352,7 +353,7 @@ def compile_conv_ahead(q, k, v, weight, causal: bool, scale: float) -> None:
     if wants_gradients(q, k, v, weight):
         def forward_backward(q, k, v, weight, causal):
             o, lse = conv_attention_forward(q, k, v, weight, causal, scale)
-            conv_attention_backward(torch.empty_like(o), q, k, v, o, lse, weight, causal, scale)
+            conv_attention_backward(empty_contiguous(o), q, k, v, o, lse, weight, causal, scale)
         compile_ahead("conv_forward_backward", forward_backward, q, k, v, weight, causal)
 
 

@@ -13,8 +13,8 @@ import triton
 from ._checks import resolve_scale
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
-from .launch import (check_kernel_inputs, compile_ahead, dot_precision, head_dim_block, launch, launch_tiled,
-                     size_bucket, wants_gradients)
+from .launch import (check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous, head_dim_block, launch,
+                     launch_tiled, size_bucket, wants_gradients)
 
 
 def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
@@ -25,7 +25,7 @@ def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
     tile table) are for benchmarks that launch another build of the same kernel (``mta.bench.launch_order``).
     """
     B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    o = empty_contiguous(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     if Nq == 0:
         return o, lse
@@ -44,12 +44,12 @@ def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
     block_d = head_dim_block(D)
     precision = dot_precision(q.dtype)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    dq = empty_contiguous(q)
+    dk = empty_contiguous(k)
+    dv = empty_contiguous(v)
     if Nq == 0 or Nk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    delta = torch.empty_like(lse)
+    delta = empty_contiguous(lse)
     rowsum_block = 64
     launch(rowsum_do_o_kernel, (triton.cdiv(Nq, rowsum_block), B * Hq),
         o, do, delta, *o.stride(), *do.stride(), Nq, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
@@ -72,7 +72,7 @@ def compile_flash_ahead(q, k, v, causal: bool, scale: float) -> None:
     if wants_gradients(q, k, v):
         def forward_backward(q, k, v, causal):
             o, lse = flash_forward(q, k, v, causal, scale)
-            flash_backward(torch.empty_like(o), q, k, v, o, lse, causal, scale)
+            flash_backward(empty_contiguous(o), q, k, v, o, lse, causal, scale)
         compile_ahead("flash_forward_backward", forward_backward, q, k, v, causal)
 
 

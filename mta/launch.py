@@ -173,6 +173,13 @@ def in_dry_run() -> bool:
     return _DRY_RUN.get()
 
 
+def empty_contiguous(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new contiguous tensor of ``x``'s shape, on its device (``dtype``: default ``x``'s). Launchers use it, not
+    ``torch.empty_like``: on the meta tensors of :func:`compile_ahead`'s dry run, ``empty_like`` runs torch's
+    Python reference, whose first use imports sympy (seconds of a first call); a factory does not."""
+    return torch.empty(x.shape, dtype=x.dtype if dtype is None else dtype, device=x.device)
+
+
 def wants_gradients(*tensors: torch.Tensor) -> bool:
     """An eager call whose backward will follow (autograd on, an input requiring grad, not being traced)."""
     return (not torch.compiler.is_compiling() and torch.is_grad_enabled()
