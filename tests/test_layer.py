@@ -63,6 +63,21 @@ def test_matches_reference_gqa_rope(kv_heads, kernel_size, rope):
         torch.testing.assert_close(layer(x), reference_forward(layer, x), **TOL)
 
 
+@pytest.mark.parametrize("kv_heads,kernel_size", [(1, (2, 9)), (2, (1, 1))])
+def test_attention_probabilities_give_the_layers_output(kv_heads, kernel_size):
+    """``P`` is causal with rows summing to 1, and ``o_proj(P @ v)`` (GQA: a kv head per query group) is the
+    layer's forward."""
+    layer = make_layer(heads=4, kv_heads=kv_heads, kernel_size=kernel_size, rope_theta=1e4)
+    x = rand(2, 11, 32)
+    probs, out = layer.attention_probabilities(x, with_output=True)
+    assert probs.shape == (2, 4, 11, 11) and probs.dtype == torch.float32
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, 11, device=probs.device))
+    assert (probs.triu(1) == 0).all()
+    torch.testing.assert_close(layer.attention_probabilities(x), probs)
+    with torch.no_grad():
+        torch.testing.assert_close(out, layer(x), **TOL)
+
+
 def test_rope_depends_on_relative_position_only():
     q, k = rand(1, 1, 1, 16, dtype=torch.float64), rand(1, 1, 1, 16, dtype=torch.float64)
 
