@@ -91,7 +91,7 @@ def conv_attention_reference(q, k, v, weight, *, causal: bool = True, scale: flo
         ``o [B, Hq, N, D]`` in q's dtype; with ``return_lse`` also ``lse [B, Hq, N]``
         in fp32 (fp64 for fp64 inputs).
     """
-    c = _convolved_scores(q, k, v, weight, causal, scale)
+    c = _convolved_scores(q, k, weight, causal, scale, v=v)
     lse = torch.logsumexp(c, dim=-1)
     o = (torch.softmax(c, dim=-1) @ expand_kv(v, q.shape[1]).to(c.dtype)).to(q.dtype)
     return (o, lse) if return_lse else o
@@ -101,12 +101,13 @@ def conv_attention_probabilities(q, k, weight, *, causal: bool = True, scale: fl
     """The attention probabilities of :func:`conv_attention_reference`: ``P [B, Hq, N, N]`` in fp32 (fp64 for
     fp64 inputs), ``softmax`` of the convolved scores; ``conv_attention_reference(q, k, v, weight) == P @ v``.
     For looking at what heads attend to (small ``N``). A ``[Hq, 1, 1]`` weight of ones gives plain attention's."""
-    return torch.softmax(_convolved_scores(q, k, k, weight, causal, scale), dim=-1)
+    return torch.softmax(_convolved_scores(q, k, weight, causal, scale), dim=-1)
 
 
-def _convolved_scores(q, k, v, weight, causal: bool, scale):
-    """``C [B, Hq, N, N]``: the scaled scores, masked before and after the convolution when causal."""
-    _, Hq, _, Nq, Nk, D = check_qkv(q, k, v)
+def _convolved_scores(q, k, weight, causal: bool, scale, v=None):
+    """``C [B, Hq, N, N]``: the scaled scores, masked before and after the convolution when causal (``v``, when
+    the caller has one, is only checked against ``q`` and ``k``)."""
+    _, Hq, _, Nq, Nk, D = check_qkv(q, k, k if v is None else v)
     if Nq != Nk:
         raise ValueError(f"conv attention needs as many queries as keys, got Nq={Nq}, Nk={Nk}")
     cq, ck = check_weight(weight, num_heads=Hq, device=q.device)
