@@ -115,6 +115,21 @@ def test_timing_refuses_to_run_without_cuda():
         peak_extra_memory_bytes(lambda: None)
 
 
+def test_the_spin_lasts_twice_the_launch_time_and_at_least_the_minimum(monkeypatch):
+    """The spin before each timed call: twice the second longest host time of launching the call (one stray
+    pause does not count), in the spin's cycles, never fewer than LAUNCH_LEAD_CYCLES; ``before_each`` untimed."""
+    import time
+
+    from mta.bench import timing
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(timing, "spin_cycles_per_ms", lambda device: 1e6)  # a 1 GHz clock
+    waits, resets = iter([0.040, 0.004, 0.010, 0.002, 0.003, 0.001]), []
+    lead = timing.launch_lead_cycles(lambda: time.sleep(next(waits)), "cpu", before_each=lambda: resets.append(1))
+    assert 2 * 10e6 <= lead < 2 * 25e6 and len(resets) == timing.LAUNCH_PROBES
+    assert timing.launch_lead_cycles(lambda: None, "cpu") == timing.LAUNCH_LEAD_CYCLES
+    assert timing.timing_config(3, 4)["launch_lead"] == "max(2e6 cycles, 2 x measured launch time)"
+
+
 # --- the measuring loop, on the CPU with a fake timer -----------------------------------------
 
 FWD_MS, FWD_BWD_MS = 2.0, 5.0

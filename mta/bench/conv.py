@@ -38,6 +38,7 @@ from mta.reference import conv_attention_reference
 from . import harness
 from .flash import sdpa_name
 from .harness import Benchmark, Pass, describe_error, is_oom, ratio, rel_err, release_memory, text_table
+from .timing import timing_config
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPE = "bfloat16"
@@ -445,9 +446,7 @@ def config(quick: bool, warmup: int, rep: int, compile_reference: bool = True) -
         "passes": {"fwd": "the forward; no input requires grad",
                    "fwd_bwd": "the forward and .backward(dout); q, k, v and weight are leaves requiring grad "
                               "(plain attention ignores weight), their grads cleared before each call, untimed"},
-        "warmup": warmup, "rep": rep,
-        "timing": "median over rep of per-call CUDA event times; 256 MB L2 flush and a ~1 ms GPU spin "
-                  "(so launch overhead is not timed) before each call",
+        **timing_config(warmup, rep),
         "memory": "peak_extra_bytes (fwd), fwd_bwd_peak_extra_bytes (fwd_bwd): torch.cuda.max_memory_allocated "
                   "during one call minus memory_allocated before it (inputs excluded, output, gradients and "
                   "temporaries included)",

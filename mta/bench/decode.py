@@ -31,6 +31,7 @@ from mta import conv_attention_reference, conv_decode_attention, decode_attentio
 from .conv import REFERENCE_LIVE_MATRICES, REFERENCE_MAX_FREE_FRACTION, cuda_free_bytes
 from .harness import Benchmark, Pass, by_shape, describe_error, failure_line, measure, ratio, rel_err, \
     release_memory, text_table
+from .timing import timing_config
 
 DTYPE = "bfloat16"
 NEW_QUERIES = 1
@@ -227,9 +228,7 @@ class DecodeBenchmark(Benchmark):
         return {"benchmark": "decode", "quick": quick, "dtype": DTYPE, "new_queries": NEW_QUERIES,
                 "batches": list(BATCHES), "configs": [list(c) for c in CONFIGS],
                 "seq_lens": sorted({s.seq_len for s in shapes}), "kernel": list(KERNEL), "weight_std": WEIGHT_STD,
-                "impls": list(IMPLS), "warmup": warmup, "rep": rep,
-                "timing": "median over rep of per-call CUDA event times; 256 MB L2 flush and a ~1 ms GPU spin "
-                          "(so launch overhead is not timed) before each call",
+                "impls": list(IMPLS), **timing_config(warmup, rep),
                 "bytes": "K and V of every cache position; MTA also cq - 1 + n query rows per query head",
                 "check": "mta_decode vs SDPA on fp32 copies, mta_conv_decode vs last_rows_reference in fp32, "
                          "per sequence; relative Frobenius error",

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from mta import flash_attention
 
 from .harness import Benchmark, Pass, by_shape, describe_error, ratio, rel_err, text_table
+from .timing import timing_config
 
 TOTAL_TOKENS = 16384
 MODEL_DIM = 2048
@@ -228,10 +229,8 @@ class FlashBenchmark(Benchmark):
             "benchmark": "flash", "quick": quick, "dtypes": sorted({s.dtype for s in shapes}),
             "head_dims": sorted({s.head_dim for s in shapes}), "causal": [False, True],
             "seq_lens": sorted({s.seq_len for s in shapes}), "total_tokens": TOTAL_TOKENS, "model_dim": MODEL_DIM,
-            "impls": [TESTED_IMPL, *BASELINES], "warmup": warmup, "rep": rep,
-            "timing": "median over rep of per-call CUDA event times; 256 MB L2 flush and a ~1 ms GPU spin "
-                      "(so launch overhead is not timed) before each call; "
-                      "forward timed with inputs requiring grad; bwd_ms = fwd_bwd_ms - fwd_ms",
+            "impls": [TESTED_IMPL, *BASELINES],
+            **timing_config(warmup, rep, "forward timed with inputs requiring grad; bwd_ms = fwd_bwd_ms - fwd_ms"),
             "flops": "fwd = 4 B H N^2 D, halved when causal; bwd = 2.5 fwd",
             "tolerance": {"out": OUT_TOLERANCE, "grad": GRAD_TOLERANCE},
         }

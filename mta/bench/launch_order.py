@@ -28,6 +28,7 @@ from mta.launch import NO_SPECIALIZE
 from mta.launch_order import heaviest_first
 
 from .harness import Benchmark, Tools, failure_line, text_table
+from .timing import timing_config
 
 SHAPES = [(8, 64), (16, 128)]  # (heads, head dim), B = 1
 LENGTHS = [1024, 2048, 4096, 8192, 16384]
@@ -154,7 +155,7 @@ class LaunchOrderBenchmark(Benchmark):
                 for kernel in ("flash", "conv")]
 
     def config(self, quick, warmup, rep):
-        return {"quick": quick, "warmup": warmup, "rep": rep, "dtype": self.dtype, "kernel_size": list(KERNEL_SIZE)}
+        return {"quick": quick, **timing_config(warmup, rep), "dtype": self.dtype, "kernel_size": list(KERNEL_SIZE)}
 
     def measure_shape(self, shape: OrderShape, tools: Tools) -> list[dict]:
         """One record: the tile config, both times, the speedup and whether both orders agree (checked first)."""

@@ -5,9 +5,13 @@ over repetitions (robust to a stray slow launch), not a mean over a batch.
 Before every repetition, outside the timed region, a 256 MB buffer is
 written: this evicts the inputs from L2 (50 MB on an H100), so every
 repetition reads them from HBM as a real training step would. Then the GPU
-is told to spin for about a millisecond: while it does, Python launches the
+is told to spin (``torch.cuda._sleep``): while it does, Python launches the
 timed kernels, so the events time the GPU's work and not the launch overhead
 of the Python wrappers (which exceeds the kernels' own time at small sizes).
+The spin must outlast that launch: after the warm-up, the host time of a few
+un-synchronised calls is measured, and the spin lasts twice the second longest,
+at least :data:`LAUNCH_LEAD_CYCLES` (about 1 ms); the spin's cycles per
+millisecond are timed once per GPU.
 
 Only real GPU numbers are wanted: every function here raises RuntimeError
 without CUDA. Code that must run on a CPU (tests) takes a timer argument and
@@ -17,6 +21,7 @@ passes a fake one.
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable, Optional
 
 import torch
@@ -25,10 +30,26 @@ import torch
 Timer = Callable[..., float]
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
-#: GPU clock cycles to spin before each timed call (about 1 ms at 1.5-2 GHz): the launch queue's lead.
+#: Fewest GPU clock cycles to spin before each timed call (about 1 ms at 1.5-2 GHz): the launch queue's lead.
 LAUNCH_LEAD_CYCLES = 2_000_000
+#: Un-synchronised calls whose host time sizes the spin; the second longest counts (one stray pause does not).
+LAUNCH_PROBES = 6
+#: Cycles of the spin timed to convert milliseconds to cycles (about 5 ms).
+CALIBRATION_CYCLES = 10_000_000
+
+#: How a benchmark's JSON config describes this timing (its ``timing`` and ``launch_lead``).
+TIMING = ("median over rep of per-call CUDA event times; 256 MB L2 flush and a GPU spin (launch_lead: so launch "
+          "overhead is not timed) before each call")
+LAUNCH_LEAD = "max(2e6 cycles, 2 x measured launch time)"
 
 _flush_buffers: dict[torch.device, torch.Tensor] = {}
+_cycles_per_ms: dict[torch.device, float] = {}
+
+
+def timing_config(warmup: int, rep: int, note: Optional[str] = None) -> dict:
+    """``warmup``, ``rep``, ``timing`` (with the benchmark's ``note``) and ``launch_lead``, for a JSON config."""
+    return {"warmup": warmup, "rep": rep, "timing": TIMING + (f"; {note}" if note else ""),
+            "launch_lead": LAUNCH_LEAD}
 
 
 def require_cuda(what: str = "GPU timing") -> torch.device:
@@ -44,6 +65,44 @@ def flush_l2(device: torch.device) -> None:
     if buf is None:
         buf = _flush_buffers[device] = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
     buf.zero_()
+
+
+def spin_cycles_per_ms(device: torch.device) -> float:
+    """Cycles ``torch.cuda._sleep`` spins per millisecond on ``device``: the fastest of three timed spins of
+    :data:`CALIBRATION_CYCLES` (the fastest gives the longest spins, erring on the safe side), cached."""
+    if device not in _cycles_per_ms:
+        times = []
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(CALIBRATION_CYCLES)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        _cycles_per_ms[device] = CALIBRATION_CYCLES / min(times)
+    return _cycles_per_ms[device]
+
+
+def launch_ms(fn: Callable[[], object], before_each: Optional[Callable[[], None]] = None,
+              calls: int = LAUNCH_PROBES) -> float:
+    """Host milliseconds that launching ``fn`` takes: the second longest of ``calls`` un-synchronised calls
+    (``before_each`` untimed), so one stray pause does not count; synchronises after the last."""
+    times = []
+    for _ in range(calls):
+        if before_each is not None:
+            before_each()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return sorted(times)[-2] if len(times) > 1 else times[0]
+
+
+def launch_lead_cycles(fn: Callable[[], object], device: torch.device,
+                       before_each: Optional[Callable[[], None]] = None) -> int:
+    """Cycles to spin before each timed call of ``fn``: :data:`LAUNCH_LEAD` (twice :func:`launch_ms`, at least
+    :data:`LAUNCH_LEAD_CYCLES`), so the GPU is still spinning when the call's last kernel is queued."""
+    return max(LAUNCH_LEAD_CYCLES, round(2 * launch_ms(fn, before_each) * spin_cycles_per_ms(device)))
 
 
 def time_samples_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
@@ -66,6 +125,7 @@ def time_samples_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30
             before_each()
         fn()
     torch.cuda.synchronize(device)
+    lead = launch_lead_cycles(fn, device, before_each)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
     for start, end in zip(starts, ends):
@@ -73,7 +133,7 @@ def time_samples_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30
             before_each()
         if flush:
             flush_l2(device)
-        torch.cuda._sleep(LAUNCH_LEAD_CYCLES)  # the GPU waits here while Python queues start, fn, end
+        torch.cuda._sleep(lead)  # the GPU waits here while Python queues start, fn, end
         start.record()
         fn()
         end.record()
