@@ -23,6 +23,10 @@ INTERPRETER_SMS = 4
 #: A split count is kept if its wave efficiency is within this fraction of the best one (flash-attn's rule).
 SPLIT_EFFICIENCY = 0.85
 MAX_SPLITS = 128
+#: MTA decode counts each SM twice when it picks the split count: its key tiles carry ``ck`` products and
+#: register shifts besides the loads, so two programs per SM hide each other's latency (on an H100, twice the
+#: splits of plain decode were 1.1-1.9x faster at 16k-64k keys; ``notes/performance.md``).
+MTA_PROGRAMS_PER_SM = 2
 #: Splits of the merge kernel read per step.
 COMBINE_BLOCK_S = 16
 
@@ -145,11 +149,15 @@ def launch_decode(qf, k, v, lens, n_new: int, scale: float, num_splits: int | No
     e = cq - 1 + (ck - 1) // 2
     block_d = head_dim_block(D)
     block_n, warps, stages = decode_tile(block_d, k.dtype)
+    # MTA: a key window of block_n gives block_n - (ck - 1) keys' scores; keep that at least half the window.
+    block_n = max(block_n, triton.next_power_of_2(2 * (ck - 1)))
     block_m = row_block((Hq // Hkv) * n_new, block_d)
     row_tiles = triton.cdiv((Hq // Hkv) * n_new, block_m)
     if num_splits is None:
-        num_splits = choose_num_splits(B * Hkv * row_tiles, n_max, block_n, sm_count(k.device))
+        slots = sm_count(k.device) * (MTA_PROGRAMS_PER_SM if ck > 1 else 1)
+        num_splits = choose_num_splits(B * Hkv * row_tiles, n_max, block_n - (ck - 1), slots)
     programs = num_splits + (e > 0)
+    block_e = max(16, triton.next_power_of_2(n_new + e - 1))
     one = programs == 1
     o = torch.empty((B, Hq, n_new, D), device=k.device, dtype=out_dtype or qf.dtype)
     rows = B * Hq * n_new
@@ -163,7 +171,7 @@ def launch_decode(qf, k, v, lens, n_new: int, scale: float, num_splits: int | No
         qf, q_cache, weight, k, v, lens, o, *parts, *qf_strides, *q_strides, *k.stride(), *v.stride(),
         *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
         HAS_LENS=lens is not None, ONE_SPLIT=one, CQ=cq, CK=ck, E=e, D=D, BLOCK_D=block_d, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_E=max(16, triton.next_power_of_2(n_new + e - 1)),
+        BLOCK_N=block_n, BLOCK_E=block_e, BLOCK_W=triton.next_power_of_2(block_e + ck - 1),
         PRECISION=dot_precision(k.dtype), num_warps=warps, num_stages=stages)
     if not one:
         launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,

@@ -15,12 +15,18 @@ touch the scores, and the convolution folds into the *queries*, which are few:
 
     C[i, j] = scale * sum_b Qf_b[i] . k[j - pk + b],   Qf_b[i] = sum_a w[a, b] q[i - (cq-1) + a],
 
-(:func:`fold_queries_kernel`), so a key tile is ``ck`` products against
-shifted key tiles (the halo of ``pk`` keys each side comes from the cache,
-masked outside ``[0, len)``). The ``E`` keys next to each query's diagonal are
-one extra split, the band (:func:`_band_state`), computed exactly from the
-definition: every pair of kernel row ``a`` and column ``b`` whose key is not in
-its query's future. Plain decode is the case ``cq = ck = 1``, ``E = 0``: no fold, no band.
+(:func:`fold_queries_kernel`). A program loads a window of ``BLOCK_N`` keys
+once, computes ``R_b = Qf_b K_window^T`` for each ``b`` and shifts their columns
+in registers (``tl.gather``): ``C[:, y] = sum_b R_b[:, y + b]`` for the
+``BLOCK_N - (ck - 1)`` keys ``y`` of the window that have ``pk`` neighbours on
+both sides. Windows overlap by ``ck - 1`` keys; the halo at split edges comes
+from the cache (masked outside ``[0, len)``). Loading ``ck`` shifted key tiles
+instead moves ``ck`` times the bytes from L2, which bounded that design to about
+a third of the read's bandwidth (``notes/performance.md``). The ``E`` keys next
+to each query's diagonal are one extra split, the band (:func:`_band_state`),
+computed exactly from the definition: every pair of kernel row ``a`` and column
+``b`` whose key is not in its query's future. Plain decode is the case
+``cq = ck = 1``, ``E = 0``: no fold, no band.
 """
 
 from __future__ import annotations
@@ -72,32 +78,37 @@ def _far_tiles(acc, m, l, qf_rows, stride_fa, k_base, v_base, stride_kn, stride_
                D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the keys ``[start, stop)`` into ``(acc, m, l)`` for the rows at positions ``i`` (row ``r`` sees
     key ``j`` when ``j <= i - E``). ``qf_rows``: pointers to the rows' folded queries ``Qf_0``
-    (``Qf_b`` is ``b * stride_fa`` further; plain attention: the queries, ``CK = 1``)."""
+    (``Qf_b`` is ``b * stride_fa`` further; plain attention: the queries, ``CK = 1``).
+
+    Steps of ``BLOCK_N - (ck - 1)`` keys: the window ``[start_n - pk, start_n - pk + BLOCK_N)`` gives the
+    convolved scores of keys ``start_n + y``, ``y < BLOCK_N - (ck - 1)``, as ``sum_b R_b[:, y + b]``."""
     PK: tl.constexpr = (CK - 1) // 2
+    OWN: tl.constexpr = BLOCK_N - (CK - 1)
+    ROWS: tl.constexpr = qf_rows.shape[0]
     d_ok = offs_d < D
     q_ok = row_ok[:, None] & d_ok[None, :]
     if CK == 1:  # plain attention: the queries, loaded once
         q = tl.load(qf_rows, mask=q_ok, other=0.0)
     offs_n = tl.arange(0, BLOCK_N)
     key_stop = tl.minimum(stop + PK, seq_len)  # the last valid column reads key stop - 1 + pk
-    for start_n in range(start, stop, BLOCK_N):
+    for start_n in range(start, stop, OWN):
         j = start_n + offs_n
+        window = j - PK
+        kt = tl.load(k_base + window[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                     mask=d_ok[:, None] & ((window >= 0) & (window < key_stop))[None, :], other=0.0)
         if CK == 1:
-            kt = tl.load(k_base + j[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                         mask=d_ok[:, None] & (j < key_stop)[None, :], other=0.0)
             c = tl.dot(q, kt, input_precision=PRECISION)
         else:
-            c = tl.zeros([qf_rows.shape[0], BLOCK_N], dtype=tl.float32)
-            for b in range(CK):  # one product per key shift, the halo read from the cache
-                keys = j - PK + b
-                kt = tl.load(k_base + keys[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                             mask=d_ok[:, None] & ((keys >= 0) & (keys < key_stop))[None, :], other=0.0)
+            c = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for b in tl.static_range(CK):  # column y of this product is key start_n + y - b ...
                 qf = tl.load(qf_rows + b * stride_fa, mask=q_ok, other=0.0)
-                c = tl.dot(qf, kt, c, input_precision=PRECISION)
-        keep = (j < stop)[None, :] & (j[None, :] <= i[:, None] - E)
-        s = tl.where(keep, c * qk_scale, float("-inf"))
+                r = tl.dot(qf, kt, input_precision=PRECISION)
+                shift = tl.minimum(offs_n + b, BLOCK_N - 1)  # ... so key start_n + y sits in column y + b
+                c += tl.gather(r, tl.broadcast_to(shift[None, :], (ROWS, BLOCK_N)), 1)
+        own = (j < stop) & (offs_n < OWN)
+        s = tl.where(own[None, :] & (j[None, :] <= i[:, None] - E), c * qk_scale, float("-inf"))
         v = tl.load(v_base + j[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                    mask=(j < stop)[:, None] & d_ok[None, :], other=0.0)
+                    mask=own[:, None] & d_ok[None, :], other=0.0)
         acc, m, l = online_softmax_step(acc, m, l, s, v, True, PRECISION)
     return acc, m, l
 
@@ -106,28 +117,34 @@ def _far_tiles(acc, m, l, qf_rows, stride_fa, k_base, v_base, stride_kn, stride_
 def _band_state(acc, m, l, q_rows, stride_qm, stride_qd, w_rows, k_base, v_base, stride_kn, stride_kd,
                 stride_vn, stride_vd, i, row_ok, offs_d, n_new, seq_len, qk_scale, CQ: tl.constexpr,
                 CK: tl.constexpr, E: tl.constexpr, D: tl.constexpr, BLOCK_E: tl.constexpr,
-                PRECISION: tl.constexpr):
+                BLOCK_W: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the band, keys ``0 <= i - j < E``, into ``(acc, m, l)``, each score exactly as defined:
 
         C[i, j] = sum_{a, b} w[a, b] S0[r, c],  r = i - (cq-1) + a,  c = j - pk + b,
 
     with ``S0[r, c] = q_r . k_c`` for ``0 <= c <= r`` and 0 otherwise (the mask *before* the convolution).
-    ``q_rows``: each row's query head in the query cache; ``w_rows``: its kernel ``[cq, ck]`` (fp32)."""
+    ``q_rows``: each row's query head in the query cache; ``w_rows``: its kernel ``[cq, ck]`` (fp32).
+    The keys ``j - pk .. j + pk`` of the band are one window, loaded once; each kernel row is one product
+    against it, and each column ``b`` a shift of that product's columns (as in :func:`_far_tiles`)."""
     PK: tl.constexpr = (CK - 1) // 2
+    ROWS: tl.constexpr = q_rows.shape[0]
     d_ok = offs_d < D
-    j = tl.maximum(seq_len - n_new - E + 1, 0) + tl.arange(0, BLOCK_E)  # every row's band, n + E - 1 keys
-    c = tl.zeros([q_rows.shape[0], BLOCK_E], dtype=tl.float32)
+    y = tl.arange(0, BLOCK_E)
+    j0 = tl.maximum(seq_len - n_new - E + 1, 0)
+    j = j0 + y  # every row's band, n + E - 1 keys
+    window = j0 - PK + tl.arange(0, BLOCK_W)  # BLOCK_W >= BLOCK_E + ck - 1: key j - pk + b is column y + b
+    kt = tl.load(k_base + window[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                 mask=d_ok[:, None] & ((window >= 0) & (window < seq_len))[None, :], other=0.0)
+    c = tl.zeros([ROWS, BLOCK_E], dtype=tl.float32)
     for a in range(CQ):
         r = i - (CQ - 1) + a  # rows before 0 are the zero padding
         q_a = tl.load(q_rows + r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                       mask=(row_ok & (r >= 0) & (r < seq_len))[:, None] & d_ok[None, :], other=0.0)
-        for b in range(CK):
-            keys = j - PK + b
-            kt = tl.load(k_base + keys[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                         mask=d_ok[:, None] & ((keys >= 0) & (keys < seq_len))[None, :], other=0.0)
+        s0 = tl.dot(q_a, kt, input_precision=PRECISION)
+        s0 = tl.where(window[None, :] <= r[:, None], s0, 0.0)  # S0: no future key
+        for b in tl.static_range(CK):
             w_ab = tl.load(w_rows + a * CK + b, mask=row_ok, other=0.0)
-            s = tl.dot(q_a, kt, input_precision=PRECISION)
-            c += tl.where(keys[None, :] <= r[:, None], w_ab[:, None] * s, 0.0)  # S0: no future key
+            c += w_ab[:, None] * tl.gather(s0, tl.broadcast_to((y + b)[None, :], (ROWS, BLOCK_E)), 1)
     delta = i[:, None] - j[None, :]
     s = tl.where((delta >= 0) & (delta < E), c * qk_scale, float("-inf"))  # the mask after the convolution
     v = tl.load(v_base + j[:, None] * stride_vn + offs_d[None, :] * stride_vd,
@@ -145,7 +162,8 @@ def decode_split_kernel(QF, Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
                         n_max, n_new, num_heads, num_kv_heads, num_splits, scale,
                         HAS_LENS: tl.constexpr, ONE_SPLIT: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr,
                         E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, PRECISION: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
+                        PRECISION: tl.constexpr):
     """The state of one split for the ``G * n`` rows of a (batch, kv head) pair.
 
     ``QF [B, Hq, CK, n, D]``: the folded queries (plain attention: ``q [B, Hq, n, D]``, ``CK = 1``);
@@ -172,7 +190,8 @@ def decode_split_kernel(QF, Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # Whole key tiles per split, balanced for this sequence's own length; the band split's range is empty.
     n_far = tl.maximum(seq_len - E, 0)
-    per_split = tl.cdiv(tl.cdiv(n_far, BLOCK_N), num_splits) * BLOCK_N
+    OWN: tl.constexpr = BLOCK_N - (CK - 1)  # keys per tile (MTA: a window's keys with both halos in it)
+    per_split = tl.cdiv(tl.cdiv(n_far, OWN), num_splits) * OWN
     start = split * per_split
     stop = tl.minimum(start + per_split, n_far)
     qf_rows = QF + b64 * stride_fb + h[:, None] * stride_fh + t[:, None] * stride_fm + offs_d[None, :] * stride_fd
@@ -183,7 +202,8 @@ def decode_split_kernel(QF, Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
         if split == num_splits:
             acc, m, l = _band_state(acc, m, l, Q + b64 * stride_qb + h[:, None] * stride_qh, stride_qm, stride_qd,
                                     W + h * (CQ * CK), k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                    i, row_ok, offs_d, n_new, seq_len, qk_scale, CQ, CK, E, D, BLOCK_E, PRECISION)
+                                    i, row_ok, offs_d, n_new, seq_len, qk_scale, CQ, CK, E, D, BLOCK_E, BLOCK_W,
+                                    PRECISION)
 
     d_ok = offs_d < D
     if ONE_SPLIT:

@@ -58,6 +58,12 @@ def test_forced_split_counts(cq, ck, num_splits, poisoned_outputs):
     run_case(cq, ck, 3, Hq=2, Hkv=1, D=16, lengths=(37, 300), num_splits=num_splits)
 
 
+# The widest kernel: a key window keeps block_n - 32 keys' scores (the rest is halo) and the band's window is widest.
+@pytest.mark.parametrize("cq,ck", [(1, 33), (3, 31)], ids=str)
+def test_widest_kernels(cq, ck, poisoned_outputs):
+    run_case(cq, ck, 2, Hq=2, Hkv=1, D=16, lengths=(1, 20, 150), num_splits=None)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
 def test_head_dim_96_noncontiguous(dtype):
     run_case(6, 11, 3, dtype, D=96, lengths=(2, 37, 80), noncontiguous=True)
