@@ -30,14 +30,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 import torch
-import torch.nn.functional as F
 
-from mta import conv_attention, flash_attention
+from mta import conv_attention
 from mta.reference import conv_attention_reference
 
-from . import harness
-from .flash import sdpa_name
-from .harness import Benchmark, Pass, describe_error, is_oom, ratio, rel_err, release_memory, text_table
+from . import flash, harness
+from .harness import (Benchmark, Pass, cuda_free_bytes, describe_error, is_oom, ratio, rel_err, release_memory,
+                      text_table)
 from .timing import timing_config
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -152,12 +151,6 @@ def reference_fits(shape: ConvShape, free_bytes: int) -> dict[str, dict]:
             "grad": reference_fit(shape, free_bytes, GRAD_CHECK_MATRICES, "the float64 reference's forward+backward")}
 
 
-def cuda_free_bytes() -> int:
-    """Free memory of the current CUDA device, after returning PyTorch's cached blocks to it."""
-    release_memory()
-    return torch.cuda.mem_get_info()[0]
-
-
 # --- implementations -------------------------------------------------------------------------
 
 
@@ -192,26 +185,23 @@ class CompiledReference:
         return self._fn(q, k, v, weight, causal=causal)
 
 
-def mta_flash(q, k, v, weight, causal):
-    """Plain attention (no convolution) in Triton."""
-    return flash_attention(q, k, v, causal=causal)
+def ignoring_weight(attention: flash.Attention) -> ConvImpl:
+    """Plain attention ``attention(q, k, v, causal)`` (:mod:`mta.bench.flash`) as a ConvImpl: no convolution."""
+    def impl(q, k, v, weight, causal):
+        return attention(q, k, v, causal)
+    impl.__name__ = attention.__name__
+    return impl
 
 
 def sdpa_with(backend_name: str) -> ConvImpl:
-    """SDPA restricted to one backend (``"FLASH_ATTENTION"``, ``"CUDNN_ATTENTION"``): plain attention, the floor.
-    A backend that refuses raises (the harness records why)."""
-    def sdpa(q, k, v, weight, causal):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
-        with sdpa_kernel(getattr(SDPBackend, backend_name)):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
-    sdpa.__name__ = sdpa_name(backend_name)
-    return sdpa
+    """SDPA restricted to one backend (``"FLASH_ATTENTION"``, ``"CUDNN_ATTENTION"``): plain attention, the floor."""
+    return ignoring_weight(flash.sdpa_with(backend_name))
 
 
 def default_impls(compile_reference: bool = True) -> dict[str, ConvImpl]:
-    impls = {"mta_conv": mta_conv, "mta_flash": mta_flash, "sdpa_flash": sdpa_with("FLASH_ATTENTION"),
-             "sdpa_cudnn": sdpa_with("CUDNN_ATTENTION"), "conv_reference": conv_reference}
+    impls = {"mta_conv": mta_conv, "mta_flash": ignoring_weight(flash.mta_flash),
+             "sdpa_flash": sdpa_with("FLASH_ATTENTION"), "sdpa_cudnn": sdpa_with("CUDNN_ATTENTION"),
+             "conv_reference": conv_reference}
     if compile_reference:
         impls["conv_reference_compiled"] = CompiledReference()
     return impls
@@ -239,6 +229,24 @@ def _head_slice(heads: int, kv_heads: int, wanted: int) -> tuple[int, int]:
     return wanted, 1  # part of the first group: every one of these query heads reads kv head 0
 
 
+def _on_head_slices(shape: ConvShape, wanted: int, attempt: Callable[[int, int], bool]) -> bool:
+    """``attempt(query heads, kv heads)`` on a leading slice of ``wanted`` query heads (:func:`_head_slice`),
+    then of half as many, ... until it returns True or no head is left; whether any slice was tried."""
+    tried = wanted >= 1
+    while wanted >= 1:
+        hq, hkv = _head_slice(shape.heads, shape.kv_heads, wanted)
+        done = attempt(hq, hkv)
+        release_memory()  # once the attempt's frames are gone, so a failed call's tensors can be freed
+        if done:
+            break
+        wanted = hq // 2
+    return tried
+
+
+def _failure(exc: BaseException) -> str:
+    return "ran out of memory" if is_oom(exc) else f"raised {describe_error(exc)}"
+
+
 def check_against_reference(fn: ConvImpl, q, k, v, weight, shape: ConvShape, fit: dict,
                             reference: Callable = conv_attention_reference) -> dict:
     """Relative error of ``fn``'s output against the reference, and whether it passes.
@@ -256,23 +264,22 @@ def check_against_reference(fn: ConvImpl, q, k, v, weight, shape: ConvShape, fit
             out = fn(q, k, v, weight, shape.causal)
         except Exception as exc:  # noqa: BLE001  (recorded: a failing kernel is a result)
             check["error"] = f"{TESTED_IMPL} raised {describe_error(exc, caught)}"
-            out = None
-    wanted = shape.heads if fit["fits"] else fit["heads_that_fit"]
-    while out is not None and wanted >= 1 and check["rel_err"] is None:
-        hq, hkv = _head_slice(shape.heads, shape.kv_heads, wanted)
-        cast = (lambda t: t) if wanted == shape.heads else (lambda t: t.float())
+            return check
+
+    def attempt(hq, hkv):
+        cast = (lambda t: t) if hq == shape.heads else (lambda t: t.float())
         try:
             ref = reference(cast(q[:, :hq]), cast(k[:, :hkv]), cast(v[:, :hkv]), weight[:hq], causal=shape.causal)
             check.update(rel_err=rel_err(out[:, :hq], ref), heads_checked=hq, reference=(
                 f"conv_attention_reference, all heads ({shape.dtype} inputs, fp32 compute)" if hq == shape.heads
                 else f"conv_attention_reference on float32 inputs, query heads 0..{hq - 1} of {shape.heads}"))
+            return True
         except Exception as exc:  # noqa: BLE001  (try fewer heads)
-            check["notes"].append(f"reference on {hq} heads ran out of memory" if is_oom(exc)
-                                  else f"reference on {hq} heads raised {describe_error(exc)}")
-        ref = None
-        release_memory()  # outside the except block, so a failed call's tensors can be freed
-        wanted = hq // 2
-    if out is not None and check["rel_err"] is None:
+            check["notes"].append(f"reference on {hq} heads {_failure(exc)}")
+            return False
+
+    _on_head_slices(shape, shape.heads if fit["fits"] else fit["heads_that_fit"], attempt)
+    if check["rel_err"] is None:
         check["error"] = ("no reference could run, not even on one head: " + "; ".join(check["notes"])
                           if check["notes"] else "no reference fits in memory, not even on one head")
     check["ok"] = check["rel_err"] is not None and check["rel_err"] <= check["tolerance"]
@@ -300,34 +307,31 @@ def check_gradients(fn: ConvImpl, q, k, v, weight, dout, shape: ConvShape, fit: 
     """
     check = {**check, "grad_reference": None, "grad_heads_checked": None, "grad_rel_err": None,
              "grad_tolerance": GRAD_TOLERANCE[shape.dtype], "notes": list(check["notes"])}
-    error, tried = None, False
-    wanted = min(check["heads_checked"] or shape.heads, fit["heads_that_fit"])
-    while wanted >= 1 and check["grad_rel_err"] is None and error is None:
-        hq, hkv = _head_slice(shape.heads, shape.kv_heads, wanted)
-        tried = True
+    error = None
+
+    def attempt(hq, hkv):
+        nonlocal error
         try:
             ref = _grads(lambda *t: reference(*t, causal=shape.causal),
                          [t.double() for t in (q[:, :hq], k[:, :hkv], v[:, :hkv], weight[:hq])], dout[:, :hq].double())
         except Exception as exc:  # noqa: BLE001  (try fewer heads)
-            what = "ran out of memory" if is_oom(exc) else f"raised {describe_error(exc)}"
-            check["notes"].append(f"float64 reference's gradients on {hq} heads {what}")
-            ref = None
-        if ref is not None:
-            masked = dout.clone()
-            masked[:, hq:] = 0
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                try:
-                    dq, dk, dv, dw = _grads(lambda *t: fn(*t, shape.causal), (q, k, v, weight), masked)
-                    mine = (dq[:, :hq], dk[:, :hkv], dv[:, :hkv], dw[:hq])
-                    check.update(grad_rel_err=dict(zip(GRAD_NAMES, map(rel_err, mine, ref))), grad_heads_checked=hq,
-                                 grad_reference=f"conv_attention_reference's autograd in float64, query heads "
-                                                f"0..{hq - 1} of {shape.heads}")
-                except Exception as exc:  # noqa: BLE001  (recorded: a failing kernel is a result)
-                    error = f"{TESTED_IMPL} forward+backward raised {describe_error(exc, caught)}"
-        ref = None
-        release_memory()
-        wanted = hq // 2
+            check["notes"].append(f"float64 reference's gradients on {hq} heads {_failure(exc)}")
+            return False
+        masked = dout.clone()
+        masked[:, hq:] = 0
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                dq, dk, dv, dw = _grads(lambda *t: fn(*t, shape.causal), (q, k, v, weight), masked)
+                mine = (dq[:, :hq], dk[:, :hkv], dv[:, :hkv], dw[:hq])
+                check.update(grad_rel_err=dict(zip(GRAD_NAMES, map(rel_err, mine, ref))), grad_heads_checked=hq,
+                             grad_reference=f"conv_attention_reference's autograd in float64, query heads "
+                                            f"0..{hq - 1} of {shape.heads}")
+            except Exception as exc:  # noqa: BLE001  (recorded: a failing kernel is a result)
+                error = f"{TESTED_IMPL} forward+backward raised {describe_error(exc, caught)}"
+        return True
+
+    tried = _on_head_slices(shape, min(check["heads_checked"] or shape.heads, fit["heads_that_fit"]), attempt)
     if error is None and check["grad_rel_err"] is None:
         error = (f"no float64 reference for the gradients {'could run' if tried else 'fits in memory'}, "
                  "not even on one head")
@@ -364,6 +368,7 @@ class ConvBenchmark(Benchmark):
                    "the headline ratios at N=8192, kernel 6x11.")
     quick_help = "kernel 6x11, N in {2048, 8192}"
     Shape, tested, passes = ConvShape, TESTED_IMPL, PASSES
+    shapes = staticmethod(conv_shapes)
 
     def __init__(self, impls: Optional[dict[str, ConvImpl]] = None, compile_reference: bool = True,
                  free_memory: Callable[[], int] = cuda_free_bytes):
@@ -379,9 +384,6 @@ class ConvBenchmark(Benchmark):
     def from_args(cls, args):
         return cls(compile_reference=args.compile_reference)
 
-    def shapes(self, quick):
-        return conv_shapes(quick)
-
     def impls(self):
         return self._impls
 
@@ -392,7 +394,7 @@ class ConvBenchmark(Benchmark):
         q, k, v, weight = random_inputs(shape, device)
         return q, k, v, weight, torch.randn_like(q), fits
 
-    def check(self, fn, shape, inputs):
+    def check(self, name, fn, shape, inputs):
         q, k, v, weight, dout, fits = inputs
         check = check_against_reference(fn, q, k, v, weight, shape, fits["fwd"])
         return check_gradients(fn, q, k, v, weight, dout, shape, fits["grad"], check)
@@ -471,39 +473,27 @@ def config(quick: bool, warmup: int, rep: int, compile_reference: bool = True) -
 
 SHAPE_KEYS = ("dtype", "batch", "heads", "kv_heads", "head_dim", "cq", "ck", "seq_len", "causal")
 CONFIG_KEYS = ("batch", "heads", "kv_heads", "head_dim")
-
-
-def _pass_ratios(suffix: str, time_key: str, memory_key: str) -> dict[str, tuple[str, str, str]]:
-    return {
-        f"conv_over_flash{suffix}_time": ("mta_conv", "mta_flash", time_key),
-        f"conv_over_sdpa_flash{suffix}_time": ("mta_conv", "sdpa_flash", time_key),
-        f"conv_over_sdpa_cudnn{suffix}_time": ("mta_conv", "sdpa_cudnn", time_key),
-        f"reference_over_conv{suffix}_time": ("conv_reference", "mta_conv", time_key),
-        f"reference_compiled_over_conv{suffix}_time": ("conv_reference_compiled", "mta_conv", time_key),
-        f"conv_over_reference{suffix}_memory": ("mta_conv", "conv_reference", memory_key),
-        f"conv_over_reference_compiled{suffix}_memory": ("mta_conv", "conv_reference_compiled", memory_key),
-    }
-
-
+#: Each pass's label, and the suffix its ratios' names take (``conv_over_flash_time``, ``..._fwd_bwd_time``).
+PASS_NAMES = {"fwd": ("forward", ""), "fwd_bwd": ("forward+backward", "_fwd_bwd")}
+#: The ratios of a pass, named with ``{}`` for its suffix: (numerator impl, denominator impl, "time" or "memory").
+PASS_RATIOS = {
+    "conv_over_flash{}_time": ("mta_conv", "mta_flash", "time"),
+    "conv_over_sdpa_flash{}_time": ("mta_conv", "sdpa_flash", "time"),
+    "conv_over_sdpa_cudnn{}_time": ("mta_conv", "sdpa_cudnn", "time"),
+    "reference_over_conv{}_time": ("conv_reference", "mta_conv", "time"),
+    "reference_compiled_over_conv{}_time": ("conv_reference_compiled", "mta_conv", "time"),
+    "conv_over_reference{}_memory": ("mta_conv", "conv_reference", "memory"),
+    "conv_over_reference_compiled{}_memory": ("mta_conv", "conv_reference_compiled", "memory"),
+}
 #: name -> (numerator impl, denominator impl, measured key): the ratios reported per shape, for the forward
 #: (``conv_over_flash_time``...) and the forward+backward (``conv_over_flash_fwd_bwd_time``...).
-RATIOS = {**_pass_ratios("", "fwd_ms", "peak_extra_bytes"),
-          **_pass_ratios("_fwd_bwd", "fwd_bwd_ms", "fwd_bwd_peak_extra_bytes")}
-_MS, _MIB = ("{:.3f}", 1.0, "ms"), ("{:.1f}", 2.0 ** -20, "MiB")
-#: The ratios :func:`headline_ratios` reports per pass, and how :func:`format_headline` shows them:
+RATIOS = {name.format(PASS_NAMES[p.name][1]): (a, b, p.time_key if m == "time" else p.memory_key)
+          for p in PASSES for name, (a, b, m) in PASS_RATIOS.items()}
+#: The ratios :func:`headline_ratios` reports for each pass, and how :func:`format_headline` shows them:
 #: (label, ratio format, format of the two numbers, their scale, their unit).
-HEADLINE = {
-    "forward": {
-        "conv_over_flash_time": ("conv/flash time", "{:.2f}x", *_MS),
-        "reference_over_conv_time": ("reference/conv time", "{:.1f}x", *_MS),
-        "conv_over_reference_memory": ("conv/reference peak memory", "{:.2%}", *_MIB),
-    },
-    "forward+backward": {
-        "conv_over_flash_fwd_bwd_time": ("conv/flash time", "{:.2f}x", *_MS),
-        "reference_over_conv_fwd_bwd_time": ("reference/conv time", "{:.1f}x", *_MS),
-        "conv_over_reference_fwd_bwd_memory": ("conv/reference peak memory", "{:.2%}", *_MIB),
-    },
-}
+HEADLINE = {"conv_over_flash{}_time": ("conv/flash time", "{:.2f}x", "{:.3f}", 1.0, "ms"),
+            "reference_over_conv{}_time": ("reference/conv time", "{:.1f}x", "{:.3f}", 1.0, "ms"),
+            "conv_over_reference{}_memory": ("conv/reference peak memory", "{:.2%}", "{:.1f}", 2.0 ** -20, "MiB")}
 
 
 def by_shape(results: list[dict]) -> dict[tuple, dict[str, dict]]:
@@ -518,13 +508,8 @@ def _check_ok(records: dict[str, dict]) -> Optional[bool]:
 
 def shape_ratios(results: list[dict]) -> list[dict]:
     """Per shape: its fields, every ratio of :data:`RATIOS` (None where a side is missing), and check_ok."""
-    rows = []
-    for key, records in by_shape(results).items():
-        row = dict(zip(SHAPE_KEYS, key))
-        row.update({name: ratio(records, a, b, m) for name, (a, b, m) in RATIOS.items()})
-        row["check_ok"] = _check_ok(records)
-        rows.append(row)
-    return rows
+    return [{**dict(zip(SHAPE_KEYS, key)), **{name: ratio(records, a, b, m) for name, (a, b, m) in RATIOS.items()},
+             "check_ok": _check_ok(records)} for key, records in by_shape(results).items()]
 
 
 def headline_ratios(data_or_results: Union[dict, list], seq_len: int = 8192,
@@ -544,7 +529,7 @@ def headline_ratios(data_or_results: Union[dict, list], seq_len: int = 8192,
         if shape["seq_len"] == seq_len and (shape["cq"], shape["ck"]) == tuple(kernel):
             entry = {k: shape[k] for k in (*CONFIG_KEYS, "cq", "ck", "seq_len")}
             entry["check_ok"] = _check_ok(records)
-            for name in (name for ratios in HEADLINE.values() for name in ratios):
+            for name in (name.format(suffix) for _, suffix in PASS_NAMES.values() for name in HEADLINE):
                 a, b, m = RATIOS[name]
                 entry.update({name: ratio(records, a, b, m), f"{a}_{m}": records.get(a, {}).get(m),
                               f"{b}_{m}": records.get(b, {}).get(m)})
@@ -559,9 +544,10 @@ def format_headline(data_or_results: Union[dict, list], seq_len: int = 8192,
     lines = [f"at N={seq_len}, kernel {kernel[0]}x{kernel[1]}:"]
     for e in headline_ratios(data_or_results, seq_len, kernel):
         failed = f"; {TESTED_IMPL} FAILED its check" if e["check_ok"] is False else ""
-        for pass_label, ratios in HEADLINE.items():
+        for pass_label, suffix in PASS_NAMES.values():
             parts, numbers_seen = [], False
-            for name, (label, ratio_fmt, number_fmt, scale, unit) in ratios.items():
+            for template, (label, ratio_fmt, number_fmt, scale, unit) in HEADLINE.items():
+                name = template.format(suffix)
                 a, b, key = RATIOS[name]
                 numbers = [e[f"{i}_{key}"] for i in (a, b)]
                 numbers_seen = numbers_seen or any(x is not None for x in numbers)
@@ -576,11 +562,20 @@ def format_headline(data_or_results: Union[dict, list], seq_len: int = 8192,
 #: Column names in the table, in its order; ``sdpa`` (SDPA's default backend) is in older runs.
 SHORT_NAMES = {"mta_conv": "conv", "mta_flash": "flash", "sdpa": "sdpa", "sdpa_flash": "sdpa.fa",
                "sdpa_cudnn": "sdpa.cu", "conv_reference": "ref", "conv_reference_compiled": "ref.c"}
-#: Ratio columns of a pass's table: (header, ratio with ``{}`` for the pass's suffix, format).
+#: Ratio columns of a pass's table: (header, ratio of :data:`PASS_RATIOS`, format).
 TABLE_RATIOS = (("conv/flash", "conv_over_flash{}_time", "{:.2f}x"),
                 ("ref/conv", "reference_over_conv{}_time", "{:.1f}x"),
                 ("ref.c/conv", "reference_compiled_over_conv{}_time", "{:.1f}x"),
                 ("mem c/ref", "conv_over_reference{}_memory", "{:.2%}"))
+
+
+def _max_grad_err(check: dict) -> Optional[float]:
+    errors = list((check.get("grad_rel_err") or {}).values())
+    return None if not errors or None in errors else max(errors)
+
+
+#: The check's column in each pass's table: (header, the error shown).
+CHECK_COLUMNS = {"fwd": ("rel err", lambda c: c.get("rel_err")), "fwd_bwd": ("grad err", _max_grad_err)}
 
 
 def _measured(record: Optional[dict], key: str, scale: float = 1.0):
@@ -590,15 +585,10 @@ def _measured(record: Optional[dict], key: str, scale: float = 1.0):
     return {"skipped": "skip", "oom": "oom", "error": "err"}.get(record.get("status"))
 
 
-def _max_grad_err(check: dict) -> Optional[float]:
-    errors = list((check.get("grad_rel_err") or {}).values())
-    return None if not errors or None in errors else max(errors)
-
-
-def _pass_table(results: list[dict], names: list[str], p: Pass, suffix: str, check_column: tuple) -> str:
-    """One pass's times (ms), peak extra memory (MiB), ratios and the check column, one row per shape."""
+def _pass_table(results: list[dict], names: list[str], p: Pass) -> str:
+    """One pass's times (ms), peak extra memory (MiB), ratios and the check's error, one row per shape."""
     short = [SHORT_NAMES.get(n, n) for n in names]
-    err_header, err_of = check_column
+    (err_header, err_of), suffix = CHECK_COLUMNS[p.name], PASS_NAMES[p.name][1]
     columns = [("B", "{}"), ("H", "{}"), ("Hkv", "{}"), ("D", "{}"), ("kernel", "{}"), ("N", "{}")]
     columns += [(f"{s} ms", "{:.3f}") for s in short] + [(f"{s} MiB", "{:.1f}") for s in short]
     columns += [(header, fmt) for header, _, fmt in TABLE_RATIOS] + [(err_header, "{:.1e}"), ("", "")]
@@ -623,9 +613,8 @@ def format_table(results: list[dict]) -> str:
     legend = ("mta.conv_attention (conv) vs mta.flash_attention (flash), SDPA (sdpa.fa, sdpa.cu: its flash and "
               "cuDNN backends), the materialized reference (ref) and its torch.compile (ref.c), causal. skip: the "
               "reference does not fit; ! = check failed")
-    text = (f"forward. {legend}\n"
-            + _pass_table(results, names, PASSES[0], "", ("rel err", lambda c: c.get("rel_err"))))
+    text = f"forward. {legend}\n" + _pass_table(results, names, PASSES[0])
     if any(PASSES[1].time_key in r for r in results):
         text += ("\n\nforward+backward (grad err: the largest of dq, dk, dv, dweight's)\n"
-                 + _pass_table(results, names, PASSES[1], "_fwd_bwd", ("grad err", _max_grad_err)))
+                 + _pass_table(results, names, PASSES[1]))
     return text

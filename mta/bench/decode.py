@@ -19,8 +19,7 @@ inputs and ``mta_conv_decode`` against :func:`last_rows_reference` (exact, fp32)
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -28,9 +27,8 @@ import torch.nn.functional as F
 
 from mta import conv_attention_reference, conv_decode_attention, decode_attention, flash_attention
 
-from .conv import REFERENCE_LIVE_MATRICES, REFERENCE_MAX_FREE_FRACTION, cuda_free_bytes
-from .harness import Benchmark, Pass, by_shape, describe_error, failure_line, measure, ratio, rel_err, \
-    release_memory, text_table
+from . import conv, harness
+from .harness import Benchmark, Pass, by_shape, cuda_free_bytes, describe_error, rel_err, text_table
 from .timing import timing_config
 
 DTYPE = "bfloat16"
@@ -95,13 +93,9 @@ def bytes_read(shape: DecodeShape, impl: str) -> int:
 
 
 def reference_fit(shape: DecodeShape, free_bytes: int) -> Optional[str]:
-    """Why the materialized reference does not run (its ``N x N`` fp32 matrices, as :mod:`mta.bench.conv`
-    bounds them, above its share of the free memory), or None where it fits."""
-    need = REFERENCE_LIVE_MATRICES * shape.batch * shape.heads * shape.seq_len ** 2 * 4
-    if need <= REFERENCE_MAX_FREE_FRACTION * free_bytes:
-        return None
-    return (f"not run: the reference needs about {need / 2 ** 30:.1f} GiB, more than "
-            f"{REFERENCE_MAX_FREE_FRACTION:.0%} of the {free_bytes / 2 ** 30:.1f} GiB free")
+    """Why the materialized reference does not run (its forward's ``N x N`` fp32 matrices above their share of
+    the free memory: :func:`mta.bench.conv.reference_fit`), or None where it fits."""
+    return conv.reference_fit(shape, free_bytes)["reason"]
 
 
 # --- implementations and their references ----------------------------------------------------
@@ -178,38 +172,28 @@ class DecodeBenchmark(Benchmark):
                    "materialized MTA reference where it fits, and a plain read of K and V, after checking both "
                    "mta decoders against fp32 references.")
     quick_help = "N in {4k, 64k}"
-    Shape, tested, passes = DecodeShape, TESTED_IMPL, PASSES
+    Shape, tested, checked, passes = DecodeShape, TESTED_IMPL, CHECKED, PASSES
+    shapes = staticmethod(decode_shapes)
 
     def __init__(self, impls: Optional[dict] = None, free_bytes: Optional[Callable[[], int]] = None):
         self._impls = impls
         self._free_bytes = free_bytes or cuda_free_bytes
 
-    def shapes(self, quick):
-        return decode_shapes(quick)
-
     def impls(self):
         return default_impls() if self._impls is None else self._impls
 
-    def measure_shape(self, shape, tools):
-        """One record per implementation; the checked ones carry their check, made before any timing."""
-        impls, x = self.impls(), random_inputs(shape, tools.device)
-        checks = {name: check(name, impls[name], x) for name in CHECKED if name in impls}
-        for name, c in checks.items():
-            if not c["ok"]:
-                tools.warn(failure_line(self, name, shape, c))
-        records = []
-        for name, fn in impls.items():
-            record = {"impl": name, **asdict(shape)}
-            reason = reference_fit(shape, self._free_bytes()) if name == "conv_reference" else None
-            calls = {} if reason else {"fwd": ((lambda fn=fn: fn(x)), None)}
-            record.update(measure(calls, self.passes, tools, {"fwd": reason} if reason else None))
-            if name in checks:
-                record["check"] = checks[name]
-            self.finish(record)
-            records.append(record)
-        del x
-        release_memory()
-        return records
+    def inputs(self, shape, device):
+        return random_inputs(shape, device)
+
+    def check(self, name, fn, shape, x):
+        return check(name, fn, x)
+
+    def calls(self, fn, shape, x):
+        return {"fwd": (lambda: fn(x), None)}
+
+    def skip(self, impl, shape, x):
+        """The reference where it does not fit in the memory left beside the inputs."""
+        return reference_fit(shape, self._free_bytes()) if impl == "conv_reference" else None
 
     def finish(self, r):
         r["bytes"] = bytes_read(self.shape_of(r), r["impl"])
@@ -244,25 +228,16 @@ class DecodeBenchmark(Benchmark):
 # --- reporting -------------------------------------------------------------------------------
 
 KEYS = ("batch", "heads", "kv_heads", "head_dim", "seq_len")
+#: The summary's ratios: (numerator impl, denominator impl, measured key).
+SUMMARY_RATIOS = {"decode_of_read_tbps": ("mta_decode", "read", "tbps"),
+                  "conv_decode_of_read_tbps": ("mta_conv_decode", "read", "tbps"),
+                  "sdpa_over_decode_time": ("sdpa", "mta_decode", "ms")}
 
 
 def summary(results: list[dict], min_seq_len: int = SUMMARY_MIN_SEQ_LEN) -> list[dict]:
     """Per (batch, configuration): the medians over N >= ``min_seq_len`` of mta_decode's TB/s as a fraction of the
     plain read's, and of its speedup over SDPA; the same fraction for mta_conv_decode."""
-    groups: dict[tuple, list[dict]] = {}
-    for key, records in by_shape(results, KEYS).items():
-        if key[-1] >= min_seq_len:
-            groups.setdefault(key[:-1], []).append(records)
-    out = []
-    for (b, h, hkv, d), rows in groups.items():
-        def median(a, other, key):
-            values = [x for x in (ratio(r, a, other, key) for r in rows) if x is not None]
-            return statistics.median(values) if values else None
-        out.append({"batch": b, "heads": h, "kv_heads": hkv, "head_dim": d, "min_seq_len": min_seq_len,
-                    "decode_of_read_tbps": median("mta_decode", "read", "tbps"),
-                    "conv_decode_of_read_tbps": median("mta_conv_decode", "read", "tbps"),
-                    "sdpa_over_decode_time": median("sdpa", "mta_decode", "ms")})
-    return out
+    return harness.median_ratios(results, KEYS[:-1], SUMMARY_RATIOS, min_seq_len)
 
 
 def format_table(results: list[dict]) -> str:
@@ -280,29 +255,23 @@ def format_table(results: list[dict]) -> str:
 
 
 def format_summary(summary_rows: list[dict]) -> str:
-    keys = ("decode_of_read_tbps", "conv_decode_of_read_tbps", "sdpa_over_decode_time")
-    rows = [[s["batch"], s["heads"], s["kv_heads"], s["head_dim"]] + [s[k] for k in keys] for s in summary_rows]
+    columns = [("B", "{}"), ("Hq", "{}"), ("Hkv", "{}"), ("D", "{}")] + [(k, "{:.2f}") for k in SUMMARY_RATIOS]
+    rows = [[s[k] for k in (*KEYS[:-1], *SUMMARY_RATIOS)] for s in summary_rows]
     return (f"medians over N >= {SUMMARY_MIN_SEQ_LEN}: TB/s as a fraction of the plain read's; SDPA time / mta "
-            f"time (> 1: mta is faster)\n"
-            + text_table([("B", "{}"), ("Hq", "{}"), ("Hkv", "{}"), ("D", "{}")] + [(k, "{:.2f}") for k in keys],
-                         rows))
+            f"time (> 1: mta is faster)\n" + text_table(columns, rows))
 
 
 def plot_decode(source, *, ax_size: tuple = (3.4, 2.8)):
     """Time (us) and TB/s against cache length, log-log: one column per (batch, configuration), one line per
     implementation, the plain read dashed; mta_decode points that failed their check crossed out. Returns the
     Figure."""
-    from .plots import _impl_grid, load_results, provenance_line
+    from .plots import grid_columns, impl_grid, load_results, titled
 
     data = load_results(source)
     records = data["results"]
-    keys = ("batch", "heads", "kv_heads", "head_dim")
-    columns = [(f"B={b} Hq={h} Hkv={hkv} D={d}", dict(zip(keys, (b, h, hkv, d))))
-               for b, h, hkv, d in sorted({tuple(r[k] for k in keys) for r in records})]
+    columns = grid_columns(records, KEYS[:-1], lambda b, h, hkv, d: f"B={b} Hq={h} Hkv={hkv} D={d}")
     rows = [("us", "time", "time per step (us)", 1.0), ("tbps", "bandwidth", "TB/s (K, V bytes / time)", 1.0)]
-    fig = _impl_grid(records, columns, rows, TESTED_IMPL, "mta.decode_attention check failed", log=True,
-                     ax_size=ax_size, restyle=STYLES)
-    fig.suptitle(f"Decode step, {data['config'].get('dtype', DTYPE)}, one new query; missing points: reference "
-                 f"skipped\n{provenance_line(data['provenance'])}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    return fig
+    fig = impl_grid(records, columns, rows, TESTED_IMPL, "mta.decode_attention check failed", log=True,
+                    ax_size=ax_size, restyle=STYLES)
+    return titled(fig, f"Decode step, {data['config'].get('dtype', DTYPE)}, one new query; missing points: "
+                       "reference skipped", data, bottom=0.08)

@@ -14,7 +14,6 @@ FlashAttention-2 paper's benchmarks.
 
 from __future__ import annotations
 
-import statistics
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 
 from mta import flash_attention
 
+from . import harness
 from .harness import Benchmark, Pass, by_shape, describe_error, ratio, rel_err, text_table
 from .timing import timing_config
 
@@ -108,11 +108,13 @@ def sdpa_name(backend_name: str) -> str:
 
 
 def sdpa_with(backend_name: str) -> Attention:
-    """SDPA restricted to one backend. Its ``is_causal`` masks top-left aligned; with Nq == Nk that is mta's mask."""
+    """SDPA restricted to one backend (GQA where k and v have fewer heads than q). Its ``is_causal`` masks
+    top-left aligned; with Nq == Nk that is mta's mask. A backend that refuses raises (the harness records why)."""
     def sdpa(q, k, v, causal):
         from torch.nn.attention import SDPBackend, sdpa_kernel
+        gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
         with sdpa_kernel(getattr(SDPBackend, backend_name)):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
     sdpa.__name__ = sdpa_name(backend_name)
     return sdpa
 
@@ -182,12 +184,10 @@ class FlashBenchmark(Benchmark):
     quick_help = "bf16, N in {2048, 8192}"
     Shape, tested = FlashShape, TESTED_IMPL
     passes = (Pass("fwd", "fwd_ms"), Pass("fwd_bwd", "fwd_bwd_ms", error_key="bwd_error"))
+    shapes = staticmethod(flash_shapes)
 
     def __init__(self, impls: Optional[dict[str, Attention]] = None):
         self._impls = impls
-
-    def shapes(self, quick):
-        return flash_shapes(quick)
 
     def impls(self):
         return default_impls() if self._impls is None else self._impls
@@ -199,7 +199,7 @@ class FlashBenchmark(Benchmark):
         q, k, v = (torch.randn(dims, dtype=dtype, device=device).requires_grad_() for _ in range(3))
         return q, k, v, torch.randn(dims, dtype=dtype, device=device)
 
-    def check(self, fn, shape, inputs):
+    def check(self, name, fn, shape, inputs):
         return check_against_reference(fn, *inputs, shape.causal, shape.dtype)
 
     def calls(self, fn, shape, inputs):
@@ -246,29 +246,14 @@ class FlashBenchmark(Benchmark):
 # --- reporting -------------------------------------------------------------------------------
 
 
-def _by_shape(results: list[dict]) -> dict[tuple, dict[str, dict]]:
-    return by_shape(results, ("dtype", "head_dim", "causal", "seq_len"))
-
-
-def _ratio(records: dict[str, dict], other: str, key: str) -> Optional[float]:
-    return ratio(records, TESTED_IMPL, other, key)
+GROUP_KEYS = ("dtype", "head_dim", "causal")
 
 
 def median_ratios(results: list[dict], min_seq_len: int = SUMMARY_MIN_SEQ_LEN) -> list[dict]:
-    """Per (dtype, head dim, causal): the median over N >= ``min_seq_len`` of mta's TFLOPS / a baseline's."""
-    groups: dict[tuple, list[dict[str, dict]]] = {}
-    for (dtype, d, causal, n), records in _by_shape(results).items():
-        if n >= min_seq_len:
-            groups.setdefault((dtype, d, causal), []).append(records)
-    summary = []
-    for (dtype, d, causal), rows in groups.items():
-        entry = {"dtype": dtype, "head_dim": d, "causal": causal, "min_seq_len": min_seq_len}
-        for other in BASELINES:
-            for key in ("fwd", "bwd"):
-                ratios = [r for r in (_ratio(row, other, f"{key}_tflops") for row in rows) if r is not None]
-                entry[f"{key}_vs_{other}"] = statistics.median(ratios) if ratios else None
-        summary.append(entry)
-    return summary
+    """Per (dtype, head dim, causal): the median over N >= ``min_seq_len`` of mta's TFLOPS / a baseline's
+    (``fwd_vs_sdpa_flash``...)."""
+    ratios = {f"{p}_vs_{b}": (TESTED_IMPL, b, f"{p}_tflops") for b in BASELINES for p in ("fwd", "bwd")}
+    return harness.median_ratios(results, GROUP_KEYS, ratios, min_seq_len)
 
 
 def format_table(results: list[dict]) -> str:
@@ -278,10 +263,10 @@ def format_table(results: list[dict]) -> str:
     columns += [(f"{n} {p}", "{:.1f}") for n in names for p in passes]
     columns += [(f"mta/{b.removeprefix('sdpa_')} {p}", "{:.2f}") for b in BASELINES for p in passes] + [("", "")]
     rows = []
-    for (dtype, d, causal, n), records in _by_shape(results).items():
+    for (dtype, d, causal, n), records in by_shape(results, (*GROUP_KEYS, "seq_len")).items():
         check = records.get(TESTED_IMPL, {}).get("check")
         rows.append([dtype, d, str(causal), n] + [records.get(x, {}).get(f"{p}_tflops") for x in names for p in passes]
-                    + [_ratio(records, b, f"{p}_tflops") for b in BASELINES for p in passes]
+                    + [ratio(records, TESTED_IMPL, b, f"{p}_tflops") for b in BASELINES for p in passes]
                     + ["!" if check is not None and not check["ok"] else ""])
     return "TFLOPS (! = mta failed its correctness check)\n" + text_table(columns, rows)
 

@@ -19,6 +19,7 @@ import functools
 import gc
 import json
 import math
+import statistics
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -59,7 +60,7 @@ class Benchmark:
     * ``config(quick, warmup, rep) -> dict``, ``report(data) -> str`` (the table), ``plot(data) -> Figure``,
     * either ``measure_shape(shape, tools) -> list of records``, or, to compare implementations of one
       function with the default :meth:`measure_shape`: ``impls() -> {name: fn}``, ``inputs(shape, device)``,
-      ``check(fn, shape, inputs) -> {"ok", "error", ...}`` (for :attr:`tested`) and
+      ``check(name, fn, shape, inputs) -> {"ok", "error", ...}`` (for each of :attr:`checked`) and
       ``calls(fn, shape, inputs) -> {pass name: (call, reset)}``: ``call()`` runs the pass, ``reset()``
       (or None) runs before each call and after the last, outside the timed region.
     """
@@ -68,8 +69,13 @@ class Benchmark:
     exit_1 = "a correctness check failed"  # what exit status 1 means, for --help
     timed = True  # takes --warmup and --rep
     Shape: type = object
-    tested: Optional[str] = None  # the implementation that is checked
+    tested: Optional[str] = None  # the implementation under test (its failed checks are crossed out in plots)
     passes: tuple[Pass, ...] = ()
+
+    @property
+    def checked(self) -> tuple[str, ...]:
+        """The implementations whose output is checked before anything is timed."""
+        return (self.tested,) if self.tested else ()
 
     @staticmethod
     def add_args(parser) -> None:
@@ -100,12 +106,13 @@ class Benchmark:
         return self.Shape(**{f.name: record[f.name] for f in fields(self.Shape)})
 
     def measure_shape(self, shape, tools: Tools) -> list[dict]:
-        """One record per implementation at ``shape``; the tested one carries the check, made first."""
+        """One record per implementation at ``shape``; the checked ones carry their check, made first."""
         impls = self.impls()
         inputs = self.inputs(shape, tools.device)
-        check = self.check(impls[self.tested], shape, inputs) if self.tested in impls else None
-        if check is not None and not check["ok"]:
-            tools.warn(failure_line(self, self.tested, shape, check))
+        checks = {name: self.check(name, impls[name], shape, inputs) for name in self.checked if name in impls}
+        for name, check in checks.items():
+            if not check["ok"]:
+                tools.warn(failure_line(self, name, shape, check))
         records = []
         for name, fn in impls.items():
             record = {"impl": name, **asdict(shape)}
@@ -113,8 +120,8 @@ class Benchmark:
             skipped = reason if isinstance(reason, dict) else {p.name: reason for p in self.passes} if reason else {}
             calls = self.calls(fn, shape, inputs) if len(skipped) < len(self.passes) else {}
             record.update(measure(calls, self.passes, tools, skipped))
-            if name == self.tested:
-                record["check"] = check
+            if name in checks:
+                record["check"] = checks[name]
             self.finish(record)
             records.append(record)
         del inputs
@@ -125,12 +132,6 @@ class Benchmark:
 # --- measuring -------------------------------------------------------------------------------
 
 
-def empty_measurement(passes: tuple[Pass, ...]) -> dict:
-    """Every key the passes fill, all None, and status "ok"."""
-    keys = [k for p in passes for k in (p.time_key, p.memory_key, p.error_key) if k]
-    return {**dict.fromkeys(keys), "status": "ok"}
-
-
 def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Optional[dict[str, str]] = None) -> dict:
     """Each pass's time (and peak extra memory) in order; the first failure ends the measuring.
 
@@ -139,7 +140,8 @@ def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Option
     ``skipped`` (``{pass name: reason}``) is not run: its error key holds the reason,
     and the status is "skipped" unless a pass that ran failed.
     """
-    m, skipped = empty_measurement(passes), skipped or {}
+    keys = [k for p in passes for k in (p.time_key, p.memory_key, p.error_key) if k]
+    m, skipped = {**dict.fromkeys(keys), "status": "ok"}, skipped or {}  # every key the passes fill
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for p in passes:
@@ -191,6 +193,12 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def cuda_free_bytes() -> int:
+    """Free memory of the current CUDA device, after returning PyTorch's cached blocks to it."""
+    release_memory()
+    return torch.cuda.mem_get_info()[0]
+
+
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     """``||x - ref|| / ||ref||`` in fp32 on the tensors' device; inf if x is not finite."""
     x, ref = x.detach().float(), ref.detach().float()
@@ -201,11 +209,6 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def failure_line(bench: Benchmark, impl: Optional[str], shape, check: dict) -> str:
     return f"!!! {impl or bench.name} FAILS ITS CHECK at {shape.label()}: {bench.format_check(check)}"
-
-
-def failed_checks(results: list[dict]) -> list[dict]:
-    """The records whose check did not pass (a record without a check has nothing to fail)."""
-    return [r for r in results if "check" in r and not (r["check"] or {}).get("ok")]
 
 
 # --- reporting -------------------------------------------------------------------------------
@@ -223,6 +226,24 @@ def ratio(records: dict[str, dict], a: str, b: str, key: str) -> Optional[float]
     """``records[a][key] / records[b][key]``, None where either is missing or not positive."""
     x, y = records.get(a, {}).get(key), records.get(b, {}).get(key)
     return x / y if x is not None and y is not None and x > 0 and y > 0 else None
+
+
+def median_ratios(results: list[dict], keys: tuple[str, ...], ratios: dict[str, tuple[str, str, str]],
+                  min_seq_len: int) -> list[dict]:
+    """Per group of shapes equal in ``keys`` (all but ``seq_len``): the group's fields, ``min_seq_len`` and the
+    median over its N >= ``min_seq_len`` of each ratio ``{name: (a, b, key)}`` (:func:`ratio`; None if none)."""
+    groups: dict[tuple, list[dict[str, dict]]] = {}
+    for key, records in by_shape(results, (*keys, "seq_len")).items():
+        if key[-1] >= min_seq_len:
+            groups.setdefault(key[:-1], []).append(records)
+    summary = []
+    for group, rows in groups.items():
+        entry = {**dict(zip(keys, group)), "min_seq_len": min_seq_len}
+        for name, (a, b, key) in ratios.items():
+            values = [x for x in (ratio(row, a, b, key) for row in rows) if x is not None]
+            entry[name] = statistics.median(values) if values else None
+        summary.append(entry)
+    return summary
 
 
 def _text(x, fmt: str) -> str:
@@ -330,7 +351,7 @@ def run_benchmark(bench: Benchmark, tools: Tools, *, out: Path, quick: bool = Fa
         wrote = f"wrote {out}; the figure failed ({describe_error(exc)}), redraw it with mta.bench.plots"
     print(bench.report(data))
     print(f"\n{wrote}")
-    failed = failed_checks(data["results"])
+    failed = [r for r in data["results"] if "check" in r and not (r["check"] or {}).get("ok")]  # no check: no failure
     for r in failed:
         print(failure_line(bench, r.get("impl"), bench.shape_of(r), r["check"]))
     return 1 if failed else 0

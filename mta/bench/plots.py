@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 #: How each implementation is drawn in every figure, so colours mean the same thing everywhere.
 IMPL_STYLES = {
@@ -64,12 +64,35 @@ def seq_len_label(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
-def _impl_grid(records: list[dict], columns: list[tuple[str, dict]], rows: list[tuple], tested: str,
-               failed_label: str, *, log: bool, ax_size: tuple, restyle: Optional[dict] = None):
+def seq_len_axis(ax, seq_lens: list[int]) -> None:
+    """A log-2 x axis with one tick per sequence length, labelled ``1k``, ``2k``..."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(seq_lens, [seq_len_label(n) for n in seq_lens])
+    ax.xaxis.set_minor_locator(plt.NullLocator())
+
+
+def grid_columns(records: list[dict], keys: tuple[str, ...], title: Callable[..., str]) -> list[tuple[str, dict]]:
+    """One column of :func:`impl_grid` per distinct value of ``keys`` in the records, sorted: ``(title(*value),
+    {key: value})``."""
+    values = sorted({tuple(r[k] for k in keys) for r in records})
+    return [(title(*v), dict(zip(keys, v))) for v in values]
+
+
+def titled(fig, title: str, data: dict, bottom: float):
+    """``fig`` with ``title`` and the provenance line above it, laid out above ``bottom`` (the legend's room)."""
+    fig.suptitle(f"{title}\n{provenance_line(data['provenance'])}", fontsize=10)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    return fig
+
+
+def impl_grid(records: list[dict], columns: list[tuple[str, dict]], rows: list[tuple], tested: str,
+              failed_label: str, *, log: bool, ax_size: tuple, restyle: Optional[dict] = None):
     """A grid of panels against sequence length, one line per implementation, ``tested``'s failed checks
-    crossed out in red. ``columns``: ``(title, fields the records match)``; ``rows``: ``(key, title,
-    y label, scale)``. Log-log (non-positive values left out), or linear y from 0 shared by the row.
-    ``restyle``: ``{impl: style items}`` that replace :func:`impl_style`'s in this figure."""
+    crossed out in red. ``columns``: ``(title, fields the records match)`` (:func:`grid_columns`); ``rows``:
+    ``(key, title, y label, scale)``. Log-log (non-positive values left out), or linear y from 0 shared by the
+    row. ``restyle``: ``{impl: style items}`` that replace :func:`impl_style`'s in this figure."""
     import matplotlib.pyplot as plt
 
     seq_lens = sorted({r["seq_len"] for r in records})
@@ -79,17 +102,15 @@ def _impl_grid(records: list[dict], columns: list[tuple[str, dict]], rows: list[
         for row, (key, row_title, ylabel, scale) in enumerate(rows):
             ax = axes[row][col]
             for impl in ordered_impls(records):
-                line = _scaled(_points(select(records, impl=impl, **where), key), scale, log)
+                line = _points(select(records, impl=impl, **where), key, scale, positive=log)
                 if line:
                     ax.plot(*zip(*line), **{**impl_style(impl), **(restyle or {}).get(impl, {})})
-            failed = _scaled(_points(select(records, impl=tested, **where), key, only_failed_checks=True), scale, log)
+            failed = _points(select(records, impl=tested, **where), key, scale, positive=log, only_failed_checks=True)
             if failed:
                 ax.plot(*zip(*failed), linestyle="none", marker="x", markersize=12, color="red", label=failed_label)
-            ax.set_xscale("log", base=2)
+            seq_len_axis(ax, seq_lens)
             if log:
                 ax.set_yscale("log")
-            ax.set_xticks(seq_lens, [seq_len_label(n) for n in seq_lens])
-            ax.xaxis.set_minor_locator(plt.NullLocator())
             ax.grid(alpha=0.3, which="both" if log else "major")
             ax.set_title(f"{row_title}, {col_title}", fontsize=9)
             if row == len(rows) - 1:
@@ -120,15 +141,12 @@ def plot_flash(source: Union[str, Path, dict], dtype: str = "bfloat16", *, ax_si
     records = select(data["results"], dtype=dtype)
     if not records:
         raise ValueError(f"no flash results for dtype {dtype!r}")
-    columns = [(f"d={d}, {'causal' if c else 'non-causal'}", {"head_dim": d, "causal": c})
-               for d, c in sorted({(r["head_dim"], r["causal"]) for r in records})]
+    columns = grid_columns(records, ("head_dim", "causal"), lambda d, c: f"d={d}, {'causal' if c else 'non-causal'}")
     rows = [("fwd_tflops", "forward", "TFLOPS", 1.0), ("bwd_tflops", "backward", "TFLOPS", 1.0)]
-    fig = _impl_grid(records, columns, rows, "mta", "mta check failed", log=False, ax_size=ax_size)
+    fig = impl_grid(records, columns, rows, "mta", "mta check failed", log=False, ax_size=ax_size)
     cfg = data["config"]
     workload = f"{cfg.get('total_tokens', '?')} tokens per batch, model width {cfg.get('model_dim', '?')}"
-    fig.suptitle(f"Flash attention, {dtype}, {workload}\n{provenance_line(data['provenance'])}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return fig
+    return titled(fig, f"Flash attention, {dtype}, {workload}", data, bottom=0.05)
 
 
 def plot_conv(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
@@ -145,11 +163,8 @@ def plot_conv(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
     records = [r for r in data["results"] if "cq" in r and "ck" in r]
     if not records:
         raise ValueError("no conv results (records with cq and ck)")
-    keys = ("batch", "heads", "kv_heads", "head_dim", "cq", "ck")
-    columns = []
-    for b, h, hkv, d, cq, ck in sorted({tuple(r[k] for k in keys) for r in records}):
-        title = f"B={b} H={h}" + (f" Hkv={hkv}" if hkv != h else "") + f" D={d}, {cq}x{ck}"
-        columns.append((title, dict(zip(keys, (b, h, hkv, d, cq, ck)))))
+    columns = grid_columns(records, ("batch", "heads", "kv_heads", "head_dim", "cq", "ck"), lambda b, h, hkv, d, cq, ck:
+                           f"B={b} H={h}" + (f" Hkv={hkv}" if hkv != h else "") + f" D={d}, {cq}x{ck}")
     rows = [("fwd_ms", "forward time", "forward time (ms)", 1.0),
             ("peak_extra_bytes", "peak extra memory", "peak extra memory (MiB)", 2.0 ** -20)]
     backward = any(r.get("fwd_bwd_ms") is not None for r in records)
@@ -158,16 +173,14 @@ def plot_conv(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
                  ("fwd_bwd_peak_extra_bytes", "fwd+bwd memory", "fwd+bwd peak memory (MiB)", 2.0 ** -20)]
     plain = {impl: {"label": f"{IMPL_STYLES[impl]['label']} (no conv)", "linestyle": ":"}
              for impl in ("sdpa_flash", "sdpa_cudnn")}
-    fig = _impl_grid(records, columns, rows, "mta_conv", "mta.conv_attention check failed", log=True,
-                     ax_size=ax_size, restyle=plain)
+    fig = impl_grid(records, columns, rows, "mta_conv", "mta.conv_attention check failed", log=True,
+                    ax_size=ax_size, restyle=plain)
     cfg = data["config"]
     dtype = cfg.get("dtype") or records[0].get("dtype", "?")
     causal = cfg.get("causal", records[0].get("causal"))
     passes = "forward and forward+backward" if backward else "forward"
-    fig.suptitle(f"MTA conv attention {passes}, {dtype}{', causal' if causal else ''}; missing points: "
-                 f"reference skipped or out of memory\n{provenance_line(data['provenance'])}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.16 / len(rows), 1, 1))
-    return fig
+    return titled(fig, f"MTA conv attention {passes}, {dtype}{', causal' if causal else ''}; missing points: "
+                       "reference skipped or out of memory", data, bottom=0.16 / len(rows))
 
 
 def plot_launch_order(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
@@ -190,17 +203,13 @@ def plot_launch_order(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 
             line = _points(select(records, heads=shape[0], head_dim=shape[1]), "speedup")
             ax.plot(*zip(*line), marker="o", color=f"C{i}", label=f"B=1 H={shape[0]} D={shape[1]}")
         ax.axhline(1.0, color="0.5", linewidth=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(seq_lens, [seq_len_label(n) for n in seq_lens])
-        ax.xaxis.set_minor_locator(plt.NullLocator())
+        seq_len_axis(ax, seq_lens)
         ax.grid(alpha=0.3)
         ax.set_title(titles.get(kernel, kernel), fontsize=9)
         ax.set_xlabel("sequence length N")
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("natural time / heaviest-first time")
-    fig.suptitle(f"Causal tiles launched heaviest first, bf16\n{provenance_line(data['provenance'])}", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return titled(fig, "Causal tiles launched heaviest first, bf16", data, bottom=0)
 
 
 def plot_startup(source: Union[str, Path, dict], *, ax_size: tuple = (5.5, 3.2)):
@@ -243,27 +252,20 @@ def plot_startup(source: Union[str, Path, dict], *, ax_size: tuple = (5.5, 3.2))
     handles, names = _unique_legend(axes)
     fig.legend(handles, names, loc="lower center", ncol=len(names), bbox_to_anchor=(0.5, -0.02), frameon=False)
     shape = data["config"].get("shape", {})
-    fig.suptitle(f"First call in a fresh process, B={shape.get('batch', '?')} Hq={shape.get('heads', '?')} "
-                 f"Hkv={shape.get('kv_heads', '?')} N={shape.get('seq_len', '?')}\n"
-                 f"{provenance_line(data['provenance'])}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return fig
+    return titled(fig, f"First call in a fresh process, B={shape.get('batch', '?')} Hq={shape.get('heads', '?')} "
+                       f"Hkv={shape.get('kv_heads', '?')} N={shape.get('seq_len', '?')}", data, bottom=0.04)
 
 
-def _scaled(points: list[tuple[int, float]], scale: float, positive: bool) -> list[tuple[int, float]]:
-    """``points`` with values scaled; with ``positive``, only positive ones (a log axis cannot show the rest)."""
-    return [(n, y * scale) for n, y in points if y > 0 or not positive]
-
-
-def _points(records: list[dict], key: str, only_failed_checks: bool = False) -> list[tuple[int, float]]:
-    """``(seq_len, value)`` pairs sorted by seq_len, skipping missing values."""
+def _points(records: list[dict], key: str, scale: float = 1.0, positive: bool = False,
+            only_failed_checks: bool = False) -> list[tuple[int, float]]:
+    """``(seq_len, value * scale)`` pairs sorted by seq_len, skipping missing values and, with ``positive``,
+    those a log axis cannot show; with ``only_failed_checks``, only the records whose check failed."""
     points = []
     for r in records:
-        if r.get(key) is None:
+        value, check = r.get(key), r.get("check")
+        if value is None or (positive and value <= 0) or (only_failed_checks and (check or {}).get("ok", True)):
             continue
-        if only_failed_checks and (r.get("check") is None or r["check"].get("ok", True)):
-            continue
-        points.append((r["seq_len"], r[key]))
+        points.append((r["seq_len"], value * scale))
     return sorted(points)
 
 
@@ -274,7 +276,3 @@ def _unique_legend(axes) -> tuple[list, list[str]]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, handle)
     return list(seen.values()), list(seen)
-
-
-__all__ = ["IMPL_STYLES", "impl_style", "load_results", "ordered_impls", "plot_conv", "plot_flash",
-           "plot_launch_order", "plot_startup", "provenance_line", "select", "seq_len_label"]
