@@ -372,7 +372,7 @@ class ConvBenchmark(Benchmark):
 
     def __init__(self, impls: Optional[dict[str, ConvImpl]] = None, compile_reference: bool = True,
                  free_memory: Callable[[], int] = cuda_free_bytes):
-        self._impls = default_impls(compile_reference) if impls is None else impls
+        super().__init__(impls)
         self.compile_reference, self.free_memory = compile_reference, free_memory
 
     @staticmethod
@@ -384,8 +384,8 @@ class ConvBenchmark(Benchmark):
     def from_args(cls, args):
         return cls(compile_reference=args.compile_reference)
 
-    def impls(self):
-        return self._impls
+    def default_impls(self):
+        return default_impls(self.compile_reference)
 
     def inputs(self, shape, device):
         """``(q, k, v, weight, dout, fits)``: :func:`reference_fits` from the free memory before the inputs are

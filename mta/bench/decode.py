@@ -173,14 +173,11 @@ class DecodeBenchmark(Benchmark):
                    "mta decoders against fp32 references.")
     quick_help = "N in {4k, 64k}"
     Shape, tested, checked, passes = DecodeShape, TESTED_IMPL, CHECKED, PASSES
-    shapes = staticmethod(decode_shapes)
+    shapes, default_impls = staticmethod(decode_shapes), staticmethod(default_impls)
 
     def __init__(self, impls: Optional[dict] = None, free_bytes: Optional[Callable[[], int]] = None):
-        self._impls = impls
+        super().__init__(impls)
         self._free_bytes = free_bytes or cuda_free_bytes
-
-    def impls(self):
-        return default_impls() if self._impls is None else self._impls
 
     def inputs(self, shape, device):
         return random_inputs(shape, device)

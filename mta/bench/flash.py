@@ -184,13 +184,7 @@ class FlashBenchmark(Benchmark):
     quick_help = "bf16, N in {2048, 8192}"
     Shape, tested = FlashShape, TESTED_IMPL
     passes = (Pass("fwd", "fwd_ms"), Pass("fwd_bwd", "fwd_bwd_ms", error_key="bwd_error"))
-    shapes = staticmethod(flash_shapes)
-
-    def __init__(self, impls: Optional[dict[str, Attention]] = None):
-        self._impls = impls
-
-    def impls(self):
-        return default_impls() if self._impls is None else self._impls
+    shapes, default_impls = staticmethod(flash_shapes), staticmethod(default_impls)
 
     def inputs(self, shape, device):
         """Fresh standard-normal ``q, k, v`` (requiring grad) and ``dout``."""

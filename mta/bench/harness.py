@@ -77,6 +77,13 @@ class Benchmark:
         """The implementations whose output is checked before anything is timed."""
         return (self.tested,) if self.tested else ()
 
+    def __init__(self, impls: Optional[dict[str, Callable]] = None):
+        self._impls = impls
+
+    def impls(self) -> dict[str, Callable]:
+        """``{name: fn}``: those given to the constructor (tests), else :meth:`default_impls`."""
+        return self.default_impls() if self._impls is None else self._impls
+
     @staticmethod
     def add_args(parser) -> None:
         """Options of this benchmark only (the common ones are added by the command line)."""
@@ -276,18 +283,15 @@ def json_safe(x):
 
 
 def save_png(fig, path: Path) -> Path:
-    """Write ``fig`` as mta.figures does (no timestamp metadata, so reruns diff cleanly), then close it."""
+    """Write ``fig`` as :func:`mta.figures.save_figure` does (no timestamp metadata, so reruns diff cleanly), then
+    close it."""
     import matplotlib.pyplot as plt
 
-    from mta.figures import FIGURES_DIR, save_figure
-
     try:
-        if path.parent.resolve() == FIGURES_DIR.resolve():
-            return save_figure(fig, path.name)
         fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
-        return path
     finally:
         plt.close(fig)
+    return path
 
 
 # --- the run ---------------------------------------------------------------------------------

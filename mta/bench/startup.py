@@ -28,13 +28,11 @@ from typing import Callable
 from . import startup_probe
 from .harness import Benchmark, Tools, failure_line, text_table
 from .provenance import REPO_ROOT
-from .startup_probe import CASES
+from .startup_probe import BATCH, CASES, DTYPES, HEADS, KV_HEADS, SEQ_LEN
 
-DTYPES = ("bfloat16", "float16", "float32")
 HEAD_DIMS = (64, 128)
 QUICK_DTYPES = ("bfloat16", "float32")
 QUICK_HEAD_DIMS = (128,)
-BATCH, HEADS, KV_HEADS, SEQ_LEN = 1, 8, 2, 1536
 #: Longest wait for one probe (an empty cache with autotuning compiles many kernels).
 PROBE_TIMEOUT_S = 1800
 RUNS = ("empty_cache", "warm_cache")

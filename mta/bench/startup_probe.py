@@ -27,71 +27,61 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-
-def flash_forward(mta, x: dict):
-    return mta.flash_attention(x["q"], x["k"], x["v"], causal=True)
-
-
-def flash_forward_backward(mta, x: dict):
-    out = mta.flash_attention(x["q"], x["k"], x["v"], causal=True)
-    out.backward(x["dout"])
-    return out, x["q"].grad, x["k"].grad, x["v"].grad
-
-
-def conv_forward(mta, x: dict):
-    return mta.conv_attention(x["q"], x["k"], x["v"], x["weight"], causal=True)
-
-
-def conv_forward_backward(mta, x: dict):
-    out = mta.conv_attention(x["q"], x["k"], x["v"], x["weight"], causal=True)
-    out.backward(x["dout"])
-    return out, x["q"].grad, x["k"].grad, x["v"].grad, x["weight"].grad
-
-
-def decode_forward(mta, x: dict):
-    """One decode step: the last query against the whole cache (every position valid)."""
-    return mta.decode_attention(x["q"][:, :, -1:], x["k"], x["v"])
-
-
-def conv_decode_forward(mta, x: dict):
-    """One MTA decode step: the last position's output from the query and KV caches."""
-    return mta.conv_decode_attention(x["q"], x["k"], x["v"], x["weight"])
+DTYPES = ("bfloat16", "float16", "float32")
+#: The probe's default shape (the benchmark's): ``q [B, Hq, N, D]``, ``k, v [B, Hkv, N, D]``.
+BATCH, HEADS, KV_HEADS, SEQ_LEN = 1, 8, 2, 1536
+KERNEL_SIZE = (6, 11)
 
 
 @dataclass(frozen=True)
 class Case:
-    """A public function's first call: ``call(mta, inputs) -> tensor(s)``, checked finite afterwards.
+    """A public function's first call, ``mta.<function>(*inputs named by args, causal=True where causal)``; its
+    output (and, with ``grad``, the gradients of its inputs) checked finite afterwards.
 
-    ``grad``: q, k, v (and weight) require grad; otherwise the call runs under ``torch.no_grad()``.
+    ``grad``: the inputs require grad and ``out.backward(dout)`` follows the call; otherwise the call runs under
+    ``torch.no_grad()``. ``q_last`` is the last query row ``q[:, :, -1:]`` (one decode step).
     """
 
     name: str
     label: str
-    call: Callable
+    function: str
+    args: tuple[str, ...]
+    causal: bool = True
     grad: bool = False
+
+    def call(self, mta, x: dict) -> tuple:
+        out = getattr(mta, self.function)(*(x[a] for a in self.args), **({"causal": True} if self.causal else {}))
+        if not self.grad:
+            return (out,)
+        out.backward(x["dout"])
+        return (out, *(x[a].grad for a in self.args))
 
 
 CASES = (
-    Case("flash_forward", "flash_attention forward", flash_forward),
-    Case("flash_forward_backward", "flash_attention forward+backward", flash_forward_backward, grad=True),
-    Case("conv_forward", "conv_attention forward (6x11)", conv_forward),
-    Case("conv_forward_backward", "conv_attention forward+backward (6x11)", conv_forward_backward, grad=True),
-    Case("decode_forward", "decode_attention (one new query)", decode_forward),
-    Case("conv_decode_forward", "conv_decode_attention (6x11, one new query)", conv_decode_forward),
+    Case("flash_forward", "flash_attention forward", "flash_attention", ("q", "k", "v")),
+    Case("flash_forward_backward", "flash_attention forward+backward", "flash_attention", ("q", "k", "v"),
+         grad=True),
+    Case("conv_forward", "conv_attention forward (6x11)", "conv_attention", ("q", "k", "v", "weight")),
+    Case("conv_forward_backward", "conv_attention forward+backward (6x11)", "conv_attention",
+         ("q", "k", "v", "weight"), grad=True),
+    Case("decode_forward", "decode_attention (one new query)", "decode_attention", ("q_last", "k", "v"),
+         causal=False),
+    Case("conv_decode_forward", "conv_decode_attention (6x11, one new query)", "conv_decode_attention",
+         ("q", "k", "v", "weight"), causal=False),  # the last position's output from the q and KV caches
 )
-KERNEL_SIZE = (6, 11)
 
 
 def make_inputs(torch, device, dtype, batch: int, heads: int, kv_heads: int, seq_len: int, head_dim: int,
                 grad: bool) -> dict:
-    """Standard-normal q [B, Hq, N, D], k, v [B, Hkv, N, D] and dout; weight 0.2 * randn [Hq, 6, 11] in fp32."""
+    """Standard-normal q [B, Hq, N, D], k, v [B, Hkv, N, D] and dout; weight 0.2 * randn [Hq, 6, 11] in fp32;
+    q_last [B, Hq, 1, D], a view of q's last row."""
     x = {"q": torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype),
          "k": torch.randn(batch, kv_heads, seq_len, head_dim, device=device, dtype=dtype),
          "v": torch.randn(batch, kv_heads, seq_len, head_dim, device=device, dtype=dtype),
          "dout": torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype),
          "weight": 0.2 * torch.randn(heads, *KERNEL_SIZE, device=device, dtype=torch.float32)}
+    x["q_last"] = x["q"][:, :, -1:]
     if grad:
         for name in ("q", "k", "v", "weight"):
             x[name].requires_grad_()
@@ -101,12 +91,12 @@ def make_inputs(torch, device, dtype, batch: int, heads: int, kv_heads: int, seq
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python mta/bench/startup_probe.py", description=__doc__.splitlines()[0])
     parser.add_argument("case", choices=[c.name for c in CASES])
-    parser.add_argument("dtype", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("dtype", choices=DTYPES)
     parser.add_argument("head_dim", type=int)
-    parser.add_argument("--seq-len", type=int, default=1536)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--heads", type=int, default=HEADS)
+    parser.add_argument("--kv-heads", type=int, default=KV_HEADS)
     return parser.parse_args(argv)
 
 
@@ -143,10 +133,9 @@ def main(argv=None) -> int:
         sync()
         begin = time.perf_counter()
         with torch.set_grad_enabled(case.grad):
-            out = case.call(mta, x)
+            outs = case.call(mta, x)
         sync()
         result[key] = time.perf_counter() - begin
-        outs = out if isinstance(out, tuple) else (out,)
         finite = finite and all(bool(torch.isfinite(t).all()) for t in outs)
     result["finite"] = finite
     print(json.dumps(result))

@@ -26,9 +26,6 @@ from typing import Callable, Optional
 
 import torch
 
-#: A timer as the benchmarks take it: ``timer(fn, before_each=None) -> ms``.
-Timer = Callable[..., float]
-
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 #: Fewest GPU clock cycles to spin before each timed call (about 1 ms at 1.5-2 GHz): the launch queue's lead.
 LAUNCH_LEAD_CYCLES = 2_000_000
