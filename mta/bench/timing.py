@@ -80,26 +80,21 @@ def spin_cycles_per_ms(device: torch.device) -> float:
     return _cycles_per_ms[device]
 
 
-def launch_ms(fn: Callable[[], object], before_each: Optional[Callable[[], None]] = None,
-              calls: int = LAUNCH_PROBES) -> float:
-    """Host milliseconds that launching ``fn`` takes: the second longest of ``calls`` un-synchronised calls
-    (``before_each`` untimed), so one stray pause does not count; synchronises after the last."""
-    times = []
-    for _ in range(calls):
+def launch_lead_cycles(fn: Callable[[], object], device: torch.device,
+                       before_each: Optional[Callable[[], None]] = None) -> int:
+    """Cycles to spin before each timed call of ``fn`` (:data:`LAUNCH_LEAD`), so the GPU still spins when the
+    call's last kernel is queued: twice the host time of launching ``fn``, the second longest of
+    :data:`LAUNCH_PROBES` un-synchronised calls (``before_each`` untimed), at least :data:`LAUNCH_LEAD_CYCLES`.
+    Synchronises after the last call."""
+    launch_ms = []
+    for _ in range(LAUNCH_PROBES):
         if before_each is not None:
             before_each()
         start = time.perf_counter()
         fn()
-        times.append((time.perf_counter() - start) * 1e3)
+        launch_ms.append((time.perf_counter() - start) * 1e3)
     torch.cuda.synchronize()
-    return sorted(times)[-2] if len(times) > 1 else times[0]
-
-
-def launch_lead_cycles(fn: Callable[[], object], device: torch.device,
-                       before_each: Optional[Callable[[], None]] = None) -> int:
-    """Cycles to spin before each timed call of ``fn``: :data:`LAUNCH_LEAD` (twice :func:`launch_ms`, at least
-    :data:`LAUNCH_LEAD_CYCLES`), so the GPU is still spinning when the call's last kernel is queued."""
-    return max(LAUNCH_LEAD_CYCLES, round(2 * launch_ms(fn, before_each) * spin_cycles_per_ms(device)))
+    return max(LAUNCH_LEAD_CYCLES, round(2 * sorted(launch_ms)[-2] * spin_cycles_per_ms(device)))
 
 
 def time_samples_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
