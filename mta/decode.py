@@ -48,6 +48,25 @@ def row_block(rows: int, block_d: int) -> int:
     return max(16, min(triton.next_power_of_2(rows), 32 if block_d > 128 else 64))
 
 
+def row_tile(rows: int, block_d: int, block_n: int, ck: int) -> tuple[int, int, int]:
+    """``(ROWS, BLOCK_M, STACK)``: a program's rows, its slots (>= 16, a product's least height) and, for MTA
+    (``ck > 1``), the height of its stacked folded queries.
+
+    Plain decode: :func:`row_block` rows, one per slot. MTA stacks the ``ck`` folded copies of its rows into one
+    product (``STACK = CK_PAD * ROWS`` rows, ``CK_PAD`` the next power of two >= ``ck``, raised until
+    ``STACK >= 16``), so a program takes fewer rows: at most ``next_pow2(rows)``, and few enough that the
+    fp32 product ``[STACK, block_n]`` stays at 8192 values (64 registers a thread over 4 warps).
+    """
+    if ck == 1:
+        block_m = row_block(rows, block_d)
+        return block_m, block_m, block_m
+    ck_pad = triton.next_power_of_2(ck)
+    most = max(1, 8192 // (block_n * ck_pad))
+    most = 1 << (most.bit_length() - 1)
+    n_rows = min(triton.next_power_of_2(rows), most)
+    return n_rows, max(16, n_rows), max(ck_pad, 16 // n_rows) * n_rows
+
+
 @functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -151,8 +170,8 @@ def launch_decode(qf, k, v, lens, n_new: int, scale: float, num_splits: int | No
     block_n, warps, stages = decode_tile(block_d, k.dtype)
     # MTA: a key window of block_n gives block_n - (ck - 1) keys' scores; keep that at least half the window.
     block_n = max(block_n, triton.next_power_of_2(2 * (ck - 1)))
-    block_m = row_block((Hq // Hkv) * n_new, block_d)
-    row_tiles = triton.cdiv((Hq // Hkv) * n_new, block_m)
+    tile_rows, block_m, stack = row_tile((Hq // Hkv) * n_new, block_d, block_n, ck)
+    row_tiles = triton.cdiv((Hq // Hkv) * n_new, tile_rows)
     if num_splits is None:
         slots = sm_count(k.device) * (MTA_PROGRAMS_PER_SM if ck > 1 else 1)
         num_splits = choose_num_splits(B * Hkv * row_tiles, n_max, block_n - (ck - 1), slots)
@@ -170,8 +189,8 @@ def launch_decode(qf, k, v, lens, n_new: int, scale: float, num_splits: int | No
     launch(decode_split_kernel, (programs, B * Hkv, row_tiles),
         qf, q_cache, weight, k, v, lens, o, *parts, *qf_strides, *q_strides, *k.stride(), *v.stride(),
         *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
-        HAS_LENS=lens is not None, ONE_SPLIT=one, CQ=cq, CK=ck, E=e, D=D, BLOCK_D=block_d, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_E=block_e, BLOCK_W=triton.next_power_of_2(block_e + ck - 1),
+        HAS_LENS=lens is not None, ONE_SPLIT=one, CQ=cq, CK=ck, E=e, D=D, BLOCK_D=block_d, ROWS=tile_rows,
+        BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e, BLOCK_W=triton.next_power_of_2(block_e + ck - 1),
         PRECISION=dot_precision(k.dtype), num_warps=warps, num_stages=stages)
     if not one:
         launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,

@@ -16,10 +16,11 @@ touch the scores, and the convolution folds into the *queries*, which are few:
     C[i, j] = scale * sum_b Qf_b[i] . k[j - pk + b],   Qf_b[i] = sum_a w[a, b] q[i - (cq-1) + a],
 
 (:func:`fold_queries_kernel`). A program loads a window of ``BLOCK_N`` keys
-once, computes ``R_b = Qf_b K_window^T`` for each ``b`` and shifts their columns
-in registers (``tl.gather``): ``C[:, y] = sum_b R_b[:, y + b]`` for the
-``BLOCK_N - (ck - 1)`` keys ``y`` of the window that have ``pk`` neighbours on
-both sides. Windows overlap by ``ck - 1`` keys; the halo at split edges comes
+once and multiplies it with the ``ck`` folded copies of its rows, stacked into
+one tall tile: ``R_b = Qf_b K_window^T``. Shifting each ``R_b``'s columns by
+``b`` in registers (one ``tl.gather``) and summing over ``b`` gives
+``C[:, y] = sum_b R_b[:, y + b]`` for the ``BLOCK_N - (ck - 1)`` keys ``y`` of
+the window that have ``pk`` neighbours on both sides. Windows overlap by ``ck - 1`` keys; the halo at split edges comes
 from the cache (masked outside ``[0, len)``). Loading ``ck`` shifted key tiles
 instead moves ``ck`` times the bytes from L2, which bounded that design to about
 a third of the read's bandwidth (``notes/performance.md``). The ``E`` keys next
@@ -52,11 +53,14 @@ def sequence_length(LENS, b, n_max, HAS_LENS: tl.constexpr):
 
 
 @triton.jit
-def group_rows(tile, kv_h, n_new, group_size, BLOCK_M: tl.constexpr):
-    """``(h, t, ok)`` for the rows of row tile ``tile`` of kv head ``kv_h``: row ``r`` is query ``t = r % n``
-    of query head ``h = kv_h * G + r // n``; ``ok``: the row exists (``r < G * n``)."""
-    r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    ok = r < group_size * n_new
+def group_rows(tile, kv_h, n_new, group_size, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``(h, t, ok)`` for the ``BLOCK_M`` rows of a program that owns ``ROWS <= BLOCK_M`` rows of kv head
+    ``kv_h``, from row ``tile * ROWS`` on: slot ``s`` is row ``r = tile * ROWS + s % ROWS``, query ``t = r % n``
+    of query head ``h = kv_h * G + r // n``; ``ok``: the slot is the row's first (``s < ROWS``) and the row
+    exists (``r < G * n``). Slots past ``ROWS`` repeat rows (a product needs 16 rows) and are never stored."""
+    slot = tl.arange(0, BLOCK_M)
+    r = tile * ROWS + slot % ROWS
+    ok = (slot < ROWS) & (r < group_size * n_new)
     return kv_h * group_size + r // n_new, r % n_new, ok
 
 
@@ -73,38 +77,38 @@ def merge_states(m, l, acc, m_s, l_s, acc_s):
 
 
 @triton.jit
-def _far_tiles(acc, m, l, qf_rows, stride_fa, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-               i, row_ok, offs_d, start, stop, seq_len, qk_scale, CK: tl.constexpr, E: tl.constexpr,
-               D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+def _far_tiles(acc, m, l, q_ptrs, q_ok, shift, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+               i, offs_d, start, stop, seq_len, qk_scale, CK: tl.constexpr, E: tl.constexpr, D: tl.constexpr,
+               ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the keys ``[start, stop)`` into ``(acc, m, l)`` for the rows at positions ``i`` (row ``r`` sees
-    key ``j`` when ``j <= i - E``). ``qf_rows``: pointers to the rows' folded queries ``Qf_0``
-    (``Qf_b`` is ``b * stride_fa`` further; plain attention: the queries, ``CK = 1``).
+    key ``j`` when ``j <= i - E``).
 
-    Steps of ``BLOCK_N - (ck - 1)`` keys: the window ``[start_n - pk, start_n - pk + BLOCK_N)`` gives the
-    convolved scores of keys ``start_n + y``, ``y < BLOCK_N - (ck - 1)``, as ``sum_b R_b[:, y + b]``."""
+    Plain attention (``CK = 1``): ``q_ptrs [BLOCK_M, BLOCK_D]`` point at the rows' queries. MTA: at the
+    stacked folded queries ``[STACK, BLOCK_D]``, stacked row ``s`` holding ``Qf_b`` of row ``s % ROWS`` with
+    ``b = shift[s]`` (``STACK = CK_PAD * ROWS``; rows with ``b >= CK`` load 0). A tile is one window of
+    keys ``[start_n - pk, start_n - pk + BLOCK_N)`` and one product ``R = Qf_stack K_window^T``; shifting each
+    stacked row's columns by its ``b`` and summing the ``b`` gives ``C[r, y] = sum_b R_b[r, y + b]``, the
+    convolved scores of keys ``start_n + y``, ``y < BLOCK_N - (ck - 1)`` (windows overlap by ``ck - 1``)."""
     PK: tl.constexpr = (CK - 1) // 2
     OWN: tl.constexpr = BLOCK_N - (CK - 1)
-    ROWS: tl.constexpr = qf_rows.shape[0]
+    BLOCK_M: tl.constexpr = acc.shape[0]
+    STACK: tl.constexpr = q_ptrs.shape[0]
     d_ok = offs_d < D
-    q_ok = row_ok[:, None] & d_ok[None, :]
-    if CK == 1:  # plain attention: the queries, loaded once
-        q = tl.load(qf_rows, mask=q_ok, other=0.0)
+    q = tl.load(q_ptrs, mask=q_ok[:, None] & d_ok[None, :], other=0.0)
     offs_n = tl.arange(0, BLOCK_N)
+    if CK > 1:  # each stacked row's column shift, as gather indices
+        shifted = tl.minimum(offs_n[None, :] + shift[:, None], BLOCK_N - 1)
     key_stop = tl.minimum(stop + PK, seq_len)  # the last valid column reads key stop - 1 + pk
     for start_n in range(start, stop, OWN):
         j = start_n + offs_n
         window = j - PK
         kt = tl.load(k_base + window[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                      mask=d_ok[:, None] & ((window >= 0) & (window < key_stop))[None, :], other=0.0)
-        if CK == 1:
-            c = tl.dot(q, kt, input_precision=PRECISION)
-        else:
-            c = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-            for b in tl.static_range(CK):  # column y of this product is key start_n + y - b ...
-                qf = tl.load(qf_rows + b * stride_fa, mask=q_ok, other=0.0)
-                r = tl.dot(qf, kt, input_precision=PRECISION)
-                shift = tl.minimum(offs_n + b, BLOCK_N - 1)  # ... so key start_n + y sits in column y + b
-                c += tl.gather(r, tl.broadcast_to(shift[None, :], (ROWS, BLOCK_N)), 1)
+        c = tl.dot(q, kt, input_precision=PRECISION)
+        if CK > 1:
+            c = tl.sum(tl.reshape(tl.gather(c, shifted, 1), (STACK // ROWS, ROWS, BLOCK_N)), 0)
+            if ROWS < BLOCK_M:  # repeat the rows into the program's BLOCK_M slots
+                c = tl.reshape(tl.broadcast_to(c[None, :, :], (BLOCK_M // ROWS, ROWS, BLOCK_N)), (BLOCK_M, BLOCK_N))
         own = (j < stop) & (offs_n < OWN)
         s = tl.where(own[None, :] & (j[None, :] <= i[:, None] - E), c * qk_scale, float("-inf"))
         v = tl.load(v_base + j[:, None] * stride_vn + offs_d[None, :] * stride_vd,
@@ -161,9 +165,9 @@ def decode_split_kernel(QF, Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
                         stride_ob, stride_oh, stride_om, stride_od,
                         n_max, n_new, num_heads, num_kv_heads, num_splits, scale,
                         HAS_LENS: tl.constexpr, ONE_SPLIT: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr,
-                        E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
-                        PRECISION: tl.constexpr):
+                        E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+                        BLOCK_M: tl.constexpr, STACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                        BLOCK_W: tl.constexpr, PRECISION: tl.constexpr):
     """The state of one split for the ``G * n`` rows of a (batch, kv head) pair.
 
     ``QF [B, Hq, CK, n, D]``: the folded queries (plain attention: ``q [B, Hq, n, D]``, ``CK = 1``);
@@ -171,12 +175,15 @@ def decode_split_kernel(QF, Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     The new queries sit at positions ``len - n .. len - 1``. Splits ``0 .. num_splits - 1`` share the keys
     ``[0, len - E)`` tile by tile; split ``num_splits`` (``E > 0``) is the band. ``ONE_SPLIT``: write the
     normalised output to ``O [B, Hq, n, D]``; else the fp32 state to ``M_PART, L_PART [S, B * Hq * n]`` and
-    ``ACC_PART [S, B * Hq * n, D]`` (``m`` in base-2 units). Grid: ``(splits, B * Hkv, row tiles)``.
+    ``ACC_PART [S, B * Hq * n, D]`` (``m`` in base-2 units). Grid: ``(splits, B * Hkv, row tiles)``; a row
+    tile is ``ROWS`` rows in ``BLOCK_M >= 16`` slots (:func:`group_rows`), MTA's stacked ``STACK`` rows
+    (:func:`_far_tiles`).
     """
     split = tl.program_id(0)
     b = tl.program_id(1) // num_kv_heads
     kv_h = tl.program_id(1) % num_kv_heads
-    h, t, row_ok = group_rows(tl.program_id(2), kv_h, n_new, num_heads // num_kv_heads, BLOCK_M)
+    group_size = num_heads // num_kv_heads
+    h, t, row_ok = group_rows(tl.program_id(2), kv_h, n_new, group_size, ROWS, BLOCK_M)
     seq_len = sequence_length(LENS, b, n_max, HAS_LENS)
     i = seq_len - n_new + t  # each row's position in its sequence
     offs_d = tl.arange(0, BLOCK_D)
@@ -194,9 +201,19 @@ def decode_split_kernel(QF, Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     per_split = tl.cdiv(tl.cdiv(n_far, OWN), num_splits) * OWN
     start = split * per_split
     stop = tl.minimum(start + per_split, n_far)
-    qf_rows = QF + b64 * stride_fb + h[:, None] * stride_fh + t[:, None] * stride_fm + offs_d[None, :] * stride_fd
-    acc, m, l = _far_tiles(acc, m, l, qf_rows, stride_fa, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                           stride_vd, i, row_ok, offs_d, start, stop, seq_len, qk_scale, CK, E, D, BLOCK_N,
+    if CK == 1:  # the rows' queries
+        q_ok = row_ok
+        shift = t  # unused
+        q_ptrs = QF + b64 * stride_fb + h[:, None] * stride_fh + t[:, None] * stride_fm + offs_d[None, :] * stride_fd
+    else:  # the rows' folded queries, stacked: row s holds Qf_b of row s % ROWS, b = s // ROWS
+        shift = tl.arange(0, STACK) // ROWS
+        r_s = tl.program_id(2) * ROWS + tl.arange(0, STACK) % ROWS
+        q_ok = (shift < CK) & (r_s < group_size * n_new)
+        h_s, t_s = kv_h * group_size + r_s // n_new, r_s % n_new
+        q_ptrs = (QF + b64 * stride_fb + h_s[:, None] * stride_fh + shift[:, None] * stride_fa
+                  + t_s[:, None] * stride_fm + offs_d[None, :] * stride_fd)
+    acc, m, l = _far_tiles(acc, m, l, q_ptrs, q_ok, shift, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                           stride_vd, i, offs_d, start, stop, seq_len, qk_scale, CK, E, D, ROWS, BLOCK_N,
                            PRECISION)
     if E > 0:
         if split == num_splits:
