@@ -10,9 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mta.figures import FIGURES_DIR
-
-REPO_ROOT = FIGURES_DIR.parent
+from .provenance import REPO_ROOT
 
 #: Exit status when no CUDA device is present: the benchmarks only produce real GPU numbers.
 EXIT_NO_CUDA = 2
