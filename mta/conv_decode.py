@@ -1,14 +1,13 @@
 """``mta.conv_decode_attention``: Multi-Token Attention for the newest positions of each sequence, split-K.
 
-Three launches: the new queries' convolution folded into them (:func:`fold_queries`), the split kernel of
-:mod:`mta.decode_kernels` (far keys from the folded queries, one more split for the band of ``E`` keys next
-to each diagonal, computed exactly), and the merge of the splits.
+Two launches: the split kernel of :mod:`mta.decode_kernels` (each program folds the new queries' convolution
+into its rows, as :func:`fold_queries` does on its own; far keys from the folded queries, one more split for
+the band of ``E`` keys next to each diagonal, computed exactly), and the merge of the splits.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
 
 from . import conv_forward
 from ._checks import check_weight, resolve_scale
@@ -30,10 +29,9 @@ def fold_queries(q_cache, weight, lens, n_new: int) -> torch.Tensor:
     _, cq, ck = weight.shape
     qf = torch.empty((B, Hq, ck, n_new, D), device=q_cache.device, dtype=q_cache.dtype)
     block_d = head_dim_block(D)
-    launch(fold_queries_kernel, (B * Hq,),
+    launch(fold_queries_kernel, (B * Hq, ck),
         q_cache, weight, lens, qf, *q_cache.stride(), *qf.stride(), n_max, n_new, Hq, HAS_LENS=lens is not None,
-        CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_T=16, BLOCK_R=max(16, triton.next_power_of_2(n_new + cq - 1)),
-        num_warps=4)
+        CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_T=16, num_warps=4)
     return qf
 
 
@@ -78,6 +76,5 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
     lens = check_seqlens(cache_seqlens, B, n_max, num_queries, q_cache.device, what="num_queries")
     scale = resolve_scale(scale, D)
     w = weight.detach().float().contiguous()
-    qf = fold_queries(q_cache, w, lens, num_queries)
-    return launch_decode(qf, k_cache, v_cache, lens, num_queries, scale, check_num_splits(num_splits),
-                         q_cache=q_cache, weight=w, kernel_size=(cq, ck))
+    return launch_decode(q_cache, k_cache, v_cache, lens, num_queries, scale, check_num_splits(num_splits),
+                         weight=w, kernel_size=(cq, ck))

@@ -155,15 +155,16 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
     return cache_seqlens
 
 
-def launch_decode(qf, k, v, lens, n_new: int, scale: float, num_splits: int | None, *, q_cache=None,
-                  weight=None, kernel_size: tuple[int, int] = (1, 1), out_dtype=None) -> torch.Tensor:
+def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | None, *, weight=None,
+                  kernel_size: tuple[int, int] = (1, 1), out_dtype=None) -> torch.Tensor:
     """Split kernel, then (with more than one split) the merge: ``o [B, Hq, n_new, D]``.
 
-    Plain attention: ``qf`` is ``q [B, Hq, n, D]``. MTA: ``qf`` the folded queries ``[B, Hq, ck, n, D]``,
-    with ``q_cache`` and the fp32 ``weight`` for the band (one more split, when ``E = cq - 1 + pk > 0``).
+    Plain attention: ``q [B, Hq, n, D]``, the new queries. MTA (``weight [Hq, cq, ck]`` fp32 given): ``q`` is
+    the query cache ``[B, Hq, Nmax, D]``; the kernel folds the new queries and adds the band (one more split,
+    when ``E = cq - 1 + pk > 0``).
     """
     B, Hkv, n_max, D = k.shape
-    Hq = qf.shape[1]
+    Hq = q.shape[1]
     cq, ck = kernel_size
     e = cq - 1 + (ck - 1) // 2
     block_d = head_dim_block(D)
@@ -178,18 +179,16 @@ def launch_decode(qf, k, v, lens, n_new: int, scale: float, num_splits: int | No
     programs = num_splits + (e > 0)
     block_e = max(16, triton.next_power_of_2(n_new + e - 1))
     one = programs == 1
-    o = torch.empty((B, Hq, n_new, D), device=k.device, dtype=out_dtype or qf.dtype)
+    o = torch.empty((B, Hq, n_new, D), device=k.device, dtype=out_dtype or q.dtype)
     rows = B * Hq * n_new
     parts = (None, None, None) if one else (
         torch.empty((programs, rows), device=k.device, dtype=torch.float32),
         torch.empty((programs, rows), device=k.device, dtype=torch.float32),
         torch.empty((programs, rows, D), device=k.device, dtype=torch.float32))
-    qf_strides = qf.stride() if qf.dim() == 5 else (*qf.stride()[:2], 0, *qf.stride()[2:])
-    q_strides = q_cache.stride() if q_cache is not None else (0, 0, 0, 0)
     launch(decode_split_kernel, (programs, B * Hkv, row_tiles),
-        qf, q_cache, weight, k, v, lens, o, *parts, *qf_strides, *q_strides, *k.stride(), *v.stride(),
+        q, weight, k, v, lens, o, *parts, *q.stride(), *k.stride(), *v.stride(),
         *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
-        HAS_LENS=lens is not None, ONE_SPLIT=one, CQ=cq, CK=ck, E=e, D=D, BLOCK_D=block_d, ROWS=tile_rows,
+        HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D, BLOCK_D=block_d, ROWS=tile_rows,
         BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e, BLOCK_W=triton.next_power_of_2(block_e + ck - 1),
         PRECISION=dot_precision(k.dtype), num_warps=warps, num_stages=stages)
     if not one:

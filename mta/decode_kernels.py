@@ -77,24 +77,23 @@ def merge_states(m, l, acc, m_s, l_s, acc_s):
 
 
 @triton.jit
-def _far_tiles(acc, m, l, q_ptrs, q_ok, shift, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+def _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                i, offs_d, start, stop, seq_len, qk_scale, CK: tl.constexpr, E: tl.constexpr, D: tl.constexpr,
                ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the keys ``[start, stop)`` into ``(acc, m, l)`` for the rows at positions ``i`` (row ``r`` sees
     key ``j`` when ``j <= i - E``).
 
-    Plain attention (``CK = 1``): ``q_ptrs [BLOCK_M, BLOCK_D]`` point at the rows' queries. MTA: at the
-    stacked folded queries ``[STACK, BLOCK_D]``, stacked row ``s`` holding ``Qf_b`` of row ``s % ROWS`` with
-    ``b = shift[s]`` (``STACK = CK_PAD * ROWS``; rows with ``b >= CK`` load 0). A tile is one window of
+    Plain attention: ``q [BLOCK_M, BLOCK_D]``, the rows' queries. MTA: the stacked folded queries
+    ``[STACK, BLOCK_D]``, stacked row ``s`` holding ``Qf_b`` of row ``s % ROWS`` with ``b = shift[s]``
+    (``STACK = CK_PAD * ROWS``; rows with ``b >= CK`` are 0). A tile is one window of
     keys ``[start_n - pk, start_n - pk + BLOCK_N)`` and one product ``R = Qf_stack K_window^T``; shifting each
     stacked row's columns by its ``b`` and summing the ``b`` gives ``C[r, y] = sum_b R_b[r, y + b]``, the
     convolved scores of keys ``start_n + y``, ``y < BLOCK_N - (ck - 1)`` (windows overlap by ``ck - 1``)."""
     PK: tl.constexpr = (CK - 1) // 2
     OWN: tl.constexpr = BLOCK_N - (CK - 1)
     BLOCK_M: tl.constexpr = acc.shape[0]
-    STACK: tl.constexpr = q_ptrs.shape[0]
+    STACK: tl.constexpr = q.shape[0]
     d_ok = offs_d < D
-    q = tl.load(q_ptrs, mask=q_ok[:, None] & d_ok[None, :], other=0.0)
     offs_n = tl.arange(0, BLOCK_N)
     if CK > 1:  # each stacked row's column shift, as gather indices
         shifted = tl.minimum(offs_n[None, :] + shift[:, None], BLOCK_N - 1)
@@ -157,21 +156,22 @@ def _band_state(acc, m, l, q_rows, stride_qm, stride_qd, w_rows, k_base, v_base,
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
-def decode_split_kernel(QF, Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
-                        stride_fb, stride_fh, stride_fa, stride_fm, stride_fd,
+def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
                         stride_ob, stride_oh, stride_om, stride_od,
                         n_max, n_new, num_heads, num_kv_heads, num_splits, scale,
-                        HAS_LENS: tl.constexpr, ONE_SPLIT: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr,
+                        HAS_LENS: tl.constexpr, ONE_SPLIT: tl.constexpr, FOLD: tl.constexpr,
+                        CQ: tl.constexpr, CK: tl.constexpr,
                         E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
                         BLOCK_M: tl.constexpr, STACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                         BLOCK_W: tl.constexpr, PRECISION: tl.constexpr):
     """The state of one split for the ``G * n`` rows of a (batch, kv head) pair.
 
-    ``QF [B, Hq, CK, n, D]``: the folded queries (plain attention: ``q [B, Hq, n, D]``, ``CK = 1``);
-    ``Q [B, Hq, n_max, D]``, ``W [Hq, CQ, CK]`` (fp32): the query cache and kernel the band reads (``E > 0``).
+    Plain attention: ``Q [B, Hq, n, D]``, the new queries. MTA (``FOLD``): ``Q [B, Hq, n_max, D]``, the query
+    cache, and ``W [Hq, CQ, CK]`` (fp32), the kernel; each program folds its rows' queries itself
+    (:func:`folded_rows`) and the band reads the cache too.
     The new queries sit at positions ``len - n .. len - 1``. Splits ``0 .. num_splits - 1`` share the keys
     ``[0, len - E)`` tile by tile; split ``num_splits`` (``E > 0``) is the band. ``ONE_SPLIT``: write the
     normalised output to ``O [B, Hq, n, D]``; else the fp32 state to ``M_PART, L_PART [S, B * Hq * n]`` and
@@ -201,18 +201,19 @@ def decode_split_kernel(QF, Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     per_split = tl.cdiv(tl.cdiv(n_far, OWN), num_splits) * OWN
     start = split * per_split
     stop = tl.minimum(start + per_split, n_far)
-    if CK == 1:  # the rows' queries
-        q_ok = row_ok
-        shift = t  # unused
-        q_ptrs = QF + b64 * stride_fb + h[:, None] * stride_fh + t[:, None] * stride_fm + offs_d[None, :] * stride_fd
-    else:  # the rows' folded queries, stacked: row s holds Qf_b of row s % ROWS, b = s // ROWS
-        shift = tl.arange(0, STACK) // ROWS
-        r_s = tl.program_id(2) * ROWS + tl.arange(0, STACK) % ROWS
-        q_ok = (shift < CK) & (r_s < group_size * n_new)
-        h_s, t_s = kv_h * group_size + r_s // n_new, r_s % n_new
-        q_ptrs = (QF + b64 * stride_fb + h_s[:, None] * stride_fh + shift[:, None] * stride_fa
-                  + t_s[:, None] * stride_fm + offs_d[None, :] * stride_fd)
-    acc, m, l = _far_tiles(acc, m, l, q_ptrs, q_ok, shift, k_base, v_base, stride_kn, stride_kd, stride_vn,
+    # The rows of the far tiles' product: MTA stacks ck folded copies of the program's rows (row s: copy
+    # s // ROWS of row s % ROWS); plain attention has one copy (STACK = ROWS = BLOCK_M).
+    shift = tl.arange(0, STACK) // ROWS
+    r_s = tl.program_id(2) * ROWS + tl.arange(0, STACK) % ROWS
+    q_ok = (shift < CK) & (r_s < group_size * n_new)
+    h_s, t_s = kv_h * group_size + r_s // n_new, r_s % n_new
+    if FOLD:
+        q = folded_rows(Q + b64 * stride_qb, W, h_s, seq_len - n_new + t_s, q_ok, shift, offs_d, seq_len,
+                        stride_qh, stride_qm, stride_qd, CQ, CK, D).to(Q.dtype.element_ty)
+    else:
+        q = tl.load(Q + b64 * stride_qb + h_s[:, None] * stride_qh + t_s[:, None] * stride_qm
+                    + offs_d[None, :] * stride_qd, mask=q_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+    acc, m, l = _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride_vn,
                            stride_vd, i, offs_d, start, stop, seq_len, qk_scale, CK, E, D, ROWS, BLOCK_N,
                            PRECISION)
     if E > 0:
@@ -266,33 +267,39 @@ def decode_combine_kernel(M_PART, L_PART, ACC_PART, O, stride_ob, stride_oh, str
              o.to(O.dtype.element_ty), mask=d_ok)
 
 
+@triton.jit
+def folded_rows(q_base, W, h, i, ok, kb, offs_d, seq_len, stride_qh, stride_qm, stride_qd, CQ: tl.constexpr,
+                CK: tl.constexpr, D: tl.constexpr):
+    """``[ROWS, BLOCK_D]`` fp32: row ``r``'s folded query ``Qf_kb[i] = sum_a W[h, a, kb] q[i - (cq-1) + a]``
+    (for its head ``h[r]``, position ``i[r]`` and kernel column ``kb[r]``; query rows before 0 are the zero
+    padding; rows with ``ok`` false are 0). ``q_base``: one sequence's query cache ``[Hq, n_max, D]``."""
+    d_ok = offs_d < D
+    qf = tl.zeros([h.shape[0], offs_d.shape[0]], dtype=tl.float32)
+    for a in range(CQ):
+        r = i - (CQ - 1) + a
+        q_a = tl.load(q_base + h[:, None] * stride_qh + r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                      mask=(ok & (r >= 0) & (r < seq_len))[:, None] & d_ok[None, :], other=0.0)
+        w_a = tl.load(W + (h * CQ + a) * CK + kb, mask=ok, other=0.0)
+        qf += w_a[:, None] * q_a.to(tl.float32)
+    return qf
+
+
 @triton.jit(do_not_specialize=["n_max", "n_new"])
 def fold_queries_kernel(Q, W, LENS, QF, stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_fb, stride_fh, stride_fa, stride_fm, stride_fd, n_max, n_new, num_heads,
                         HAS_LENS: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, D: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``QF[b, h, kb, t] = sum_a W[h, a, kb] q[i - (cq-1) + a]`` for the new queries ``i = len - n + t``,
-    in QF's dtype (fp32 sums); query rows before 0 are the zero padding. Grid: ``B * Hq``.
-
-    The ``n + cq - 1`` query rows are loaded once, as a window; each kernel column ``kb`` is then one product
-    ``[BLOCK_T, BLOCK_R] @ [BLOCK_R, BLOCK_D]`` with the banded matrix ``W[h, rr - t, kb]`` (window row ``rr``
-    is query ``t``'s kernel row ``a = rr - t``).
-    """
+                        BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+    """``QF[b, h, kb, t] = sum_a W[h, a, kb] q[i - (cq-1) + a]`` for the new queries ``i = len - n + t``, in
+    QF's dtype (fp32 sums; :func:`folded_rows`, which the split kernel runs for its own rows). Grid:
+    ``(B * Hq, CK)``."""
     b = tl.program_id(0) // num_heads
     h = tl.program_id(0) % num_heads
+    kb = tl.program_id(1)
     seq_len = sequence_length(LENS, b, n_max, HAS_LENS)
     offs_d = tl.arange(0, BLOCK_D)
-    rr = tl.arange(0, BLOCK_R)
-    r = seq_len - n_new - (CQ - 1) + rr
-    q_win = tl.load(Q + b.to(tl.int64) * stride_qb + h * stride_qh + r[:, None] * stride_qm
-                    + offs_d[None, :] * stride_qd,
-                    mask=((rr < n_new + CQ - 1) & (r >= 0) & (r < seq_len))[:, None] & (offs_d < D)[None, :],
-                    other=0.0).to(tl.float32)
     t = tl.arange(0, BLOCK_T)
-    a = rr[None, :] - t[:, None]
-    a_ok = (a >= 0) & (a < CQ)
-    out = QF + b.to(tl.int64) * stride_fb + h * stride_fh + t[:, None] * stride_fm + offs_d[None, :] * stride_fd
-    for kb in range(CK):
-        w = tl.load(W + (h * CQ + a) * CK + kb, mask=a_ok, other=0.0)
-        qf = tl.dot(w, q_win, input_precision="ieee")
-        tl.store(out + kb * stride_fa, qf.to(QF.dtype.element_ty), mask=(t < n_new)[:, None] & (offs_d < D)[None, :])
+    ok = t < n_new
+    qf = folded_rows(Q + b.to(tl.int64) * stride_qb, W, h + 0 * t, seq_len - n_new + t, ok, kb + 0 * t, offs_d,
+                     seq_len, stride_qh, stride_qm, stride_qd, CQ, CK, D)
+    out = QF + b.to(tl.int64) * stride_fb + h * stride_fh + kb * stride_fa + t[:, None] * stride_fm
+    tl.store(out + offs_d[None, :] * stride_fd, qf.to(QF.dtype.element_ty), mask=ok[:, None] & (offs_d < D)[None, :])
