@@ -188,9 +188,10 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     launch(decode_split_kernel, (programs, B * Hkv, row_tiles),
         q, weight, k, v, lens, o, *parts, *q.stride(), *k.stride(), *v.stride(),
         *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
-        HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D, BLOCK_D=block_d, ROWS=tile_rows,
-        BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e, BLOCK_W=triton.next_power_of_2(block_e + ck - 1),
-        PRECISION=dot_precision(k.dtype), num_warps=warps, num_stages=stages)
+        HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D,
+        BLOCK_D=block_d, ROWS=tile_rows, BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e,
+        BLOCK_W=triton.next_power_of_2(block_e + ck - 1), PRECISION=dot_precision(k.dtype), num_warps=warps,
+        num_stages=stages)
     if not one:
         launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,
                BLOCK_S=COMBINE_BLOCK_S, num_warps=1 if block_d <= 64 else 2)

@@ -53,15 +53,15 @@ def sequence_length(LENS, b, n_max, HAS_LENS: tl.constexpr):
 
 
 @triton.jit
-def group_rows(tile, kv_h, n_new, group_size, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
-    """``(h, t, ok)`` for the ``BLOCK_M`` rows of a program that owns ``ROWS <= BLOCK_M`` rows of kv head
-    ``kv_h``, from row ``tile * ROWS`` on: slot ``s`` is row ``r = tile * ROWS + s % ROWS``, query ``t = r % n``
-    of query head ``h = kv_h * G + r // n``; ``ok``: the slot is the row's first (``s < ROWS``) and the row
-    exists (``r < G * n``). Slots past ``ROWS`` repeat rows (a product needs 16 rows) and are never stored."""
-    slot = tl.arange(0, BLOCK_M)
+def group_rows(tile, kv_h, n_new, group_size, ROWS: tl.constexpr, SLOTS: tl.constexpr):
+    """``(h, t, copy, exists)`` for the ``SLOTS`` slots of a program that owns ``ROWS`` rows of kv head ``kv_h``,
+    from row ``tile * ROWS`` on: slot ``s`` holds copy ``s // ROWS`` of row ``r = tile * ROWS + s % ROWS``,
+    query ``t = r % n`` of query head ``h = kv_h * G + r // n``; ``exists``: ``r < G * n``. The softmax state
+    keeps copy 0 (more copies only fill a product's 16 rows, never stored); MTA's stacked folded queries
+    keep copy ``b`` for kernel column ``b``."""
+    slot = tl.arange(0, SLOTS)
     r = tile * ROWS + slot % ROWS
-    ok = (slot < ROWS) & (r < group_size * n_new)
-    return kv_h * group_size + r // n_new, r % n_new, ok
+    return kv_h * group_size + r // n_new, r % n_new, slot // ROWS, r < group_size * n_new
 
 
 @triton.jit
@@ -130,7 +130,7 @@ def _band_state(acc, m, l, q_rows, stride_qm, stride_qd, w_rows, k_base, v_base,
     The keys ``j - pk .. j + pk`` of the band are one window, loaded once; each kernel row is one product
     against it, and each column ``b`` a shift of that product's columns (as in :func:`_far_tiles`)."""
     PK: tl.constexpr = (CK - 1) // 2
-    ROWS: tl.constexpr = q_rows.shape[0]
+    SLOTS: tl.constexpr = q_rows.shape[0]
     d_ok = offs_d < D
     y = tl.arange(0, BLOCK_E)
     j0 = tl.maximum(seq_len - n_new - E + 1, 0)
@@ -138,7 +138,7 @@ def _band_state(acc, m, l, q_rows, stride_qm, stride_qd, w_rows, k_base, v_base,
     window = j0 - PK + tl.arange(0, BLOCK_W)  # BLOCK_W >= BLOCK_E + ck - 1: key j - pk + b is column y + b
     kt = tl.load(k_base + window[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                  mask=d_ok[:, None] & ((window >= 0) & (window < seq_len))[None, :], other=0.0)
-    c = tl.zeros([ROWS, BLOCK_E], dtype=tl.float32)
+    c = tl.zeros([SLOTS, BLOCK_E], dtype=tl.float32)
     for a in range(CQ):
         r = i - (CQ - 1) + a  # rows before 0 are the zero padding
         q_a = tl.load(q_rows + r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
@@ -147,7 +147,7 @@ def _band_state(acc, m, l, q_rows, stride_qm, stride_qd, w_rows, k_base, v_base,
         s0 = tl.where(window[None, :] <= r[:, None], s0, 0.0)  # S0: no future key
         for b in tl.static_range(CK):
             w_ab = tl.load(w_rows + a * CK + b, mask=row_ok, other=0.0)
-            c += w_ab[:, None] * tl.gather(s0, tl.broadcast_to((y + b)[None, :], (ROWS, BLOCK_E)), 1)
+            c += w_ab[:, None] * tl.gather(s0, tl.broadcast_to((y + b)[None, :], (SLOTS, BLOCK_E)), 1)
     delta = i[:, None] - j[None, :]
     s = tl.where((delta >= 0) & (delta < E), c * qk_scale, float("-inf"))  # the mask after the convolution
     v = tl.load(v_base + j[:, None] * stride_vn + offs_d[None, :] * stride_vd,
@@ -183,7 +183,8 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     b = tl.program_id(1) // num_kv_heads
     kv_h = tl.program_id(1) % num_kv_heads
     group_size = num_heads // num_kv_heads
-    h, t, row_ok = group_rows(tl.program_id(2), kv_h, n_new, group_size, ROWS, BLOCK_M)
+    h, t, copy, exists = group_rows(tl.program_id(2), kv_h, n_new, group_size, ROWS, BLOCK_M)
+    row_ok = exists & (copy == 0)
     seq_len = sequence_length(LENS, b, n_max, HAS_LENS)
     i = seq_len - n_new + t  # each row's position in its sequence
     offs_d = tl.arange(0, BLOCK_D)
@@ -203,10 +204,8 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     stop = tl.minimum(start + per_split, n_far)
     # The rows of the far tiles' product: MTA stacks ck folded copies of the program's rows (row s: copy
     # s // ROWS of row s % ROWS); plain attention has one copy (STACK = ROWS = BLOCK_M).
-    shift = tl.arange(0, STACK) // ROWS
-    r_s = tl.program_id(2) * ROWS + tl.arange(0, STACK) % ROWS
-    q_ok = (shift < CK) & (r_s < group_size * n_new)
-    h_s, t_s = kv_h * group_size + r_s // n_new, r_s % n_new
+    h_s, t_s, shift, exists_s = group_rows(tl.program_id(2), kv_h, n_new, group_size, ROWS, STACK)
+    q_ok = exists_s & (shift < CK)
     if FOLD:
         q = folded_rows(Q + b64 * stride_qb, W, h_s, seq_len - n_new + t_s, q_ok, shift, offs_d, seq_len,
                         stride_qh, stride_qm, stride_qd, CQ, CK, D).to(Q.dtype.element_ty)
