@@ -29,6 +29,12 @@ MAX_SPLITS = 128
 MTA_PROGRAMS_PER_SM = 2
 #: Splits of the merge kernel read per step.
 COMBINE_BLOCK_S = 16
+#: The last split kernel program of each row tile merges the states (no second kernel).
+FUSED_MERGE = True
+#: Eviction policy of the streamed K and V loads ("" or "evict_first").
+KV_EVICTION = ""
+#: Per (device, stream): the int32 tickets of the fused merge, kept zero between launches.
+_TICKETS: dict = {}
 
 #: The tile tables live with the others in :mod:`mta.tuning`.
 TILES, TILES_FP32, INTERPRETER_TILE = tuning.DECODE, tuning.DECODE_FP32, tuning.DECODE_INTERPRETER
@@ -155,6 +161,21 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
     return cache_seqlens
 
 
+def merge_tickets(device: torch.device, count: int) -> torch.Tensor:
+    """``count`` int32 zeros: the arrival counters of the fused merge, one per (batch, kv head, row tile).
+
+    The kernel leaves them zero, so one buffer per (device, stream) serves every launch on that stream (launches
+    on one stream never overlap). Inside a CUDA graph capture each launch gets its own zeros (a captured
+    memset): a graph may be replayed on any stream, beside eager launches."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(count, device=device, dtype=torch.int32)
+    key = (device, torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0)
+    tickets = _TICKETS.get(key)
+    if tickets is None or tickets.numel() < count:
+        tickets = _TICKETS[key] = torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
+    return tickets
+
+
 def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | None, *, weight=None,
                   kernel_size: tuple[int, int] = (1, 1), out_dtype=None) -> torch.Tensor:
     """Split kernel, then (with more than one split) the merge: ``o [B, Hq, n_new, D]``.
@@ -185,14 +206,18 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         torch.empty((programs, rows), device=k.device, dtype=torch.float32),
         torch.empty((programs, rows), device=k.device, dtype=torch.float32),
         torch.empty((programs, rows, D), device=k.device, dtype=torch.float32))
+    merge = FUSED_MERGE and not one
+    tickets = merge_tickets(k.device, B * Hkv * row_tiles) if merge else None
+    merge_rows = min(tile_rows, triton.next_power_of_2((Hq // Hkv) * n_new))
     launch(decode_split_kernel, (programs, B * Hkv, row_tiles),
-        q, weight, k, v, lens, o, *parts, *q.stride(), *k.stride(), *v.stride(),
+        q, weight, k, v, lens, o, *parts, tickets, *q.stride(), *k.stride(), *v.stride(),
         *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
-        HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D,
+        HAS_LENS=lens is not None, ONE_SPLIT=one, MERGE=merge, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D,
         BLOCK_D=block_d, ROWS=tile_rows, BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e,
-        BLOCK_W=triton.next_power_of_2(block_e + ck - 1), PRECISION=dot_precision(k.dtype), num_warps=warps,
-        num_stages=stages)
-    if not one:
+        BLOCK_W=triton.next_power_of_2(block_e + ck - 1), MERGE_ROWS=merge_rows,
+        MERGE_S=max(1, min(COMBINE_BLOCK_S, 4096 // (merge_rows * block_d))), EVICT=KV_EVICTION,
+        PRECISION=dot_precision(k.dtype), num_warps=warps, num_stages=stages)
+    if not one and not merge:
         launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,
                BLOCK_S=COMBINE_BLOCK_S, num_warps=1 if block_d <= 64 else 2)
     return o
