@@ -31,6 +31,8 @@ MTA_PROGRAMS_PER_SM = 2
 COMBINE_BLOCK_S = 16
 #: The last split kernel program of each row tile merges the states (no second kernel).
 FUSED_MERGE = True
+#: Launch the merge kernel with programmatic dependent launch (Hopper): scheduled while the splits run.
+PDL_MERGE = True
 #: Eviction policy of the streamed K and V loads ("" or "evict_first").
 KV_EVICTION = ""
 #: Per (device, stream): the int32 tickets of the fused merge, kept zero between launches.
@@ -208,6 +210,7 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         torch.empty((programs, rows, D), device=k.device, dtype=torch.float32))
     merge = FUSED_MERGE and not one
     tickets = merge_tickets(k.device, B * Hkv * row_tiles) if merge else None
+    pdl = PDL_MERGE and not merge and not one and not runtime.INTERPRET
     merge_rows = min(tile_rows, triton.next_power_of_2((Hq // Hkv) * n_new))
     launch(decode_split_kernel, (programs, B * Hkv, row_tiles),
         q, weight, k, v, lens, o, *parts, tickets, *q.stride(), *k.stride(), *v.stride(),
@@ -216,10 +219,10 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         BLOCK_D=block_d, ROWS=tile_rows, BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e,
         BLOCK_W=triton.next_power_of_2(block_e + ck - 1), MERGE_ROWS=merge_rows,
         MERGE_S=max(1, min(COMBINE_BLOCK_S, 4096 // (merge_rows * block_d))), EVICT=KV_EVICTION,
-        PRECISION=dot_precision(k.dtype), num_warps=warps, num_stages=stages)
+        PDL=pdl, PRECISION=dot_precision(k.dtype), num_warps=warps, num_stages=stages)
     if not one and not merge:
         launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,
-               BLOCK_S=COMBINE_BLOCK_S, num_warps=1 if block_d <= 64 else 2)
+               BLOCK_S=COMBINE_BLOCK_S, PDL=pdl, num_warps=1 if block_d <= 64 else 2, **({"launch_pdl": True} if pdl else {}))
     return o
 
 

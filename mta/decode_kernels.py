@@ -35,6 +35,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from .kernel_parts import LOG2E, finish_rows, online_softmax_step
 
 #: Kernel arguments that stay run-time values (a cache length, query count or split count of 1 is not made a
@@ -196,7 +198,7 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART, TICKETS,
                         E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
                         BLOCK_M: tl.constexpr, STACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                         BLOCK_W: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_S: tl.constexpr,
-                        EVICT: tl.constexpr, PRECISION: tl.constexpr):
+                        EVICT: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr):
     """The state of one split for the ``G * n`` rows of a (batch, kv head) pair.
 
     Plain attention: ``Q [B, Hq, n, D]``, the new queries. MTA (``FOLD``): ``Q [B, Hq, n_max, D]``, the query
@@ -212,6 +214,8 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART, TICKETS,
     ``(splits, B * Hkv, row tiles)``; a row tile is ``ROWS`` rows in ``BLOCK_M >= 16`` slots
     (:func:`group_rows`), MTA's stacked ``STACK`` rows (:func:`_far_tiles`).
     """
+    if PDL:  # the merge kernel may be scheduled now; it waits for this grid's end
+        gdc_launch_dependents()
     split = tl.program_id(0)
     b = tl.program_id(1) // num_kv_heads
     kv_h = tl.program_id(1) % num_kv_heads
@@ -284,8 +288,10 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART, TICKETS,
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
 def decode_combine_kernel(M_PART, L_PART, ACC_PART, O, stride_ob, stride_oh, stride_om, stride_od,
                           n_new, num_heads, num_splits, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_S: tl.constexpr):
+                          BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     """``O`` for one output row ``(b, h, t)`` (grid: ``B * Hq * n``): :func:`merge_splits` of its states."""
+    if PDL:  # launched before the split kernel ended: wait for it (and its stores)
+        gdc_wait()
     row = tl.program_id(0) + tl.arange(0, 1)
     o = merge_splits(M_PART, L_PART, ACC_PART, row, row >= 0, num_splits, tl.num_programs(0), D, BLOCK_D, BLOCK_S)
     t = row % n_new
