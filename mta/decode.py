@@ -29,14 +29,6 @@ MAX_SPLITS = 128
 MTA_PROGRAMS_PER_SM = 2
 #: Splits of the merge kernel read per step.
 COMBINE_BLOCK_S = 16
-#: The last split kernel program of each row tile merges the states (no second kernel).
-FUSED_MERGE = True
-#: Launch the merge kernel with programmatic dependent launch (Hopper): scheduled while the splits run.
-PDL_MERGE = True
-#: Eviction policy of the streamed K and V loads ("" or "evict_first").
-KV_EVICTION = ""
-#: Per (device, stream): the int32 tickets of the fused merge, kept zero between launches.
-_TICKETS: dict = {}
 
 #: The tile tables live with the others in :mod:`mta.tuning`.
 TILES, TILES_FP32, INTERPRETER_TILE = tuning.DECODE, tuning.DECODE_FP32, tuning.DECODE_INTERPRETER
@@ -78,6 +70,21 @@ def row_tile(rows: int, block_d: int, block_n: int, ck: int) -> tuple[int, int, 
 @functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def dependent_launch(device: torch.device) -> bool:
+    """Launch the merge kernel with programmatic dependent launch: on Hopper and later GPUs (never in the
+    interpreter). Its programs are then scheduled while the split kernel runs and wait for its end on the GPU,
+    so the gap between the two kernels is not paid (on an H100, 2-9% of a step at B = 1 and 4k-64k keys;
+    ``notes/performance.md``)."""
+    if runtime.INTERPRET or device.type != "cuda":
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
 
 
 def sm_count(device: torch.device) -> int:
@@ -163,21 +170,6 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
     return cache_seqlens
 
 
-def merge_tickets(device: torch.device, count: int) -> torch.Tensor:
-    """``count`` int32 zeros: the arrival counters of the fused merge, one per (batch, kv head, row tile).
-
-    The kernel leaves them zero, so one buffer per (device, stream) serves every launch on that stream (launches
-    on one stream never overlap). Inside a CUDA graph capture each launch gets its own zeros (a captured
-    memset): a graph may be replayed on any stream, beside eager launches."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(count, device=device, dtype=torch.int32)
-    key = (device, torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0)
-    tickets = _TICKETS.get(key)
-    if tickets is None or tickets.numel() < count:
-        tickets = _TICKETS[key] = torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
-    return tickets
-
-
 def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | None, *, weight=None,
                   kernel_size: tuple[int, int] = (1, 1), out_dtype=None) -> torch.Tensor:
     """Split kernel, then (with more than one split) the merge: ``o [B, Hq, n_new, D]``.
@@ -208,21 +200,18 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         torch.empty((programs, rows), device=k.device, dtype=torch.float32),
         torch.empty((programs, rows), device=k.device, dtype=torch.float32),
         torch.empty((programs, rows, D), device=k.device, dtype=torch.float32))
-    merge = FUSED_MERGE and not one
-    tickets = merge_tickets(k.device, B * Hkv * row_tiles) if merge else None
-    pdl = PDL_MERGE and not merge and not one and not runtime.INTERPRET
-    merge_rows = min(tile_rows, triton.next_power_of_2((Hq // Hkv) * n_new))
+    pdl = not one and dependent_launch(k.device)
     launch(decode_split_kernel, (programs, B * Hkv, row_tiles),
-        q, weight, k, v, lens, o, *parts, tickets, *q.stride(), *k.stride(), *v.stride(),
+        q, weight, k, v, lens, o, *parts, *q.stride(), *k.stride(), *v.stride(),
         *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
-        HAS_LENS=lens is not None, ONE_SPLIT=one, MERGE=merge, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D,
+        HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D,
         BLOCK_D=block_d, ROWS=tile_rows, BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e,
-        BLOCK_W=triton.next_power_of_2(block_e + ck - 1), MERGE_ROWS=merge_rows,
-        MERGE_S=max(1, min(COMBINE_BLOCK_S, 4096 // (merge_rows * block_d))), EVICT=KV_EVICTION,
-        PDL=pdl, PRECISION=dot_precision(k.dtype), num_warps=warps, num_stages=stages)
-    if not one and not merge:
+        BLOCK_W=triton.next_power_of_2(block_e + ck - 1), PDL=pdl, PRECISION=dot_precision(k.dtype),
+        num_warps=warps, num_stages=stages)
+    if not one:
         launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,
-               BLOCK_S=COMBINE_BLOCK_S, PDL=pdl, num_warps=1 if block_d <= 64 else 2, **({"launch_pdl": True} if pdl else {}))
+               BLOCK_S=COMBINE_BLOCK_S, PDL=pdl, num_warps=1 if block_d <= 64 else 2,
+               **({"launch_pdl": True} if pdl else {}))
     return o
 
 

@@ -68,48 +68,20 @@ def group_rows(tile, kv_h, n_new, group_size, ROWS: tl.constexpr, SLOTS: tl.cons
 
 @triton.jit
 def merge_states(m, l, acc, m_s, l_s, acc_s):
-    """Chapter 02's merge, in base-2 units: the states ``(m, l, acc)`` of ``R`` rows (``[R]``, ``[R]``,
-    ``[R, BLOCK_D]``) merged with a block of split states ``(m_s, l_s, acc_s)`` (``[BLOCK_S, R]``,
-    ``[BLOCK_S, R]``, ``[BLOCK_S, R, BLOCK_D]``). Each is rescaled to the common max; a state that saw no key
-    (``m = -inf``, ``l = 0``) adds nothing."""
+    """Chapter 02's merge, in base-2 units: the state ``(m, l, acc)`` (``[]``, ``[]``, ``[BLOCK_D]``) merged with
+    a block of split states ``(m_s, l_s, acc_s)`` (``[BLOCK_S]``, ``[BLOCK_S]``, ``[BLOCK_S, BLOCK_D]``).
+    Each is rescaled to the common max; a state that saw no key (``m = -inf``, ``l = 0``) adds nothing."""
     m_new = tl.maximum(m, tl.max(m_s, 0))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # never -inf - -inf
     alpha = tl.math.exp2(m - m_safe)
-    beta = tl.math.exp2(m_s - m_safe[None, :])
-    l = alpha * l + tl.sum(beta * l_s, 0)
-    acc = alpha[:, None] * acc + tl.sum(beta[:, :, None] * acc_s, 0)
-    return m_new, l, acc
-
-
-@triton.jit
-def merge_splits(M_PART, L_PART, ACC_PART, row, row_ok, num_states, rows_total, D: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """``o [R, BLOCK_D]`` (fp32) of the output rows ``row [R]`` (indices into the ``B * Hq * n`` rows; those
-    with ``row_ok`` false are 0): their ``num_states`` split states (:func:`decode_split_kernel`'s parts)
-    merged ``BLOCK_S`` at a time in split order (:func:`merge_states`), then normalised. The loads skip L1:
-    the states were written by other programs (on other SMs) of the same launch."""
-    R: tl.constexpr = row.shape[0]
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    m = tl.full([R], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([R], dtype=tl.float32)
-    acc = tl.zeros([R, BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, num_states, BLOCK_S):
-        s = s0 + offs_s
-        ok = (s < num_states)[:, None] & row_ok[None, :]
-        part = s.to(tl.int64)[:, None] * rows_total + row[None, :]
-        m_s = tl.load(M_PART + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        l_s = tl.load(L_PART + part, mask=ok, other=0.0, cache_modifier=".cg")
-        acc_s = tl.load(ACC_PART + part[:, :, None] * D + offs_d[None, None, :],
-                        mask=ok[:, :, None] & (offs_d < D)[None, None, :], other=0.0, cache_modifier=".cg")
-        m, l, acc = merge_states(m, l, acc, m_s, l_s, acc_s)
-    return acc / tl.where(l > 0.0, l, 1.0)[:, None]  # a row that saw no key (a length under n on the device): 0
+    beta = tl.math.exp2(m_s - m_safe)
+    return m_new, alpha * l + tl.sum(beta * l_s, 0), alpha * acc + tl.sum(beta[:, None] * acc_s, 0)
 
 
 @triton.jit
 def _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                i, offs_d, start, stop, seq_len, qk_scale, CK: tl.constexpr, E: tl.constexpr, D: tl.constexpr,
-               ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EVICT: tl.constexpr, PRECISION: tl.constexpr):
+               ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the keys ``[start, stop)`` into ``(acc, m, l)`` for the rows at positions ``i`` (row ``r`` sees
     key ``j`` when ``j <= i - E``).
 
@@ -132,8 +104,7 @@ def _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride
         j = start_n + offs_n
         window = j - PK
         kt = tl.load(k_base + window[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                     mask=d_ok[:, None] & ((window >= 0) & (window < key_stop))[None, :], other=0.0,
-                     eviction_policy=EVICT)
+                     mask=d_ok[:, None] & ((window >= 0) & (window < key_stop))[None, :], other=0.0)
         c = tl.dot(q, kt, input_precision=PRECISION)
         if CK > 1:
             c = tl.sum(tl.reshape(tl.gather(c, shifted, 1), (STACK // ROWS, ROWS, BLOCK_N)), 0)
@@ -142,7 +113,7 @@ def _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride
         own = (j < stop) & (offs_n < OWN)
         s = tl.where(own[None, :] & (j[None, :] <= i[:, None] - E), c * qk_scale, float("-inf"))
         v = tl.load(v_base + j[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                    mask=own[:, None] & d_ok[None, :], other=0.0, eviction_policy=EVICT)
+                    mask=own[:, None] & d_ok[None, :], other=0.0)
         acc, m, l = online_softmax_step(acc, m, l, s, v, True, PRECISION)
     return acc, m, l
 
@@ -187,18 +158,17 @@ def _band_state(acc, m, l, q_rows, stride_qm, stride_qd, w_rows, k_base, v_base,
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
-def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART, TICKETS,
+def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
                         stride_ob, stride_oh, stride_om, stride_od,
                         n_max, n_new, num_heads, num_kv_heads, num_splits, scale,
-                        HAS_LENS: tl.constexpr, ONE_SPLIT: tl.constexpr, MERGE: tl.constexpr,
-                        FOLD: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr,
+                        HAS_LENS: tl.constexpr, ONE_SPLIT: tl.constexpr, FOLD: tl.constexpr,
+                        CQ: tl.constexpr, CK: tl.constexpr,
                         E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
                         BLOCK_M: tl.constexpr, STACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
-                        BLOCK_W: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_S: tl.constexpr,
-                        EVICT: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr):
+                        BLOCK_W: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr):
     """The state of one split for the ``G * n`` rows of a (batch, kv head) pair.
 
     Plain attention: ``Q [B, Hq, n, D]``, the new queries. MTA (``FOLD``): ``Q [B, Hq, n_max, D]``, the query
@@ -207,14 +177,12 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART, TICKETS,
     The new queries sit at positions ``len - n .. len - 1``. Splits ``0 .. num_splits - 1`` share the keys
     ``[0, len - E)`` tile by tile; split ``num_splits`` (``E > 0``) is the band. ``ONE_SPLIT``: write the
     normalised output to ``O [B, Hq, n, D]``; else the fp32 state to ``M_PART, L_PART [S, B * Hq * n]`` and
-    ``ACC_PART [S, B * Hq * n, D]`` (``m`` in base-2 units). ``MERGE``: then the last program of a
-    (batch, kv head, row tile) to finish merges the ``S`` states of its rows into ``O`` (:func:`merge_splits`,
-    ``MERGE_ROWS`` rows, ``MERGE_S`` states a step); it knows it is the last from ``TICKETS`` (int32, one per
-    (batch, kv head, row tile), zero before the launch and left zero after it). Grid:
+    ``ACC_PART [S, B * Hq * n, D]`` (``m`` in base-2 units). ``PDL``: the merge kernel is launched as a
+    programmatic dependent (Hopper on) and may be scheduled as soon as every program has started. Grid:
     ``(splits, B * Hkv, row tiles)``; a row tile is ``ROWS`` rows in ``BLOCK_M >= 16`` slots
     (:func:`group_rows`), MTA's stacked ``STACK`` rows (:func:`_far_tiles`).
     """
-    if PDL:  # the merge kernel may be scheduled now; it waits for this grid's end
+    if PDL:
         gdc_launch_dependents()
     split = tl.program_id(0)
     b = tl.program_id(1) // num_kv_heads
@@ -251,7 +219,7 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART, TICKETS,
                     + offs_d[None, :] * stride_qd, mask=q_ok[:, None] & (offs_d < D)[None, :], other=0.0)
     acc, m, l = _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride_vn,
                            stride_vd, i, offs_d, start, stop, seq_len, qk_scale, CK, E, D, ROWS, BLOCK_N,
-                           EVICT, PRECISION)
+                           PRECISION)
     if E > 0:
         if split == num_splits:
             acc, m, l = _band_state(acc, m, l, Q + b64 * stride_qb + h[:, None] * stride_qh, stride_qm, stride_qd,
@@ -270,36 +238,40 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART, TICKETS,
         tl.store(M_PART + row, m, mask=row_ok)
         tl.store(L_PART + row, l, mask=row_ok)
         tl.store(ACC_PART + row.to(tl.int64)[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
-        if MERGE:
-            # Every thread's stores come before the ticket (the barrier), and the ticket releases them to the
-            # GPU; the program that draws the last ticket acquires them all and merges (no program waits).
-            tl.debug_barrier()
-            ticket_ptr = TICKETS + tl.program_id(1) * tl.num_programs(2) + tl.program_id(2)
-            ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
-            if ticket == tl.num_programs(0) - 1:
-                h_r, t_r, _, ok_r = group_rows(tl.program_id(2), kv_h, n_new, group_size, ROWS, MERGE_ROWS)
-                o = merge_splits(M_PART, L_PART, ACC_PART, (b * num_heads + h_r) * n_new + t_r, ok_r,
-                                 tl.num_programs(0), rows_total, D, BLOCK_D, MERGE_S)
-                tl.store(O + b64 * stride_ob + h_r[:, None] * stride_oh + t_r[:, None] * stride_om
-                         + offs_d[None, :] * stride_od, o.to(O.dtype.element_ty), mask=ok_r[:, None] & d_ok[None, :])
-                tl.atomic_xchg(ticket_ptr, 0)  # zero again for the next launch
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
 def decode_combine_kernel(M_PART, L_PART, ACC_PART, O, stride_ob, stride_oh, stride_om, stride_od,
                           n_new, num_heads, num_splits, D: tl.constexpr, BLOCK_D: tl.constexpr,
                           BLOCK_S: tl.constexpr, PDL: tl.constexpr):
-    """``O`` for one output row ``(b, h, t)`` (grid: ``B * Hq * n``): :func:`merge_splits` of its states."""
-    if PDL:  # launched before the split kernel ended: wait for it (and its stores)
+    """``O`` for one output row ``(b, h, t)`` (grid: ``B * Hq * n``): the ``num_splits`` states merged
+    ``BLOCK_S`` at a time (:func:`merge_states`), then normalised. ``PDL``: launched while the split kernel may
+    still run; ``gdc_wait`` holds the program until that kernel has ended and its stores are visible."""
+    if PDL:
         gdc_wait()
-    row = tl.program_id(0) + tl.arange(0, 1)
-    o = merge_splits(M_PART, L_PART, ACC_PART, row, row >= 0, num_splits, tl.num_programs(0), D, BLOCK_D, BLOCK_S)
+    row = tl.program_id(0)
+    rows_total = tl.num_programs(0)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    m = tl.full([], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + offs_s
+        s_ok = s < num_splits
+        part = s.to(tl.int64) * rows_total + row
+        m_s = tl.load(M_PART + part, mask=s_ok, other=float("-inf"))
+        l_s = tl.load(L_PART + part, mask=s_ok, other=0.0)
+        acc_s = tl.load(ACC_PART + part[:, None] * D + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                        other=0.0)
+        m, l, acc = merge_states(m, l, acc, m_s, l_s, acc_s)
+    o = acc / tl.where(l > 0.0, l, 1.0)  # a row that saw no key (a length under n on the device): 0
     t = row % n_new
     b = row // n_new // num_heads
     h = row // n_new % num_heads
-    offs_d = tl.arange(0, BLOCK_D)
-    tl.store(O + b.to(tl.int64)[:, None] * stride_ob + h[:, None] * stride_oh + t[:, None] * stride_om
-             + offs_d[None, :] * stride_od, o.to(O.dtype.element_ty), mask=(offs_d < D)[None, :])
+    tl.store(O + b.to(tl.int64) * stride_ob + h * stride_oh + t * stride_om + offs_d * stride_od,
+             o.to(O.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit

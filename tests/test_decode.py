@@ -213,3 +213,35 @@ def test_long_caches_on_the_gpu(dtype, D):
     k, v = ragged_cache(3, 2, 33000, D, lengths, dtype)
     out = mta.decode_attention(q, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=DEVICE))
     assert close(out, reference(q, k, v, lengths), TOL[dtype])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch is a GPU matter")
+def test_dependent_launch_of_the_merge_changes_no_bit(monkeypatch):
+    """On Hopper the merge kernel is launched before the split kernel ends (it waits on the GPU for that end):
+    the output is bitwise that of an ordinary launch, also under a CUDA graph replay and for MTA."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    lengths = torch.tensor([5000, 3001], dtype=torch.int32, device=DEVICE)
+    q_cache, (k, v) = rand(2, 8, 5000, 64, dtype=torch.bfloat16), ragged_cache(2, 2, 5000, 64, [5000, 3001],
+                                                                                torch.bfloat16)
+    w = 0.2 * rand(8, 6, 11)
+    q = q_cache[:, :, -2:]
+
+    def step():
+        return (mta.decode_attention(q, k, v, cache_seqlens=lengths, num_splits=16),
+                mta.conv_decode_attention(q_cache, k, v, w, cache_seqlens=lengths, num_queries=2, num_splits=16))
+
+    assert decode.dependent_launch(k.device)
+    dependent = step()
+    monkeypatch.setattr(decode, "dependent_launch", lambda device: False)
+    ordinary = step()
+    monkeypatch.undo()
+    graph = torch.cuda.CUDAGraph()
+    step()  # compiled before the capture
+    with torch.cuda.graph(graph):
+        captured = step()
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b, c in zip(dependent, ordinary, captured):
+            assert torch.equal(a, b) and torch.equal(a, c)
