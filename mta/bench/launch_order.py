@@ -1,17 +1,13 @@
 """Benchmark of the launch order: causal kernels with their tiles numbered heaviest first, or the natural way.
 
-The kernels take their tile from :func:`mta.launch_order.heaviest_first`
-(through a shared helper). For the comparison this module builds a second JIT
-function from the *same* Python functions with that one name bound to
-:func:`natural_order` (tile = axis 0, head = axis 1), so there is no second
-copy of any kernel. Both run the tile the shipped kernel takes
-(:func:`_shipped_config`), on the same inputs, and their outputs are compared
-first: they must agree to the last bit (only which SM computes which tile
-changes).
+The kernels take their tile from :func:`mta.launch_order.heaviest_first` (through a shared helper). For the
+comparison this module builds a second JIT function from the *same* Python functions with that one name bound to
+:func:`natural_order` (tile = axis 0, head = axis 1), so there is no second copy of any kernel. Both run the tile
+the shipped kernel takes (:func:`_shipped_config`) on the same inputs, and their outputs must first agree to the
+last bit (only which SM computes which tile changes).
 
-Measured: the causal forward of :func:`mta.flash_attention` and the kernel of
-:func:`mta.conv_attention` (6 x 11, its pre-passes left out, as they do not
-depend on the order), bf16, B=1, H=8/D=64 and H=16/D=128, N = 1k to 16k.
+Measured: the causal forward of :func:`mta.flash_attention` and the kernel of :func:`mta.conv_attention` (6 x 11,
+its pre-passes left out: they do not depend on the order), bf16, B=1, H=8/D=64 and H=16/D=128, N = 1k to 16k.
 """
 
 from __future__ import annotations
@@ -50,8 +46,8 @@ def _is_jit(x) -> bool:
 
 def _natural_twin(jit_fn, **jit_options):
     """``jit_fn`` built again from its Python function with every call of ``heaviest_first`` bound to
-    :func:`natural_order`, also where it calls it through other ``@triton.jit`` helpers (those are rebuilt
-    the same way); ``jit_fn`` itself if it never reaches ``heaviest_first``."""
+    :func:`natural_order`, also through other ``@triton.jit`` helpers (rebuilt the same way); ``jit_fn`` itself if
+    it never reaches ``heaviest_first``."""
     fn = jit_fn.fn
     swaps = {}
     for name in fn.__code__.co_names:
@@ -73,8 +69,8 @@ def _natural_twin(jit_fn, **jit_options):
 
 
 def with_natural_order(kernel):
-    """``kernel`` built again with its tiles numbered the natural way (:func:`_natural_twin`),
-    with the same ``@triton.heuristics``."""
+    """``kernel`` built again with its tiles numbered the natural way (:func:`_natural_twin`), with the same
+    ``@triton.heuristics``."""
     heuristics = []
     while isinstance(kernel, triton.runtime.Heuristics):
         heuristics.append(kernel.values)

@@ -1,17 +1,12 @@
 """Benchmark of the wait on the first call: every public kernel function, in a fresh process, at a new shape.
 
-For every (case, dtype, head dim) two fresh Python processes run the script
-:mod:`mta.bench.startup_probe`: the first with ``TRITON_CACHE_DIR`` set to a
-new empty directory ("empty cache": every kernel compiles, and autotunes where
-the package autotunes), the second with the same directory ("warm cache":
-compiled kernels are loaded from disk). The environment is otherwise the
-user's own. Each probe reports its import times, the first call's wall time
-(the number this benchmark is about) and a second call's (steady state, for
-contrast). A probe that fails is a result too: its stderr tail is recorded,
-printed, and the exit status is 1.
-
-The cases are :data:`mta.bench.startup_probe.CASES`; a new public function
-joins there.
+For every (case, dtype, head dim) two fresh Python processes run the script :mod:`mta.bench.startup_probe`: the
+first with ``TRITON_CACHE_DIR`` a new empty directory ("empty cache": every kernel compiles, and autotunes where
+the package autotunes), the second with the same directory ("warm cache": compiled kernels are loaded from
+disk); the environment is otherwise the user's own. Each probe reports its import times, the first call's wall
+time (the number this benchmark is about) and a second call's (steady state, for contrast). A probe that fails
+is a result too: its stderr tail is recorded, printed, and the exit status is 1. The cases are
+:data:`mta.bench.startup_probe.CASES`; a new public function joins there.
 """
 
 from __future__ import annotations
@@ -64,8 +59,8 @@ def _tail(text, lines: int = 20) -> str:
 
 
 def run_probe(shape: StartupShape, cache_dir, timeout: float = PROBE_TIMEOUT_S) -> dict:
-    """One probe in a fresh Python process with ``TRITON_CACHE_DIR=cache_dir``: its JSON line, plus the process's
-    wall time; or ``error`` and ``stderr_tail`` if it fails."""
+    """One probe in a fresh Python process with ``TRITON_CACHE_DIR=cache_dir``: its JSON line and the process's
+    wall time, or ``error`` and ``stderr_tail`` if it fails."""
     cmd = [sys.executable, startup_probe.__file__, shape.case, shape.dtype, str(shape.head_dim),
            "--seq-len", str(shape.seq_len), "--batch", str(shape.batch), "--heads", str(shape.heads),
            "--kv-heads", str(shape.kv_heads)]
@@ -146,8 +141,8 @@ class StartupBenchmark(Benchmark):
 
 
 def format_table(results: list[dict]) -> str:
-    """Seconds per (case, dtype, head dim): imports and second call (of the warm run, else the empty one), and
-    the first call with an empty and with a warm cache."""
+    """Seconds per (case, dtype, head dim): imports and second call (of the warm run, else the empty one), and the
+    first call with an empty and with a warm cache."""
     columns = [("case", ""), ("dtype", ""), ("d", "{}"), ("import", "{:.2f}"), ("first call, empty", "{:.3f}"),
                ("first call, warm", "{:.3f}"), ("second call", "{:.4f}"), ("", "")]
     rows = []
