@@ -29,6 +29,7 @@ from mta.reference import conv_attention_reference
 from . import flash, harness
 from .harness import (Benchmark, Pass, cuda_free_bytes, describe_error, is_oom, ratio, recorded_call, rel_err,
                       release_memory, text_table)
+from .plots import plot_conv
 from .timing import timing_config
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -331,7 +332,7 @@ class ConvBenchmark(Benchmark):
                    "the headline ratios at N=8192, kernel 6x11.")
     quick_help = "kernel 6x11, N in {2048, 8192}"
     Shape, tested, passes = ConvShape, TESTED_IMPL, PASSES
-    shapes = staticmethod(conv_shapes)
+    shapes, plot = staticmethod(conv_shapes), staticmethod(plot_conv)
 
     def __init__(self, impls: Optional[dict[str, ConvImpl]] = None, compile_reference: bool = True,
                  free_memory: Callable[[], int] = cuda_free_bytes):
@@ -386,10 +387,6 @@ class ConvBenchmark(Benchmark):
 
     def report(self, data):
         return format_table(data["results"]) + "\n\n" + format_headline(data)
-
-    def plot(self, data):
-        from .plots import plot_conv
-        return plot_conv(data)
 
     def config(self, quick, warmup, rep):
         return config(quick, warmup, rep, self.compile_reference)

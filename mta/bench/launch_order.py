@@ -24,6 +24,7 @@ from mta.launch import NO_SPECIALIZE
 from mta.launch_order import heaviest_first
 
 from .harness import Benchmark, Tools, failure_line, text_table
+from .plots import plot_launch_order
 from .timing import timing_config
 
 SHAPES = [(8, 64), (16, 128)]  # (heads, head dim), B = 1
@@ -141,7 +142,7 @@ class LaunchOrderBenchmark(Benchmark):
                    "after checking both give the same output.")
     quick_help = "N in {2048, 8192}"
     exit_1 = "the outputs of the two orders differ"
-    Shape = OrderShape
+    Shape, plot = OrderShape, staticmethod(plot_launch_order)
 
     def __init__(self, dtype: str = "bfloat16"):
         self.dtype, self._natural = dtype, {}
@@ -186,7 +187,3 @@ class LaunchOrderBenchmark(Benchmark):
         return text_table(columns, [[r["kernel"], r["heads"], r["head_dim"], r["seq_len"], r["natural_ms"],
                                      r["heaviest_first_ms"], r["speedup"], "" if r["same_output"] else "OUTPUTS DIFFER"]
                                     for r in data["results"]])
-
-    def plot(self, data):
-        from .plots import plot_launch_order
-        return plot_launch_order(data)

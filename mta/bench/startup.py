@@ -22,6 +22,7 @@ from typing import Callable
 
 from . import startup_probe
 from .harness import Benchmark, Tools, failure_line, text_table
+from .plots import plot_startup
 from .provenance import REPO_ROOT
 from .startup_probe import BATCH, CASES, DTYPES, HEADS, KV_HEADS, SEQ_LEN
 
@@ -100,7 +101,7 @@ class StartupBenchmark(Benchmark):
     quick_help = "bf16 and fp32, d=128"
     exit_1 = "a probe failed or gave a non-finite output"
     timed = False
-    Shape = StartupShape
+    Shape, plot = StartupShape, staticmethod(plot_startup)
 
     def __init__(self, runner: Callable[[StartupShape, str], dict] = run_probe):
         self.runner = runner
@@ -134,10 +135,6 @@ class StartupBenchmark(Benchmark):
 
     def report(self, data):
         return format_table(data["results"])
-
-    def plot(self, data):
-        from .plots import plot_startup
-        return plot_startup(data)
 
 
 def format_table(results: list[dict]) -> str:
