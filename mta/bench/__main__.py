@@ -1,7 +1,6 @@
 """python -m mta.bench BENCHMARK: run a benchmark on a CUDA GPU, write JSON and a PNG.
 
-Each benchmark is one subcommand, a :class:`mta.bench.harness.Benchmark`
-subclass; to add one, list it in :func:`benchmarks`.
+Each benchmark is one subcommand, a :class:`mta.bench.harness.Benchmark` subclass listed in :func:`benchmarks`.
 """
 
 from __future__ import annotations
@@ -31,20 +30,9 @@ def repo_path(path: str) -> Path:
     return p if p.is_absolute() else REPO_ROOT / p
 
 
-def add_common_args(parser: argparse.ArgumentParser, bench) -> None:
-    """``--quick``, ``--out``, ``--resume`` and, for timed benchmarks, ``--warmup`` and ``--rep``."""
-    parser.add_argument("--quick", action="store_true", help=f"reduced set for development: {bench.quick_help}")
-    parser.add_argument("--out", default=bench.out,
-                        help=f"JSON path, relative to the repository root (default {bench.out}); "
-                             "the PNG goes next to it")
-    parser.add_argument("--resume", action="store_true",
-                        help="go on from the shapes already in --out (an interrupted run of the same code and machine)")
-    if bench.timed:
-        parser.add_argument("--warmup", type=int, default=10, help="untimed calls before timing (default 10)")
-        parser.add_argument("--rep", type=int, default=30, help="timed calls; the median is reported (default 30)")
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """A subcommand per benchmark: ``--quick``, ``--out``, ``--resume``, for timed ones ``--warmup`` and ``--rep``,
+    and the benchmark's own options."""
     parser = argparse.ArgumentParser(prog="python -m mta.bench", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     for bench in benchmarks():
@@ -52,7 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
             bench.name, help=bench.help,
             description=f"{bench.description} Writes JSON and a PNG next to it. Exit status: 0 ok, "
                         f"1 {bench.exit_1}, {EXIT_NO_CUDA} no CUDA device.")
-        add_common_args(p, bench)
+        p.add_argument("--quick", action="store_true", help=f"reduced set for development: {bench.quick_help}")
+        p.add_argument("--out", default=bench.out,
+                       help=f"JSON path, relative to the repository root (default {bench.out}); "
+                            "the PNG goes next to it")
+        p.add_argument("--resume", action="store_true",
+                       help="go on from the shapes already in --out (an interrupted run of the same code and machine)")
+        if bench.timed:
+            p.add_argument("--warmup", type=int, default=10, help="untimed calls before timing (default 10)")
+            p.add_argument("--rep", type=int, default=30, help="timed calls; the median is reported (default 30)")
         bench.add_args(p)
         p.set_defaults(bench=bench)
     return parser

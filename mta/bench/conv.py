@@ -1,31 +1,23 @@
 """Benchmark of ``mta.conv_attention`` (the fused MTA forward and backward) against what it replaces.
 
-For every shape, in one run and on the same fresh random inputs, two passes of
-six implementations are measured, each with its time and peak extra memory:
-the forward (no input requires grad) and the forward+backward (``q, k, v`` and
-the fp32 weight are leaves requiring grad; ``.backward(dout)`` with a fixed
-random ``dout``; the gradients cleared before each call, outside the timed region).
+For every shape, on the same fresh random inputs, two passes of six implementations, each with its time and peak
+extra memory: the forward (no input requires grad) and the forward+backward (``q, k, v`` and the fp32 weight are
+leaves requiring grad, cleared before each call outside the timed region; ``.backward(dout)``, ``dout`` fixed).
 
 * ``mta_conv``: :func:`mta.conv_attention`, the implementation under test;
-* ``conv_reference``: :func:`mta.conv_attention_reference`, which materializes
-  several fp32 ``[B, H, N, N]`` matrices (what MTA costs without a fused kernel),
-  differentiated by autograd;
-* ``conv_reference_compiled``: ``torch.compile`` of that reference;
-* ``mta_flash``: :func:`mta.flash_attention` (causal), plain attention in Triton;
-* ``sdpa_flash``, ``sdpa_cudnn``: ``F.scaled_dot_product_attention(is_causal=True)``
-  restricted to its flash or its cuDNN backend: plain attention, the floor.
+* ``conv_reference``: :func:`mta.conv_attention_reference`, which materializes several fp32 ``[B, H, N, N]``
+  matrices (what MTA costs without a fused kernel), differentiated by autograd, and
+  ``conv_reference_compiled``, its ``torch.compile``;
+* ``mta_flash``, ``sdpa_flash``, ``sdpa_cudnn``: plain causal attention (:func:`mta.flash_attention`, SDPA
+  restricted to its flash or its cuDNN backend), the floor.
 
-The references only run where they fit in memory (:func:`reference_fit`), decided
-per pass: their forward+backward keeps more ``N x N`` matrices alive than their
-forward. A skipped pass, an out-of-memory error, a backend that refuses or a
-``torch.compile`` failure is recorded and the run goes on. Before timing,
-``mta_conv``'s output and its gradients (dq, dk, dv, dweight) are checked against
-the reference.
+The references run per pass only where they fit in memory (:func:`reference_fits`). A skipped pass, an
+out-of-memory error, a backend that refuses or a ``torch.compile`` failure is recorded and the run goes on.
+Before timing, ``mta_conv``'s output and gradients (dq, dk, dv, dweight) are checked against the reference.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -35,8 +27,9 @@ from mta import conv_attention
 from mta.reference import conv_attention_reference
 
 from . import flash, harness
-from .harness import (Benchmark, Pass, cuda_free_bytes, describe_error, is_oom, ratio, rel_err, release_memory,
-                      text_table)
+from .harness import (Benchmark, Pass, cuda_free_bytes, describe_error, is_oom, ratio, recorded_call, rel_err,
+                      release_memory, text_table)
+from .plots import plot_conv
 from .timing import timing_config
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -67,22 +60,20 @@ TOLERANCE = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 1e-4}
 GRAD_TOLERANCE = {"bfloat16": 5e-2, "float16": 2e-2, "float32": 1e-3}
 GRAD_NAMES = ("dq", "dk", "dv", "dweight")
 
-#: The reference's forward peak is bounded by this many fp32 ``[B, H, N, N]`` matrices alive at once. Op by op
-#: it holds at most 3 (scores, padded scores, convolved scores; then scores, masked convolved scores, softmax):
+#: The reference's forward peak is bounded by this many fp32 ``[B, H, N, N]`` matrices alive at once, twice what
+#: it holds op by op (scores, padded scores, convolved scores; then scores, masked convolved scores, softmax):
 #: 3.06 measured on an H100, 3.3 on the CPU at N=256 (tests/test_bench_conv.py counts them).
 REFERENCE_LIVE_MATRICES = 6
-#: ... and its forward+backward by this many: autograd keeps the padded scores (the convolution's input, for
-#: the weight's gradient) and the softmax to the backward, so the forward holds 4 at its softmax, and the
-#: softmax's backward 4 again (padded scores, softmax, dP = dO v^T and its result dC); 4.4 on the CPU at N=256,
-#: before the convolution's backward adds its workspace. Twice the count, as for the forward.
+#: ... and its forward+backward by this many, twice again: autograd keeps the padded scores (for the weight's
+#: gradient) and the softmax, so the forward holds 4 at its softmax, and the softmax's backward 4 again (padded
+#: scores, softmax, dP = dO v^T, dC); 4.4 on the CPU at N=256, before the convolution's backward workspace.
 REFERENCE_LIVE_MATRICES_BACKWARD = 8
 #: ... and it runs only if that bound is at most this fraction of the free GPU memory.
 REFERENCE_MAX_FREE_FRACTION = 0.6
 #: The gradient check's reference runs in float64: twice the bytes of the fp32 forward+backward.
 GRAD_CHECK_MATRICES = 2 * REFERENCE_LIVE_MATRICES_BACKWARD
 
-#: ``impl(q, k, v, weight, causal) -> out``: the form every timed implementation takes
-#: (plain attention ignores ``weight``).
+#: ``impl(q, k, v, weight, causal) -> out``: every timed implementation (plain attention ignores ``weight``).
 ConvImpl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 
@@ -114,9 +105,6 @@ def conv_shapes(quick: bool = False) -> list[ConvShape]:
             for (b, h, hkv, d) in CONFIGS for (cq, ck) in kernels for n in seq_lens]
 
 
-# --- memory fit of the reference -------------------------------------------------------------
-
-
 def reference_bytes_estimate(batch: int, heads: int, seq_len: int, matrices: int = REFERENCE_LIVE_MATRICES) -> int:
     """Bound on the reference's peak: ``matrices`` fp32 ``[B, H, N, N]`` matrices (default: its forward's)."""
     return matrices * batch * heads * seq_len * seq_len * 4
@@ -124,14 +112,9 @@ def reference_bytes_estimate(batch: int, heads: int, seq_len: int, matrices: int
 
 def reference_fit(shape: ConvShape, free_bytes: int, matrices: int = REFERENCE_LIVE_MATRICES,
                   what: str = "the reference") -> dict:
-    """Whether the materialized reference may run on ``shape`` with ``free_bytes`` of GPU memory free.
-
-    It may if its estimated peak (``matrices`` fp32 ``[B, H, N, N]`` matrices:
-    :data:`REFERENCE_LIVE_MATRICES` for the forward, :data:`REFERENCE_LIVE_MATRICES_BACKWARD`
-    for the forward+backward) is at most :data:`REFERENCE_MAX_FREE_FRACTION` of the
-    free memory. ``heads_that_fit``: how many of its heads would (for the check on a
-    slice of heads when all do not).
-    """
+    """Whether the materialized reference may run on ``shape`` with ``free_bytes`` of GPU memory free: if its
+    estimated peak (``matrices`` fp32 ``[B, H, N, N]`` matrices) is at most :data:`REFERENCE_MAX_FREE_FRACTION`
+    of it. ``heads_that_fit``: how many of its heads would (to check a slice of heads where all do not fit)."""
     estimate = reference_bytes_estimate(shape.batch, shape.heads, shape.seq_len, matrices)
     budget = REFERENCE_MAX_FREE_FRACTION * free_bytes
     fits = estimate <= budget
@@ -151,9 +134,6 @@ def reference_fits(shape: ConvShape, free_bytes: int) -> dict[str, dict]:
             "grad": reference_fit(shape, free_bytes, GRAD_CHECK_MATRICES, "the float64 reference's forward+backward")}
 
 
-# --- implementations -------------------------------------------------------------------------
-
-
 def mta_conv(q, k, v, weight, causal):
     return conv_attention(q, k, v, weight, causal=causal)
 
@@ -163,13 +143,9 @@ def conv_reference(q, k, v, weight, causal):
 
 
 class CompiledReference:
-    """``torch.compile`` of the reference, compiled afresh for every new shape.
-
-    Dynamo's caches are reset when the shape changes, so every shape gets
-    static-shape graphs of its own (no silent fallback to eager once dynamo's
-    recompile limit is reached): one for the forward, one (with its backward)
-    for inputs that require grad. Compilation happens in the timer's warmup.
-    """
+    """``torch.compile`` of the reference, compiled afresh (in the timer's warmup) for every new shape: dynamo's
+    caches are reset, so each shape gets static-shape graphs of its own, for the forward and for inputs requiring
+    grad (no silent fallback to eager once dynamo's recompile limit is reached)."""
 
     __name__ = "conv_reference_compiled"
 
@@ -208,7 +184,6 @@ def default_impls(compile_reference: bool = True) -> dict[str, ConvImpl]:
 
 
 # --- the check -------------------------------------------------------------------------------
-
 
 def random_inputs(shape: ConvShape, device) -> tuple[torch.Tensor, ...]:
     """Standard-normal ``q, k, v`` in the shape's dtype; fp32 ``weight ~ N(0, WEIGHT_STD^2)``, per head."""
@@ -249,22 +224,15 @@ def _failure(exc: BaseException) -> str:
 
 def check_against_reference(fn: ConvImpl, q, k, v, weight, shape: ConvShape, fit: dict,
                             reference: Callable = conv_attention_reference) -> dict:
-    """Relative error of ``fn``'s output against the reference, and whether it passes.
-
-    With all heads where the reference fits (``fit["fits"]``); else, or if that
-    fails (out of memory, or e.g. a conv2d too large for cuDNN), against a
-    float32 reference (inputs cast up) on the leading heads, halving their
-    number until it runs.
-    """
+    """Relative error of ``fn``'s output against the reference, and whether it passes: with all heads where the
+    reference fits (``fit["fits"]``); else, or if that fails (out of memory, or e.g. a conv2d too large for
+    cuDNN), against a float32 reference (inputs cast up) on the leading heads, halving them until it runs."""
     check = {"reference": None, "heads_checked": None, "rel_err": None, "tolerance": TOLERANCE[shape.dtype],
              "ok": False, "error": None, "notes": [], "reference_fit": fit}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            out = fn(q, k, v, weight, shape.causal)
-        except Exception as exc:  # noqa: BLE001  (recorded: a failing kernel is a result)
-            check["error"] = f"{TESTED_IMPL} raised {describe_error(exc, caught)}"
-            return check
+    out, error = recorded_call(fn, q, k, v, weight, shape.causal)
+    if error is not None:
+        check["error"] = f"{TESTED_IMPL} raised {error}"
+        return check
 
     def attempt(hq, hkv):
         cast = (lambda t: t) if hq == shape.heads else (lambda t: t.float())
@@ -297,13 +265,11 @@ def check_gradients(fn: ConvImpl, q, k, v, weight, dout, shape: ConvShape, fit: 
                     reference: Callable = conv_attention_reference) -> dict:
     """``check`` (the output's, :func:`check_against_reference`) with ``fn``'s gradients checked too.
 
-    ``grad_rel_err``: the relative errors of dq, dk, dv and dweight against the
-    reference's autograd in float64, on the heads the output was checked on, or
-    fewer where the float64 forward+backward does not fit (``fit``, from
-    :data:`GRAD_CHECK_MATRICES`) or fails, halving as the output's check does.
-    ``fn`` runs on all heads with ``dout`` zero beyond the slice, so its dk and dv
-    (sums over a GQA group's query heads) hold exactly the slice's share.
-    ``ok``: the output and every gradient within their tolerances.
+    ``grad_rel_err``: the relative errors of dq, dk, dv and dweight against the reference's autograd in float64,
+    on the heads the output was checked on, or fewer where the float64 forward+backward does not fit (``fit``) or
+    fails, halving as the output's check does. ``fn`` runs on all heads with ``dout`` zero beyond the slice, so
+    its dk and dv (sums over a GQA group's query heads) hold exactly the slice's share. ``ok``: the output and
+    every gradient within their tolerances.
     """
     check = {**check, "grad_reference": None, "grad_heads_checked": None, "grad_rel_err": None,
              "grad_tolerance": GRAD_TOLERANCE[shape.dtype], "notes": list(check["notes"])}
@@ -319,16 +285,16 @@ def check_gradients(fn: ConvImpl, q, k, v, weight, dout, shape: ConvShape, fit: 
             return False
         masked = dout.clone()
         masked[:, hq:] = 0
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                dq, dk, dv, dw = _grads(lambda *t: fn(*t, shape.causal), (q, k, v, weight), masked)
-                mine = (dq[:, :hq], dk[:, :hkv], dv[:, :hkv], dw[:hq])
-                check.update(grad_rel_err=dict(zip(GRAD_NAMES, map(rel_err, mine, ref))), grad_heads_checked=hq,
-                             grad_reference=f"conv_attention_reference's autograd in float64, query heads "
-                                            f"0..{hq - 1} of {shape.heads}")
-            except Exception as exc:  # noqa: BLE001  (recorded: a failing kernel is a result)
-                error = f"{TESTED_IMPL} forward+backward raised {describe_error(exc, caught)}"
+
+        def compare():
+            dq, dk, dv, dw = _grads(lambda *t: fn(*t, shape.causal), (q, k, v, weight), masked)
+            mine = (dq[:, :hq], dk[:, :hkv], dv[:, :hkv], dw[:hq])
+            check.update(grad_rel_err=dict(zip(GRAD_NAMES, map(rel_err, mine, ref))), grad_heads_checked=hq,
+                         grad_reference=f"conv_attention_reference's autograd in float64, query heads "
+                                        f"0..{hq - 1} of {shape.heads}")
+        failed = recorded_call(compare)[1]
+        if failed is not None:
+            error = f"{TESTED_IMPL} forward+backward raised {failed}"
         return True
 
     tried = _on_head_slices(shape, min(check["heads_checked"] or shape.heads, fit["heads_that_fit"]), attempt)
@@ -366,7 +332,7 @@ class ConvBenchmark(Benchmark):
                    "the headline ratios at N=8192, kernel 6x11.")
     quick_help = "kernel 6x11, N in {2048, 8192}"
     Shape, tested, passes = ConvShape, TESTED_IMPL, PASSES
-    shapes = staticmethod(conv_shapes)
+    shapes, plot = staticmethod(conv_shapes), staticmethod(plot_conv)
 
     def __init__(self, impls: Optional[dict[str, ConvImpl]] = None, compile_reference: bool = True,
                  free_memory: Callable[[], int] = cuda_free_bytes):
@@ -386,8 +352,8 @@ class ConvBenchmark(Benchmark):
         return default_impls(self.compile_reference)
 
     def inputs(self, shape, device):
-        """``(q, k, v, weight, dout, fits)``: :func:`reference_fits` from the free memory before the inputs are
-        made, and a fixed random ``dout`` in the inputs' dtype."""
+        """``(q, k, v, weight, dout, fits)``: ``dout`` random in the inputs' dtype, :func:`reference_fits` from the
+        free memory before the inputs are made."""
         fits = reference_fits(shape, self.free_memory())
         q, k, v, weight = random_inputs(shape, device)
         return q, k, v, weight, torch.randn_like(q), fits
@@ -421,10 +387,6 @@ class ConvBenchmark(Benchmark):
 
     def report(self, data):
         return format_table(data["results"]) + "\n\n" + format_headline(data)
-
-    def plot(self, data):
-        from .plots import plot_conv
-        return plot_conv(data)
 
     def config(self, quick, warmup, rep):
         return config(quick, warmup, rep, self.compile_reference)
@@ -467,7 +429,7 @@ def config(quick: bool, warmup: int, rep: int, compile_reference: bool = True) -
     }
 
 
-# --- ratios ----------------------------------------------------------------------------------
+# --- ratios and tables -------------------------------------------------------------------------
 
 SHAPE_KEYS = ("dtype", "batch", "heads", "kv_heads", "head_dim", "cq", "ck", "seq_len", "causal")
 CONFIG_KEYS = ("batch", "heads", "kv_heads", "head_dim")
@@ -512,14 +474,10 @@ def shape_ratios(results: list[dict]) -> list[dict]:
 
 def headline_ratios(data_or_results: Union[dict, list], seq_len: int = 8192,
                     kernel: tuple[int, int] = (6, 11)) -> list[dict]:
-    """Per configuration at ``seq_len`` and ``kernel``: conv/flash time, reference/conv time and conv/reference
-    peak memory of the forward (``conv_over_flash_time``...) and of the forward+backward
-    (``conv_over_flash_fwd_bwd_time``...), each with the two numbers it is made of (``"<impl>_<key>"``, e.g.
-    ``mta_conv_fwd_ms``, ``mta_conv_fwd_bwd_ms``).
-
-    A ratio is None where a side is missing (skipped, out of memory, not measured
-    by an older run); ``check_ok`` says whether mta.conv_attention passed its check there.
-    """
+    """Per configuration at ``seq_len`` and ``kernel``: the :data:`HEADLINE` ratios of the forward
+    (``conv_over_flash_time``...) and of the forward+backward (``conv_over_flash_fwd_bwd_time``...), each with the
+    two numbers it is made of (``"<impl>_<key>"``, e.g. ``mta_conv_fwd_ms``). A ratio is None where a side is
+    missing (skipped, out of memory, not measured by an older run); ``check_ok``: whether mta_conv passed there."""
     results = data_or_results["results"] if isinstance(data_or_results, dict) else data_or_results
     entries = []
     for key, records in by_shape(results).items():

@@ -1,20 +1,19 @@
 """Benchmark of a decode step: one new query per sequence against a KV cache of N tokens.
 
-For every shape, in one run and on the same fresh random inputs (bf16, every
-cache position valid), the time of:
+For every shape, on the same fresh random inputs (bf16, every cache position valid), the time of:
 
 * ``mta_decode``: :func:`mta.decode_attention` (split-K), the implementation under test;
 * ``mta_conv_decode``: :func:`mta.conv_decode_attention` with a 6 x 11 kernel (MTA decode);
-* ``sdpa``: ``F.scaled_dot_product_attention`` with the one query (``enable_gqa=True``; not causal: the
-  last query sees every key, and SDPA's causal mask is top-left aligned);
+* ``sdpa``: SDPA with the one query (not causal: the last query sees every key, and SDPA's causal mask is
+  top-left aligned);
 * ``mta_flash``: :func:`mta.flash_attention` used for decode (one query tile per head walks every key);
 * ``conv_reference``: the last row of :func:`mta.conv_attention_reference` on the whole sequence (what MTA
   decode costs without a kernel), only where its ``N x N`` matrices fit (:func:`reference_fit`);
 * ``read``: ``k.sum() + v.sum()``, a plain read of the cache, the ceiling.
 
-Each is reported in microseconds and in TB/s: the bytes of K and V (plus, for MTA, the ``cq - 1 + n`` query
-rows it reads) over the time. Before timing, ``mta_decode`` is checked against SDPA on fp32 copies of the
-inputs and ``mta_conv_decode`` against :func:`last_rows_reference` (exact, fp32), one sequence at a time.
+Each in microseconds and in TB/s: the bytes of K and V (plus, for MTA, the ``cq - 1 + n`` query rows it reads)
+over the time. Before timing, ``mta_decode`` is checked against SDPA on fp32 copies of the inputs and
+``mta_conv_decode`` against :func:`last_rows_reference` (exact, fp32), one sequence at a time.
 """
 
 from __future__ import annotations
@@ -28,7 +27,8 @@ import torch.nn.functional as F
 from mta import conv_attention_reference, conv_decode_attention, decode_attention, flash_attention
 
 from . import conv, harness
-from .harness import Benchmark, Pass, by_shape, cuda_free_bytes, describe_error, rel_err, text_table
+from .flash import tflops
+from .harness import Benchmark, Pass, by_shape, check_failed, cuda_free_bytes, describe_error, rel_err, text_table
 from .timing import timing_config
 
 DTYPE = "bfloat16"
@@ -98,9 +98,6 @@ def reference_fit(shape: DecodeShape, free_bytes: int) -> Optional[str]:
     return conv.reference_fit(shape, free_bytes)["reason"]
 
 
-# --- implementations and their references ----------------------------------------------------
-
-
 def random_inputs(shape: DecodeShape, device) -> dict:
     """Standard-normal caches and new queries (the last ``n`` rows of ``q_cache``); fp32 weight per head."""
     dtype = getattr(torch, shape.dtype)
@@ -130,8 +127,9 @@ def default_impls() -> dict[str, Callable[[dict], torch.Tensor]]:
 
 
 def last_rows_reference(q_cache, k, v, weight, n: int = 1) -> torch.Tensor:
-    """Rows ``N - n .. N - 1`` of the causal MTA forward from ``cq - 1 + n`` query rows (``O(cq N)`` memory),
-    in the inputs' dtype: scores of those rows, zeroed in their future, convolved, masked, softmax, ``@ v``."""
+    """Rows ``N - n .. N - 1`` (``[B, Hq, n, D]``) of the causal MTA forward from ``cq - 1 + n`` query rows (``O(cq
+    N)`` memory), in the inputs' dtype: scores of those rows, zeroed in their future, convolved, masked, softmax,
+    ``@ v``."""
     B, Hq, N, D = q_cache.shape
     cq, ck = weight.shape[1:]
     rows = torch.arange(N - n - (cq - 1), N, device=q_cache.device)  # before 0: the zero padding
@@ -159,9 +157,6 @@ def check(impl: str, fn: Callable, x: dict) -> dict:
     except Exception as exc:  # noqa: BLE001  (a failing kernel is a result)
         result["error"] = describe_error(exc)
     return result
-
-
-# --- the benchmark ---------------------------------------------------------------------------
 
 
 class DecodeBenchmark(Benchmark):
@@ -195,7 +190,7 @@ class DecodeBenchmark(Benchmark):
     def finish(self, r):
         r["bytes"] = bytes_read(self.shape_of(r), r["impl"])
         r["us"] = r["ms"] * 1e3 if r["ms"] is not None else None
-        r["tbps"] = r["bytes"] / (r["ms"] * 1e-3) / 1e12 if r["ms"] else None
+        r["tbps"] = tflops(r["bytes"], r["ms"])
 
     def summarize(self, results):
         return {"summary": summary(results)}
@@ -242,12 +237,9 @@ def format_table(results: list[dict]) -> str:
     columns = [("B", "{}"), ("Hq", "{}"), ("Hkv", "{}"), ("D", "{}"), ("N", "{}")]
     columns += [(f"{name} us", "{:.1f}") for name in IMPLS]
     columns += [(f"{name} TB/s", "{:.2f}") for name in ("mta_decode", "mta_conv_decode", "read")] + [("", "")]
-    rows = []
-    for key, records in by_shape(results, KEYS).items():
-        failed = any(not (records.get(n, {}).get("check") or {"ok": True})["ok"] for n in CHECKED)
-        rows.append(list(key) + [records.get(n, {}).get("us") for n in IMPLS]
-                    + [records.get(n, {}).get("tbps") for n in ("mta_decode", "mta_conv_decode", "read")]
-                    + ["!" if failed else ""])
+    rows = [list(key) + [records.get(n, {}).get("us") for n in IMPLS]
+            + [records.get(n, {}).get("tbps") for n in ("mta_decode", "mta_conv_decode", "read")]
+            + ["!" if check_failed(records, CHECKED) else ""] for key, records in by_shape(results, KEYS).items()]
     return "microseconds per decode step (! = an mta decoder failed its check)\n" + text_table(columns, rows)
 
 
@@ -260,8 +252,7 @@ def format_summary(summary_rows: list[dict]) -> str:
 
 def plot_decode(source, *, ax_size: tuple = (3.4, 2.8)):
     """Time (us) and TB/s against cache length, log-log: one column per (batch, configuration), one line per
-    implementation, the plain read dashed; mta_decode points that failed their check crossed out. Returns the
-    Figure."""
+    implementation, the plain read dashed; mta_decode points that failed their check crossed out."""
     from .plots import grid_columns, impl_grid, load_results, titled
 
     data = load_results(source)

@@ -1,15 +1,10 @@
 """Benchmark of ``mta.flash_attention`` against PyTorch SDPA's flash and cuDNN backends.
 
-For every shape, in one run, the forward and forward+backward times of each
-implementation are measured on the same fresh random inputs; backward time is
-their difference. Before timing, ``mta.flash_attention``'s output and
-gradients are checked against SDPA. The forward is timed with inputs that
-require grad (the forward of a training step), because the backward time is
-derived from it.
-
-Shapes keep the work per token fixed: 16384 tokens in total (batch
-``16384 // N``) and model width 2048 (``2048 // d`` heads), as in the
-FlashAttention-2 paper's benchmarks.
+For every shape, the forward and forward+backward times of each implementation on the same fresh random inputs;
+the backward's time is their difference, so the forward is timed with inputs that require grad (as in a training
+step). Before timing, ``mta.flash_attention``'s output and gradients are checked against SDPA. Shapes keep the
+work per token fixed, as the FlashAttention-2 paper's benchmarks do: 16384 tokens in total (batch ``16384 // N``)
+and model width 2048 (``2048 // d`` heads).
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ import torch.nn.functional as F
 from mta import flash_attention
 
 from . import harness
-from .harness import Benchmark, Pass, by_shape, describe_error, ratio, rel_err, text_table
+from .harness import Benchmark, Pass, by_shape, check_failed, describe_error, ratio, recorded_call, rel_err, text_table
 from .timing import timing_config
 
 TOTAL_TOKENS = 16384
@@ -40,6 +35,7 @@ TESTED_IMPL = "mta"
 BASELINES = ("sdpa_flash", "sdpa_cudnn")
 #: Ratios are summarized over these sequence lengths (short ones are launch-bound).
 SUMMARY_MIN_SEQ_LEN = 2048
+GROUP_KEYS = ("dtype", "head_dim", "causal")
 
 #: Largest accepted ``||mta - sdpa|| / ||sdpa||`` per dtype: for the output, and for each of dq, dk, dv.
 OUT_TOLERANCE = {"bfloat16": 2e-2, "float16": 1e-2}
@@ -68,11 +64,8 @@ class FlashShape:
 
 
 def flash_shapes(quick: bool = False) -> list[FlashShape]:
-    """All shapes, grouped by (dtype, head dim, causal), N increasing.
-
-    ``batch = TOTAL_TOKENS // N`` and ``heads = MODEL_DIM // d``: the same tokens and
-    model width at every point, so only the attention pattern changes.
-    """
+    """All shapes, grouped by (dtype, head dim, causal), N increasing; ``batch = TOTAL_TOKENS // N`` and ``heads =
+    MODEL_DIM // d``: the same tokens and model width at every point, so only the attention pattern changes."""
     dtypes = QUICK_DTYPES if quick else tuple(DTYPES)
     seq_lens = QUICK_SEQ_LENS if quick else SEQ_LENS
     return [FlashShape(dtype, d, causal, n, batch=TOTAL_TOKENS // n, heads=MODEL_DIM // d)
@@ -91,31 +84,25 @@ def backward_flops(batch: int, heads: int, seq_len: int, head_dim: int, causal: 
 
 
 def tflops(flops: float, ms: Optional[float]) -> Optional[float]:
-    """Throughput in TFLOP/s, None when there is no (positive) time."""
+    """Throughput in TFLOP/s (or TB/s of bytes), None when there is no (positive) time."""
     return flops / (ms * 1e-3) / 1e12 if ms is not None and ms > 0 else None
 
 
 # --- implementations and the check -----------------------------------------------------------
 
-
 def mta_flash(q, k, v, causal):
     return flash_attention(q, k, v, causal=causal)
 
 
-def sdpa_name(backend_name: str) -> str:
-    """``"FLASH_ATTENTION"`` -> ``"sdpa_flash"``, the name used in results."""
-    return "sdpa_" + backend_name.lower().removesuffix("_attention")
-
-
 def sdpa_with(backend_name: str) -> Attention:
-    """SDPA restricted to one backend (GQA where k and v have fewer heads than q). Its ``is_causal`` masks
-    top-left aligned; with Nq == Nk that is mta's mask. A backend that refuses raises (the harness records why)."""
+    """SDPA restricted to one backend, named like ``"sdpa_flash"`` (GQA where k and v have fewer heads than q); a
+    backend that refuses raises. Its ``is_causal`` masks top-left aligned: with Nq == Nk that is mta's mask."""
     def sdpa(q, k, v, causal):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
         with sdpa_kernel(getattr(SDPBackend, backend_name)):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
-    sdpa.__name__ = sdpa_name(backend_name)
+    sdpa.__name__ = "sdpa_" + backend_name.lower().removesuffix("_attention")
     return sdpa
 
 
@@ -128,11 +115,12 @@ def reference_output(q, k, v, dout, causal):
     """``(backend name, out, (dq, dk, dv))`` from the first SDPA backend that runs."""
     failures = []
     for backend in REFERENCE_BACKENDS:
+        sdpa = sdpa_with(backend)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a refusing backend warns before it raises
-                out = sdpa_with(backend)(q, k, v, causal)
-                return sdpa_name(backend), out, torch.autograd.grad(out, (q, k, v), dout)
+                out = sdpa(q, k, v, causal)
+                return sdpa.__name__, out, torch.autograd.grad(out, (q, k, v), dout)
         except Exception as exc:  # noqa: BLE001  (any refusal: try the next backend)
             failures.append(f"{backend}: {describe_error(exc)}")
     raise RuntimeError("no SDPA backend could compute the reference: " + "; ".join(failures))
@@ -148,15 +136,14 @@ def check_against_reference(fn: Attention, q, k, v, dout, causal: bool, dtype: s
     except RuntimeError as exc:
         check["error"] = str(exc)
         return check
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            out = fn(q, k, v, causal)
-            check["out_rel_err"] = rel_err(out, ref_out)
-            grads = torch.autograd.grad(out, (q, k, v), dout)
-        except Exception as exc:  # noqa: BLE001  (recorded: a failing kernel is a result)
-            check["error"] = describe_error(exc, caught)
-            return check
+
+    def run():
+        out = fn(q, k, v, causal)
+        check["out_rel_err"] = rel_err(out, ref_out)
+        return torch.autograd.grad(out, (q, k, v), dout)
+    grads, check["error"] = recorded_call(run)
+    if check["error"] is not None:
+        return check
     check["grad_rel_err"] = {name: rel_err(g, ref) for name, g, ref in zip(("dq", "dk", "dv"), grads, ref_grads)}
     check["ok"] = (check["out_rel_err"] <= tolerance["out"]
                    and all(e <= tolerance["grad"] for e in check["grad_rel_err"].values()))
@@ -171,9 +158,6 @@ def format_check(check: dict) -> str:
             f"grad rel err {grads} (tol {check['tolerance']['grad']:.0e}) vs {check['reference']}")
 
 
-# --- the benchmark ---------------------------------------------------------------------------
-
-
 class FlashBenchmark(Benchmark):
     name, out = "flash", "figures/bench_flash.json"
     help = "mta.flash_attention vs SDPA flash and cuDNN backends"
@@ -183,6 +167,7 @@ class FlashBenchmark(Benchmark):
     Shape, tested = FlashShape, TESTED_IMPL
     passes = (Pass("fwd", "fwd_ms"), Pass("fwd_bwd", "fwd_bwd_ms", error_key="bwd_error"))
     shapes, default_impls = staticmethod(flash_shapes), staticmethod(default_impls)
+    format_check = staticmethod(format_check)
 
     def inputs(self, shape, device):
         """Fresh standard-normal ``q, k, v`` (requiring grad) and ``dout``."""
@@ -213,8 +198,6 @@ class FlashBenchmark(Benchmark):
     def summarize(self, results):
         return {"summary": median_ratios(results)}
 
-    format_check = staticmethod(format_check)
-
     def config(self, quick, warmup, rep):
         shapes = flash_shapes(quick)
         return {
@@ -237,10 +220,6 @@ class FlashBenchmark(Benchmark):
 
 # --- reporting -------------------------------------------------------------------------------
 
-
-GROUP_KEYS = ("dtype", "head_dim", "causal")
-
-
 def median_ratios(results: list[dict], min_seq_len: int = SUMMARY_MIN_SEQ_LEN) -> list[dict]:
     """Per (dtype, head dim, causal): the median over N >= ``min_seq_len`` of mta's TFLOPS / a baseline's
     (``fwd_vs_sdpa_flash``...)."""
@@ -254,12 +233,10 @@ def format_table(results: list[dict]) -> str:
     columns = [("dtype", ""), ("d", "{}"), ("causal", ""), ("N", "{}")]
     columns += [(f"{n} {p}", "{:.1f}") for n in names for p in passes]
     columns += [(f"mta/{b.removeprefix('sdpa_')} {p}", "{:.2f}") for b in BASELINES for p in passes] + [("", "")]
-    rows = []
-    for (dtype, d, causal, n), records in by_shape(results, (*GROUP_KEYS, "seq_len")).items():
-        check = records.get(TESTED_IMPL, {}).get("check")
-        rows.append([dtype, d, str(causal), n] + [records.get(x, {}).get(f"{p}_tflops") for x in names for p in passes]
-                    + [ratio(records, TESTED_IMPL, b, f"{p}_tflops") for b in BASELINES for p in passes]
-                    + ["!" if check is not None and not check["ok"] else ""])
+    rows = [[dtype, d, str(causal), n] + [records.get(x, {}).get(f"{p}_tflops") for x in names for p in passes]
+            + [ratio(records, TESTED_IMPL, b, f"{p}_tflops") for b in BASELINES for p in passes]
+            + ["!" if check_failed(records, [TESTED_IMPL]) else ""]
+            for (dtype, d, causal, n), records in by_shape(results, (*GROUP_KEYS, "seq_len")).items()]
     return "TFLOPS (! = mta failed its correctness check)\n" + text_table(columns, rows)
 
 

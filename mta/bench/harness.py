@@ -1,16 +1,13 @@
 """The skeleton every benchmark shares.
 
-A benchmark is a :class:`Benchmark` subclass that declares its shapes, its
-implementations, its correctness check, its table and its plot. :func:`run`
-does the rest, the same way for all: a progress bar over the shapes, the
-check before anything is timed (a failure is printed at once and again at the
-end, and makes the exit status 1), the timing (:mod:`mta.bench.timing`), the
-JSON (provenance, config, results; non-finite floats written as null;
-rewritten after every shape, so ``--resume`` can go on from an interrupted
-run) and the PNG next to it.
+A benchmark is a :class:`Benchmark` subclass that declares its shapes, implementations, correctness check, table
+and plot. :func:`run` does the rest, the same way for all: a progress bar over the shapes, the check before
+anything is timed (a failure is printed at once and again at the end, and makes the exit status 1), the timing
+(:mod:`mta.bench.timing`), the JSON (provenance, config, results; non-finite floats written as null; rewritten
+after every shape, so ``--resume`` can go on from an interrupted run) and the PNG next to it.
 
-Records are flat dicts: the shape's fields, the measurements and, where
-something was checked, ``"check"``: a dict whose ``"ok"`` says if it passed.
+Records are flat dicts: the shape's fields, the measurements and, where something was checked, ``"check"``: a
+dict whose ``"ok"`` says if it passed.
 """
 
 from __future__ import annotations
@@ -33,8 +30,8 @@ RESUME_KEYS = ("gpu", "torch", "triton", "git_commit", "mta_source_sha256")
 
 @dataclass(frozen=True)
 class Pass:
-    """One measured pass of every implementation (e.g. forward, forward+backward) and where its numbers go:
-    its time, its peak extra memory (``memory_key`` None: not measured) and its error."""
+    """One measured pass of every implementation (e.g. forward, forward+backward) and the keys of its time, its
+    peak extra memory (None: not measured) and its error."""
 
     name: str
     time_key: str
@@ -44,8 +41,8 @@ class Pass:
 
 @dataclass
 class Tools:
-    """What measuring needs; tests pass fakes. ``timer(fn, before_each=None) -> ms``,
-    ``memory(fn) -> bytes``, ``warn(line)`` prints without breaking the progress bar."""
+    """What measuring needs; tests pass fakes. ``timer(fn, before_each=None) -> ms``, ``memory(fn) -> bytes``,
+    ``warn(line)`` prints without breaking the progress bar."""
 
     timer: Callable[..., float]
     memory: Callable[[Callable], int]
@@ -58,11 +55,11 @@ class Benchmark:
 
     * ``shapes(quick) -> list`` of ``Shape`` (a frozen dataclass with ``label()``),
     * ``config(quick, warmup, rep) -> dict``, ``report(data) -> str`` (the table), ``plot(data) -> Figure``,
-    * either ``measure_shape(shape, tools) -> list of records``, or, to compare implementations of one
-      function with the default :meth:`measure_shape`: ``impls() -> {name: fn}``, ``inputs(shape, device)``,
+    * either ``measure_shape(shape, tools) -> list of records``, or, to compare implementations of one function
+      with the default :meth:`measure_shape`: ``default_impls() -> {name: fn}``, ``inputs(shape, device)``,
       ``check(name, fn, shape, inputs) -> {"ok", "error", ...}`` (for each of :attr:`checked`) and
-      ``calls(fn, shape, inputs) -> {pass name: (call, reset)}``: ``call()`` runs the pass, ``reset()``
-      (or None) runs before each call and after the last, outside the timed region.
+      ``calls(fn, shape, inputs) -> {pass name: (call, reset)}``: ``call()`` runs the pass, ``reset()`` (or
+      None) runs before each call and after the last, outside the timed region.
     """
 
     name = out = help = description = quick_help = ""  # subcommand, default JSON path, --help texts
@@ -78,10 +75,9 @@ class Benchmark:
         return (self.tested,) if self.tested else ()
 
     def __init__(self, impls: Optional[dict[str, Callable]] = None):
-        self._impls = impls
+        self._impls = impls  # tests give their own; None: default_impls()
 
     def impls(self) -> dict[str, Callable]:
-        """``{name: fn}``: those given to the constructor (tests), else :meth:`default_impls`."""
         return self.default_impls() if self._impls is None else self._impls
 
     @staticmethod
@@ -93,8 +89,8 @@ class Benchmark:
         return cls()
 
     def skip(self, impl: str, shape, inputs) -> Union[None, str, dict[str, str]]:
-        """Why ``impl`` is not run at ``shape``: a reason (no pass runs), ``{pass name: reason}`` (only
-        those passes do not run) or None (every pass runs). See :func:`measure`."""
+        """Why ``impl`` is not run at ``shape``: a reason (no pass runs), ``{pass name: reason}`` (those passes do
+        not run) or None (every pass runs)."""
         return None
 
     def finish(self, record: dict) -> None:
@@ -109,7 +105,6 @@ class Benchmark:
         return check.get("error") or "failed"
 
     def shape_of(self, record: dict):
-        """The shape a record was measured at."""
         return self.Shape(**{f.name: record[f.name] for f in fields(self.Shape)})
 
     def measure_shape(self, shape, tools: Tools) -> list[dict]:
@@ -136,16 +131,12 @@ class Benchmark:
         return records
 
 
-# --- measuring -------------------------------------------------------------------------------
-
-
 def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Optional[dict[str, str]] = None) -> dict:
     """Each pass's time (and peak extra memory) in order; the first failure ends the measuring.
 
-    A failure is recorded, not raised: status "oom" or "error", and the error with
-    the warnings raised along (SDPA says there why a backend refused). A pass in
-    ``skipped`` (``{pass name: reason}``) is not run: its error key holds the reason,
-    and the status is "skipped" unless a pass that ran failed.
+    A failure is recorded, not raised: status "oom" or "error", and the error with the warnings raised along
+    (SDPA says there why a backend refused). A pass in ``skipped`` (``{pass name: reason}``) is not run: its error
+    key holds the reason, and the status is "skipped" unless a pass that ran failed.
     """
     keys = [k for p in passes for k in (p.time_key, p.memory_key, p.error_key) if k]
     m, skipped = {**dict.fromkeys(keys), "status": "ok"}, skipped or {}  # every key the passes fill
@@ -176,6 +167,17 @@ def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Option
     elif skipped:
         m["status"] = "skipped"
     return m
+
+
+def recorded_call(fn: Callable, *args) -> tuple:
+    """``(fn(*args), None)``, or ``(None, error)`` where it raises: the exception and the warnings raised along
+    (:func:`describe_error`)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            return fn(*args), None
+        except Exception as exc:  # noqa: BLE001  (recorded: a failing kernel is a result)
+            return None, describe_error(exc, caught)
 
 
 def describe_error(exc: BaseException, caught=()) -> str:
@@ -220,13 +222,18 @@ def failure_line(bench: Benchmark, impl: Optional[str], shape, check: dict) -> s
 
 # --- reporting -------------------------------------------------------------------------------
 
-
 def by_shape(results: list[dict], keys: tuple[str, ...]) -> dict[tuple, dict[str, dict]]:
     """``{(record[k] for k in keys): {impl: record}}`` in the order of the results."""
     table: dict[tuple, dict[str, dict]] = {}
     for r in results:
         table.setdefault(tuple(r[k] for k in keys), {})[r["impl"]] = r
     return table
+
+
+def check_failed(records: dict[str, dict], impls) -> bool:
+    """Whether one of ``impls`` in ``{impl: record}`` failed its check (a record without one did not)."""
+    checks = [records.get(name, {}).get("check") for name in impls]
+    return any(check is not None and not check.get("ok") for check in checks)
 
 
 def ratio(records: dict[str, dict], a: str, b: str, key: str) -> Optional[float]:
@@ -237,8 +244,8 @@ def ratio(records: dict[str, dict], a: str, b: str, key: str) -> Optional[float]
 
 def median_ratios(results: list[dict], keys: tuple[str, ...], ratios: dict[str, tuple[str, str, str]],
                   min_seq_len: int) -> list[dict]:
-    """Per group of shapes equal in ``keys`` (all but ``seq_len``): the group's fields, ``min_seq_len`` and the
-    median over its N >= ``min_seq_len`` of each ratio ``{name: (a, b, key)}`` (:func:`ratio`; None if none)."""
+    """Per group of shapes equal in ``keys`` (all but ``seq_len``): its fields, ``min_seq_len`` and the median over
+    its N >= ``min_seq_len`` of each ratio ``{name: (a, b, key)}`` (:func:`ratio`; None if there is none)."""
     groups: dict[tuple, list[dict[str, dict]]] = {}
     for key, records in by_shape(results, (*keys, "seq_len")).items():
         if key[-1] >= min_seq_len:
@@ -253,18 +260,13 @@ def median_ratios(results: list[dict], keys: tuple[str, ...], ratios: dict[str, 
     return summary
 
 
-def _text(x, fmt: str) -> str:
-    return "-" if x is None else x if isinstance(x, str) else fmt.format(x)
-
-
 def text_table(columns: list[tuple[str, str]], rows: list[list]) -> str:
-    """``rows`` under a header and a rule, each column as wide as its widest cell.
-
-    ``columns``: ``(header, format)``, e.g. ``("ms", "{:.3f}")``. A cell is a
-    number (formatted), a string (as it is) or None (a dash); columns with the
-    format "" are text, left-aligned, the others right-aligned.
-    """
-    cells = [[h for h, _ in columns]] + [[_text(x, f) for x, (_, f) in zip(row, columns)] for row in rows]
+    """``rows`` under a header and a rule, each column as wide as its widest cell. ``columns``: ``(header,
+    format)``, e.g. ``("ms", "{:.3f}")``. A cell is a number (formatted), a string (as it is) or None (a dash);
+    columns with the format "" are text, left-aligned, the others right-aligned."""
+    def text(x, fmt: str) -> str:
+        return "-" if x is None else x if isinstance(x, str) else fmt.format(x)
+    cells = [[h for h, _ in columns]] + [[text(x, f) for x, (_, f) in zip(row, columns)] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = [" ".join(c.rjust(w) if f else c.ljust(w) for c, w, (_, f) in zip(row, widths, columns)).rstrip()
              for row in cells]
@@ -283,8 +285,7 @@ def json_safe(x):
 
 
 def save_png(fig, path: Path) -> Path:
-    """Write ``fig`` as :func:`mta.figures.save_figure` does (no timestamp metadata, so reruns diff cleanly), then
-    close it."""
+    """Write ``fig`` as :func:`mta.figures.save_figure` does (no timestamp, so reruns diff cleanly); close it."""
     import matplotlib.pyplot as plt
 
     try:
@@ -295,7 +296,6 @@ def save_png(fig, path: Path) -> Path:
 
 
 # --- the run ---------------------------------------------------------------------------------
-
 
 def run_shapes(bench: Benchmark, shapes: list, tools: Tools, *, done: Optional[list[dict]] = None,
                after_each: Optional[Callable[[list[dict]], None]] = None, progress: bool = True) -> list[dict]:
@@ -335,10 +335,8 @@ def resumable_results(path: Path, prov: dict, cfg: dict) -> list[dict]:
 
 def run_benchmark(bench: Benchmark, tools: Tools, *, out: Path, quick: bool = False, warmup: int = 10,
                   rep: int = 30, resume: bool = False, progress: bool = True) -> int:
-    """Measure, write ``out`` and the PNG beside it, print the table and every failed check.
-
-    Returns the exit status: 0, or 1 if a check failed.
-    """
+    """Measure, write ``out`` and the PNG beside it, print the table and every failed check; the exit status:
+    0, or 1 if a check failed."""
     from .provenance import provenance
 
     torch.manual_seed(0)

@@ -1,17 +1,13 @@
 """Benchmark of the launch order: causal kernels with their tiles numbered heaviest first, or the natural way.
 
-The kernels take their tile from :func:`mta.launch_order.heaviest_first`
-(through a shared helper). For the comparison this module builds a second JIT
-function from the *same* Python functions with that one name bound to
-:func:`natural_order` (tile = axis 0, head = axis 1), so there is no second
-copy of any kernel. Both run the tile the shipped kernel takes
-(:func:`_shipped_config`), on the same inputs, and their outputs are compared
-first: they must agree to the last bit (only which SM computes which tile
-changes).
+The kernels take their tile from :func:`mta.launch_order.heaviest_first` (through a shared helper). For the
+comparison this module builds a second JIT function from the *same* Python functions with that one name bound to
+:func:`natural_order` (tile = axis 0, head = axis 1), so there is no second copy of any kernel. Both run the tile
+the shipped kernel takes (:func:`_shipped_config`) on the same inputs, and their outputs must first agree to the
+last bit (only which SM computes which tile changes).
 
-Measured: the causal forward of :func:`mta.flash_attention` and the kernel of
-:func:`mta.conv_attention` (6 x 11, its pre-passes left out, as they do not
-depend on the order), bf16, B=1, H=8/D=64 and H=16/D=128, N = 1k to 16k.
+Measured: the causal forward of :func:`mta.flash_attention` and the kernel of :func:`mta.conv_attention` (6 x 11,
+its pre-passes left out: they do not depend on the order), bf16, B=1, H=8/D=64 and H=16/D=128, N = 1k to 16k.
 """
 
 from __future__ import annotations
@@ -28,6 +24,7 @@ from mta.launch import NO_SPECIALIZE
 from mta.launch_order import heaviest_first
 
 from .harness import Benchmark, Tools, failure_line, text_table
+from .plots import plot_launch_order
 from .timing import timing_config
 
 SHAPES = [(8, 64), (16, 128)]  # (heads, head dim), B = 1
@@ -50,8 +47,8 @@ def _is_jit(x) -> bool:
 
 def _natural_twin(jit_fn, **jit_options):
     """``jit_fn`` built again from its Python function with every call of ``heaviest_first`` bound to
-    :func:`natural_order`, also where it calls it through other ``@triton.jit`` helpers (those are rebuilt
-    the same way); ``jit_fn`` itself if it never reaches ``heaviest_first``."""
+    :func:`natural_order`, also through other ``@triton.jit`` helpers (rebuilt the same way); ``jit_fn`` itself if
+    it never reaches ``heaviest_first``."""
     fn = jit_fn.fn
     swaps = {}
     for name in fn.__code__.co_names:
@@ -73,8 +70,8 @@ def _natural_twin(jit_fn, **jit_options):
 
 
 def with_natural_order(kernel):
-    """``kernel`` built again with its tiles numbered the natural way (:func:`_natural_twin`),
-    with the same ``@triton.heuristics``."""
+    """``kernel`` built again with its tiles numbered the natural way (:func:`_natural_twin`), with the same
+    ``@triton.heuristics``."""
     heuristics = []
     while isinstance(kernel, triton.runtime.Heuristics):
         heuristics.append(kernel.values)
@@ -145,7 +142,7 @@ class LaunchOrderBenchmark(Benchmark):
                    "after checking both give the same output.")
     quick_help = "N in {2048, 8192}"
     exit_1 = "the outputs of the two orders differ"
-    Shape = OrderShape
+    Shape, plot = OrderShape, staticmethod(plot_launch_order)
 
     def __init__(self, dtype: str = "bfloat16"):
         self.dtype, self._natural = dtype, {}
@@ -190,7 +187,3 @@ class LaunchOrderBenchmark(Benchmark):
         return text_table(columns, [[r["kernel"], r["heads"], r["head_dim"], r["seq_len"], r["natural_ms"],
                                      r["heaviest_first_ms"], r["speedup"], "" if r["same_output"] else "OUTPUTS DIFFER"]
                                     for r in data["results"]])
-
-    def plot(self, data):
-        from .plots import plot_launch_order
-        return plot_launch_order(data)

@@ -1,9 +1,6 @@
-"""Figures from benchmark JSON files; no GPU needed.
-
-The benchmarks draw their PNGs with these functions, and notebooks call them
-to plot the committed results on any machine. Each benchmark gets one
-``plot_<name>`` function; the helpers above them (loading, filtering, line
-styles, titles) are shared.
+"""Figures from benchmark JSON files, no GPU needed: the benchmarks draw their PNGs with these functions, and
+notebooks call them to plot the committed results. One ``plot_<name>`` per benchmark (the decode benchmark's is
+:func:`mta.bench.decode.plot_decode`), on shared helpers (loading, filtering, line styles, the grid, titles).
 """
 
 from __future__ import annotations
@@ -89,10 +86,10 @@ def titled(fig, title: str, data: dict, bottom: float):
 
 def impl_grid(records: list[dict], columns: list[tuple[str, dict]], rows: list[tuple], tested: str,
               failed_label: str, *, log: bool, ax_size: tuple, restyle: Optional[dict] = None):
-    """A grid of panels against sequence length, one line per implementation, ``tested``'s failed checks
-    crossed out in red. ``columns``: ``(title, fields the records match)`` (:func:`grid_columns`); ``rows``:
-    ``(key, title, y label, scale)``. Log-log (non-positive values left out), or linear y from 0 shared by the
-    row. ``restyle``: ``{impl: style items}`` that replace :func:`impl_style`'s in this figure."""
+    """A grid of panels against sequence length, one line per implementation, ``tested``'s failed checks crossed
+    out in red. ``columns``: ``(title, fields the records match)`` (:func:`grid_columns`); ``rows``: ``(key, title,
+    y label, scale)``. Log-log (non-positive values left out), or linear y from 0 shared by the row. ``restyle``:
+    ``{impl: style items}`` that replace :func:`impl_style`'s in this figure."""
     import matplotlib.pyplot as plt
 
     seq_lens = sorted({r["seq_len"] for r in records})
@@ -131,12 +128,8 @@ def impl_grid(records: list[dict], columns: list[tuple[str, dict]], rows: list[t
 
 
 def plot_flash(source: Union[str, Path, dict], dtype: str = "bfloat16", *, ax_size: tuple = (3.4, 2.8)):
-    """TFLOPS against sequence length from the flash benchmark.
-
-    Rows: forward, backward. Columns: (head dim, causal). One line per
-    implementation; mta points whose correctness check failed are crossed out
-    in red. Returns the matplotlib Figure (nothing is written).
-    """
+    """TFLOPS against sequence length from the flash benchmark: rows forward, backward; columns (head dim,
+    causal); one line per implementation. Returns the Figure (nothing is written)."""
     data = load_results(source)
     records = select(data["results"], dtype=dtype)
     if not records:
@@ -150,15 +143,10 @@ def plot_flash(source: Union[str, Path, dict], dtype: str = "bfloat16", *, ax_si
 
 
 def plot_conv(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
-    """Time and peak extra memory against sequence length from the conv benchmark, log-log.
-
-    Rows: forward time (ms), forward memory (MiB), and where the results have
-    them (not in older runs) forward+backward time and memory. Columns:
-    (configuration, kernel). One line per implementation; a point that was
-    skipped (the reference does not fit), ran out of memory or failed is left out,
-    and mta.conv_attention points whose correctness check failed are crossed out
-    in red. Returns the Figure.
-    """
+    """Time and peak extra memory against sequence length from the conv benchmark, log-log. Rows: forward time
+    (ms) and memory (MiB), and where the results have them (not in older runs) forward+backward time and memory;
+    columns: (configuration, kernel); one line per implementation, a point that was skipped, ran out of memory or
+    failed left out."""
     data = load_results(source)
     records = [r for r in data["results"] if "cq" in r and "ck" in r]
     if not records:
@@ -184,11 +172,8 @@ def plot_conv(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
 
 
 def plot_launch_order(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 2.8)):
-    """Speedup of heaviest-first tile numbering over the natural one against sequence length.
-
-    One panel per kernel (flash forward, MTA forward), one line per (heads, head
-    dim). Works from the committed JSON on any machine. Returns the Figure.
-    """
+    """Speedup of heaviest-first tile numbering over the natural one against sequence length: one panel per kernel
+    (flash forward, MTA forward), one line per (heads, head dim)."""
     import matplotlib.pyplot as plt
 
     data = load_results(source)
@@ -214,10 +199,8 @@ def plot_launch_order(source: Union[str, Path, dict], *, ax_size: tuple = (3.4, 
 
 def plot_startup(source: Union[str, Path, dict], *, ax_size: tuple = (5.5, 3.2)):
     """Seconds of the first call in a fresh process, log axis: one panel per head dim, one group of bars per
-    (case, dtype), a bar for an empty and for a warm Triton cache; a dot marks the second call (steady state).
-
-    A failed probe has no bar and is marked "failed". Returns the Figure.
-    """
+    (case, dtype), a bar for an empty and for a warm Triton cache (none for a failed probe, marked "failed"); a
+    dot marks the second call (steady state)."""
     import matplotlib.pyplot as plt
 
     data = load_results(source)

@@ -1,8 +1,5 @@
-"""Where and with what a benchmark ran, recorded next to its numbers.
-
-Every probe tolerates its tool being absent (no GPU, no nvidia-smi, no git):
-the field is then None (or "cpu" for the GPU name), never an exception.
-"""
+"""Where and with what a benchmark ran, recorded next to its numbers. A probe whose tool is absent (no GPU, no
+nvidia-smi, no git) gives None (or "cpu" for the GPU name), never an exception."""
 
 from __future__ import annotations
 
@@ -33,7 +30,7 @@ def _run(cmd: list[str], cwd: Optional[Path] = None) -> Optional[str]:
 def _package_version(name: str) -> Optional[str]:
     try:
         return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
+    except importlib.metadata.PackageNotFoundError:  # e.g. triton installed as pytorch-triton
         return None
 
 
@@ -52,12 +49,8 @@ def gpu_info() -> dict:
 
 
 def git_info(root: Path = REPO_ROOT) -> dict:
-    """Commit of the checkout and whether ``mta/`` differs from it.
-
-    ``MTA_GIT_COMMIT``, when set, names the commit instead (dirty unknown): a
-    copy of the tree on a rented GPU machine may have no ``.git``, or a stale
-    one. Without either, None.
-    """
+    """Commit of the checkout and whether ``mta/`` differs from it, None without git. ``MTA_GIT_COMMIT``, when set,
+    names the commit instead (dirty unknown): a copy of the tree on a rented GPU machine may have a stale ``.git``."""
     if os.environ.get("MTA_GIT_COMMIT"):
         return {"git_commit": os.environ["MTA_GIT_COMMIT"], "git_dirty": None}
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)

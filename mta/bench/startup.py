@@ -1,17 +1,12 @@
 """Benchmark of the wait on the first call: every public kernel function, in a fresh process, at a new shape.
 
-For every (case, dtype, head dim) two fresh Python processes run the script
-:mod:`mta.bench.startup_probe`: the first with ``TRITON_CACHE_DIR`` set to a
-new empty directory ("empty cache": every kernel compiles, and autotunes where
-the package autotunes), the second with the same directory ("warm cache":
-compiled kernels are loaded from disk). The environment is otherwise the
-user's own. Each probe reports its import times, the first call's wall time
-(the number this benchmark is about) and a second call's (steady state, for
-contrast). A probe that fails is a result too: its stderr tail is recorded,
-printed, and the exit status is 1.
-
-The cases are :data:`mta.bench.startup_probe.CASES`; a new public function
-joins there.
+For every (case, dtype, head dim) two fresh Python processes run the script :mod:`mta.bench.startup_probe`: the
+first with ``TRITON_CACHE_DIR`` a new empty directory ("empty cache": every kernel compiles, and autotunes where
+the package autotunes), the second with the same directory ("warm cache": compiled kernels are loaded from
+disk); the environment is otherwise the user's own. Each probe reports its import times, the first call's wall
+time (the number this benchmark is about) and a second call's (steady state, for contrast). A probe that fails
+is a result too: its stderr tail is recorded, printed, and the exit status is 1. The cases are
+:data:`mta.bench.startup_probe.CASES`; a new public function joins there.
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ from typing import Callable
 
 from . import startup_probe
 from .harness import Benchmark, Tools, failure_line, text_table
+from .plots import plot_startup
 from .provenance import REPO_ROOT
 from .startup_probe import BATCH, CASES, DTYPES, HEADS, KV_HEADS, SEQ_LEN
 
@@ -64,8 +60,8 @@ def _tail(text, lines: int = 20) -> str:
 
 
 def run_probe(shape: StartupShape, cache_dir, timeout: float = PROBE_TIMEOUT_S) -> dict:
-    """One probe in a fresh Python process with ``TRITON_CACHE_DIR=cache_dir``: its JSON line, plus the process's
-    wall time; or ``error`` and ``stderr_tail`` if it fails."""
+    """One probe in a fresh Python process with ``TRITON_CACHE_DIR=cache_dir``: its JSON line and the process's
+    wall time, or ``error`` and ``stderr_tail`` if it fails."""
     cmd = [sys.executable, startup_probe.__file__, shape.case, shape.dtype, str(shape.head_dim),
            "--seq-len", str(shape.seq_len), "--batch", str(shape.batch), "--heads", str(shape.heads),
            "--kv-heads", str(shape.kv_heads)]
@@ -105,7 +101,7 @@ class StartupBenchmark(Benchmark):
     quick_help = "bf16 and fp32, d=128"
     exit_1 = "a probe failed or gave a non-finite output"
     timed = False
-    Shape = StartupShape
+    Shape, plot = StartupShape, staticmethod(plot_startup)
 
     def __init__(self, runner: Callable[[StartupShape, str], dict] = run_probe):
         self.runner = runner
@@ -140,14 +136,10 @@ class StartupBenchmark(Benchmark):
     def report(self, data):
         return format_table(data["results"])
 
-    def plot(self, data):
-        from .plots import plot_startup
-        return plot_startup(data)
-
 
 def format_table(results: list[dict]) -> str:
-    """Seconds per (case, dtype, head dim): imports and second call (of the warm run, else the empty one), and
-    the first call with an empty and with a warm cache."""
+    """Seconds per (case, dtype, head dim): imports and second call (of the warm run, else the empty one), and the
+    first call with an empty and with a warm cache."""
     columns = [("case", ""), ("dtype", ""), ("d", "{}"), ("import", "{:.2f}"), ("first call, empty", "{:.3f}"),
                ("first call, warm", "{:.3f}"), ("second call", "{:.4f}"), ("", "")]
     rows = []

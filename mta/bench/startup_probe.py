@@ -1,22 +1,16 @@
 """The first call of one public kernel function, in this fresh process: what ``python -m mta.bench startup`` runs.
 
-``python mta/bench/startup_probe.py CASE DTYPE HEAD_DIM [--seq-len N ...]``
-(a script, not ``-m``: that would import the package ``mta``, and torch,
-before the probe starts its clock) imports torch and mta (each import timed), makes random inputs on
-``mta.runtime.DEVICE``, then times with ``time.perf_counter`` the first call
-and a synchronize (compiling, autotuning, loading kernels: what a user waits
-for), and a second call the same way (steady state, for contrast). It prints
-one JSON line. A failing call raises: the process exits non-zero with the
-traceback on stderr.
+``python mta/bench/startup_probe.py CASE DTYPE HEAD_DIM [--seq-len N ...]`` (a script, not ``-m``, which would
+import ``mta`` and torch before the probe starts its clock) imports torch and mta (each import timed; only the
+standard library before them), makes random inputs on ``mta.runtime.DEVICE``, then times with
+``time.perf_counter`` the first call and a synchronize (compiling, autotuning, loading kernels: what a user waits
+for), and a second call the same way (steady state). It prints one JSON line; a failing call raises (non-zero
+exit, the traceback on stderr).
 
-Cases with a backward first run one trivial backward (``(w * 2).backward(g)``) and report its time as
-``torch_first_backward_s``: torch's own first backward in a process imports its symbolic-shape machinery
-(sympy: seconds, whatever kernels run), a cost every training script pays once
-and that is not the kernel's. ``first_call_s`` starts after it. On the CPU (Triton's interpreter) it runs too, and
-skips dtypes the interpreter cannot compute exactly (bfloat16).
-
-To measure a new public function, add one :class:`Case` to :data:`CASES`.
-Only the standard library is imported before the timed imports.
+Cases with a backward first run one trivial backward and report its time as ``torch_first_backward_s``: torch's
+first backward in a process imports its symbolic-shape machinery (sympy: seconds), a cost every training script
+pays once and not the kernel's; ``first_call_s`` starts after it. On the CPU (Triton's interpreter) it skips
+dtypes the interpreter cannot compute exactly (bfloat16). A new public function joins as one :class:`Case`.
 """
 
 from __future__ import annotations
@@ -36,11 +30,9 @@ KERNEL_SIZE = (6, 11)
 
 @dataclass(frozen=True)
 class Case:
-    """A public function's first call, ``mta.<function>(*inputs named by args, causal=True where causal)``; its
-    output (and, with ``grad``, the gradients of its inputs) checked finite afterwards.
-
-    ``grad``: the inputs require grad and ``out.backward(dout)`` follows the call; otherwise the call runs under
-    ``torch.no_grad()``. ``q_last`` is the last query row ``q[:, :, -1:]`` (one decode step).
+    """A public function's first call, ``mta.<function>(*inputs named by args, causal=True where causal)``, its
+    output (and gradients) checked finite afterwards. ``grad``: the inputs require grad and ``out.backward(dout)``
+    follows the call; otherwise it runs under ``torch.no_grad()``. ``q_last``: ``q[:, :, -1:]`` (a decode step).
     """
 
     name: str

@@ -1,21 +1,13 @@
 """GPU timing with CUDA events, and peak extra memory of a call.
 
-Each repetition gets its own start/end event pair, so the result is a median
-over repetitions (robust to a stray slow launch), not a mean over a batch.
-Before every repetition, outside the timed region, a 256 MB buffer is
-written: this evicts the inputs from L2 (50 MB on an H100), so every
-repetition reads them from HBM as a real training step would. Then the GPU
-is told to spin (``torch.cuda._sleep``): while it does, Python launches the
-timed kernels, so the events time the GPU's work and not the launch overhead
-of the Python wrappers (which exceeds the kernels' own time at small sizes).
-The spin must outlast that launch: after the warm-up, the host time of a few
-un-synchronised calls is measured, and the spin lasts twice the second longest,
-at least :data:`LAUNCH_LEAD_CYCLES` (about 1 ms); the spin's cycles per
-millisecond are timed once per GPU.
+Each repetition gets its own start/end event pair; the result is their median (robust to a stray slow launch).
+Before every repetition, outside the timed region, a 256 MB write evicts the inputs from L2 (50 MB on an H100),
+so each one reads them from HBM as a training step would. Then the GPU spins (``torch.cuda._sleep``) while
+Python queues the timed kernels, so the events time the GPU's work, not the Python wrappers' launch overhead
+(which exceeds the kernels' time at small sizes). The spin lasts twice the call's host launch time (the second
+longest of a few un-synchronised calls after the warm-up), at least :data:`LAUNCH_LEAD_CYCLES`.
 
-Only real GPU numbers are wanted: every function here raises RuntimeError
-without CUDA. Code that must run on a CPU (tests) takes a timer argument and
-passes a fake one.
+Everything here raises RuntimeError without CUDA: code that runs on the CPU (tests) takes a fake timer.
 """
 
 from __future__ import annotations
@@ -65,8 +57,8 @@ def flush_l2(device: torch.device) -> None:
 
 
 def spin_cycles_per_ms(device: torch.device) -> float:
-    """Cycles ``torch.cuda._sleep`` spins per millisecond on ``device``: the fastest of three timed spins of
-    :data:`CALIBRATION_CYCLES` (the fastest gives the longest spins, erring on the safe side), cached."""
+    """Cycles ``torch.cuda._sleep`` spins per millisecond on ``device``, cached: from the fastest of three timed
+    spins of :data:`CALIBRATION_CYCLES` (the fastest gives the longest spins, erring on the safe side)."""
     if device not in _cycles_per_ms:
         times = []
         for _ in range(3):
@@ -82,10 +74,9 @@ def spin_cycles_per_ms(device: torch.device) -> float:
 
 def launch_lead_cycles(fn: Callable[[], object], device: torch.device,
                        before_each: Optional[Callable[[], None]] = None) -> int:
-    """Cycles to spin before each timed call of ``fn`` (:data:`LAUNCH_LEAD`), so the GPU still spins when the
-    call's last kernel is queued: twice the host time of launching ``fn``, the second longest of
-    :data:`LAUNCH_PROBES` un-synchronised calls (``before_each`` untimed), at least :data:`LAUNCH_LEAD_CYCLES`.
-    Synchronises after the last call."""
+    """Cycles to spin before each timed call of ``fn``, so the GPU still spins when its last kernel is queued:
+    twice the host time of launching ``fn`` (the second longest of :data:`LAUNCH_PROBES` un-synchronised calls,
+    ``before_each`` untimed), at least :data:`LAUNCH_LEAD_CYCLES`. Synchronises after the last call."""
     launch_ms = []
     for _ in range(LAUNCH_PROBES):
         if before_each is not None:
@@ -98,17 +89,10 @@ def launch_lead_cycles(fn: Callable[[], object], device: torch.device,
 
 
 def time_samples_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
-                    before_each: Optional[Callable[[], None]] = None, flush: bool = True) -> list[float]:
-    """Times of ``rep`` calls of ``fn`` in milliseconds, one CUDA event pair per call.
-
-    Args:
-        fn: the work to time; it should only launch GPU work.
-        warmup: untimed calls first (compilation, autotuning, allocator warm-up).
-        rep: timed calls.
-        before_each: run before every call, outside the timed region
-            (e.g. drop accumulated gradients).
-        flush: write a 256 MB buffer before each timed call to empty L2.
-    """
+                    before_each: Optional[Callable[[], None]] = None) -> list[float]:
+    """Times in milliseconds of ``rep`` calls of ``fn`` (which should only launch GPU work), after ``warmup``
+    untimed ones (compilation, autotuning, allocator warm-up). ``before_each`` runs before every call, outside
+    the timed region (e.g. to drop accumulated gradients)."""
     device = require_cuda()
     if rep < 1 or warmup < 0:
         raise ValueError(f"need rep >= 1 and warmup >= 0, got rep={rep}, warmup={warmup}")
@@ -123,8 +107,7 @@ def time_samples_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30
     for start, end in zip(starts, ends):
         if before_each is not None:
             before_each()
-        if flush:
-            flush_l2(device)
+        flush_l2(device)
         torch.cuda._sleep(lead)  # the GPU waits here while Python queues start, fn, end
         start.record()
         fn()
@@ -134,17 +117,14 @@ def time_samples_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30
 
 
 def time_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
-            before_each: Optional[Callable[[], None]] = None, flush: bool = True) -> float:
+            before_each: Optional[Callable[[], None]] = None) -> float:
     """Median time of ``fn`` in milliseconds; see :func:`time_samples_ms`."""
-    return statistics.median(time_samples_ms(fn, warmup=warmup, rep=rep, before_each=before_each, flush=flush))
+    return statistics.median(time_samples_ms(fn, warmup=warmup, rep=rep, before_each=before_each))
 
 
 def peak_extra_memory_bytes(fn: Callable[[], object]) -> int:
-    """Bytes of GPU memory that ``fn`` allocates at its peak, above what was allocated before.
-
-    The result of ``fn`` is dropped right away, so what it returns counts only
-    while it is being computed.
-    """
+    """Bytes of GPU memory that ``fn`` allocates at its peak above what was allocated before (its result is
+    dropped at once, so it counts only while it is computed)."""
     device = require_cuda("peak memory measurement")
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
