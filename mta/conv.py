@@ -352,8 +352,12 @@ def compile_conv_ahead(q, k, v, weight, causal: bool, scale: float) -> None:
     by side (:func:`mta.launch.compile_ahead`; the forward and backward compile their own otherwise)."""
     if wants_gradients(q, k, v, weight):
         def forward_backward(q, k, v, weight, causal):
-            o, lse = conv_attention_forward(q, k, v, weight, causal, scale)
+            # The backward's launches are queued first: its dK/dV kernel is the longest compile of all (the
+            # first call waits for it), so it starts before the forward's are queued.
+            o = empty_contiguous(q)
+            lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
             conv_attention_backward(empty_contiguous(o), q, k, v, o, lse, weight, causal, scale)
+            conv_attention_forward(q, k, v, weight, causal, scale)
         compile_ahead("conv_forward_backward", forward_backward, q, k, v, weight, causal)
 
 
