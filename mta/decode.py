@@ -27,6 +27,11 @@ MAX_SPLITS = 128
 #: register shifts besides the loads, so two programs per SM hide each other's latency (on an H100, twice the
 #: splits of plain decode were 1.1-1.9x faster at 16k-64k keys; ``notes/performance.md``).
 MTA_PROGRAMS_PER_SM = 2
+#: MTA decode: while a far split holds at most this many keys, the band's program costs about what a far split's
+#: does, and the split count is chosen with it counted as one more program per row tile; longer splits leave it
+#: out. On an H100 at B = 8, 4k-8k keys, that took 3 splits instead of 4 and a step 5-21% less time; at 16k-64k
+#: keys the band is short beside a split, and counting it cost up to 21% (``notes/performance.md``).
+BAND_COUNTS_BELOW = 2048
 #: Splits of the merge kernel read per step.
 COMBINE_BLOCK_S = 16
 
@@ -94,12 +99,14 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_splits: int = MAX_SPLITS) -> int:
+def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_splits: int = MAX_SPLITS,
+                      extra: int = 0) -> int:
     """How many splits the keys of each sequence get, from host numbers only (no device sync).
 
     ``programs`` (batch x kv heads x row tiles) already fill the GPU at 80% of its ``sms``: 1. Otherwise,
-    over ``s = 1 .. min(max_splits, sms, key tiles of n_max)``, the wave efficiency of ``programs * s``
-    programs is ``w / ceil(w)``, ``w = programs * s / sms``; the answer is the smallest ``s`` within
+    over ``s = 1 .. min(max_splits, sms, key tiles of n_max)``, the wave efficiency of ``programs * (s + extra)``
+    programs (``extra``: programs besides the splits, MTA's band) is ``w / ceil(w)``,
+    ``w = programs * (s + extra) / sms``; the answer is the smallest ``s`` within
     :data:`SPLIT_EFFICIENCY` (85%) of the best, among the ``s`` that change the key tiles per split
     (``ceil(tiles / s)``; the others only add empty splits). ``n_max`` is the cache size, not the lengths on
     the device: reading them would synchronise.
@@ -111,7 +118,7 @@ def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_spl
                   if s == 1 or triton.cdiv(tiles, s) != triton.cdiv(tiles, s - 1)]
 
     def efficiency(s: int) -> float:
-        waves = programs * s / sms
+        waves = programs * (s + extra) / sms
         return waves / -(-waves // 1)
 
     best = max(efficiency(s) for s in candidates)
@@ -191,6 +198,8 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     if num_splits is None:
         slots = sm_count(k.device) * (MTA_PROGRAMS_PER_SM if ck > 1 else 1)
         num_splits = choose_num_splits(B * Hkv * row_tiles, n_max, block_n - (ck - 1), slots)
+        if e > 0 and n_max <= BAND_COUNTS_BELOW * num_splits:
+            num_splits = choose_num_splits(B * Hkv * row_tiles, n_max, block_n - (ck - 1), slots, extra=1)
     programs = num_splits + (e > 0)
     block_e = max(16, triton.next_power_of_2(n_new + e - 1))
     one = programs == 1

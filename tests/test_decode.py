@@ -142,6 +142,27 @@ def test_split_rule():
     assert decode.choose_num_splits(programs=1, n_max=100, block_n=64, sms=132) == 2
     assert decode.choose_num_splits(programs=1, n_max=10 ** 6, block_n=64, sms=132) <= decode.MAX_SPLITS
     assert all(1 <= decode.choose_num_splits(p, 1 << 17, 64, 132) <= 128 for p in range(1, 140))
+    # MTA's band counted as one more program per (sequence, kv head): 64 x (3 + 1) programs fill 97% of 264
+    # slots, where 64 x (4 + 1) would spill into a second wave.
+    assert decode.choose_num_splits(programs=64, n_max=4096, block_n=118, sms=264) == 4
+    assert decode.choose_num_splits(programs=64, n_max=4096, block_n=118, sms=264, extra=1) == 3
+
+
+@pytest.mark.parametrize("n_max, counted", [(64, True), (decode.BAND_COUNTS_BELOW * 64, False)])
+def test_mta_split_count_counts_the_band_when_splits_are_short(n_max, counted):
+    """MTA decode chooses its split count again with the band's program counted when a far split holds at most
+    BAND_COUNTS_BELOW keys; plain decode (no band) never does."""
+    w = rand(2, 2, 3)
+    seen = []
+    original = decode.choose_num_splits
+    try:
+        decode.choose_num_splits = lambda *a, **kw: seen.append(kw.get("extra", 0)) or original(*a, **kw)
+        mta.conv_decode_attention(rand(1, 2, n_max, 16), rand(1, 1, n_max, 16), rand(1, 1, n_max, 16), w,
+                                  cache_seqlens=[5])
+        mta.decode_attention(rand(1, 2, 1, 16), rand(1, 1, n_max, 16), rand(1, 1, n_max, 16), cache_seqlens=[5])
+    finally:
+        decode.choose_num_splits = original
+    assert seen == ([0, 1] if counted else [0]) + [0]
 
 
 def test_split_count_is_host_only():
