@@ -148,7 +148,7 @@ def test_split_rule():
     assert decode.choose_num_splits(programs=64, n_max=4096, block_n=118, sms=264, extra=1) == 3
 
 
-@pytest.mark.parametrize("n_max, counted", [(64, True), (decode.BAND_COUNTS_BELOW * 64, False)])
+@pytest.mark.parametrize("n_max, counted", [(64, True), (decode.BAND_COUNTS_BELOW * decode.MAX_SPLITS * 2, False)])
 def test_mta_split_count_counts_the_band_when_splits_are_short(n_max, counted):
     """MTA decode chooses its split count again with the band's program counted when a far split holds at most
     BAND_COUNTS_BELOW keys; plain decode (no band) never does."""
