@@ -159,13 +159,11 @@ class DecodeBenchmark(Benchmark):
     quick_help = "N in {4k, 64k}"
     Shape, tested, checked, passes = DecodeShape, TESTED_IMPL, CHECKED, (Pass("fwd", "ms"),)
     shapes, default_impls = staticmethod(decode_shapes), staticmethod(default_impls)
+    inputs = staticmethod(random_inputs)
 
     def __init__(self, impls: Optional[dict] = None, free_bytes: Callable[[], int] = cuda_free_bytes):
         super().__init__(impls)
         self._free_bytes = free_bytes
-
-    def inputs(self, shape, device):
-        return random_inputs(shape, device)
 
     def check(self, name, fn, shape, x):
         return check(name, fn, x)

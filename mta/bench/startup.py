@@ -98,13 +98,10 @@ class StartupBenchmark(Benchmark):
     quick_help = "bf16 and fp32, d=128"
     exit_1 = "a probe failed or gave a non-finite output"
     timed = False
-    Shape, plot = StartupShape, staticmethod(plot_startup)
+    Shape, shapes, plot = StartupShape, staticmethod(startup_shapes), staticmethod(plot_startup)
 
     def __init__(self, runner: Callable[[StartupShape, str], dict] = run_probe):
         self.runner = runner
-
-    def shapes(self, quick):
-        return startup_shapes(quick)
 
     def config(self, quick, warmup, rep):
         shapes = startup_shapes(quick)
