@@ -435,7 +435,7 @@ def run_all(cfg: ToyConfig, arms, seeds, out: Optional[Path] = None, *, progress
     """Train every (arm, seed) and return the results; with ``out``, write JSON after each run (runs of the same
     configuration already in the file are kept unless repeated) and a plot next to it; with ``weights_dir``,
     save each trained model there (:func:`weights_path`)."""
-    from .bench.provenance import provenance
+    from .bench.harness import provenance
 
     results = {"provenance": provenance(), "config": config_dict(cfg), "seq_len": cfg.task.seq_len, "runs": []}
     if out is not None and Path(out).exists():

@@ -17,7 +17,7 @@ import torch
 import mta
 from mta.bench import flash as fb
 from mta.bench import harness, plots
-from mta.bench.provenance import git_info, provenance, source_hash
+from mta.bench.harness import git_info, provenance, source_hash
 from mta.figures import FIGURES_DIR
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -190,7 +190,7 @@ def test_a_wrong_kernel_fails_its_check_and_is_reported(capsys):
     assert [r["check"]["ok"] for r in results] == [False, False]
     assert all(r["check"]["out_rel_err"] > 0.05 for r in results)
     assert capsys.readouterr().out.count("!!! mta FAILS ITS CHECK") == 2
-    assert all(line.rstrip().endswith("!") for line in fb.format_table(results).splitlines()[3:])
+    assert all(line.rstrip().endswith("!") for line in printed_tables(results)[0].splitlines()[3:])
 
 
 def test_an_unavailable_backend_is_recorded_not_fatal():
@@ -294,11 +294,16 @@ def test_median_ratios_skip_short_sequences():
         assert s["bwd_vs_sdpa_flash"] == pytest.approx(200 / 160)
         assert s["fwd_vs_sdpa_cudnn"] == pytest.approx((302 / 402 + 308 / 408) / 2)
         assert s["bwd_vs_sdpa_cudnn"] == pytest.approx(200 / 250)
-    assert "1.25" in fb.format_summary(summary)
+    assert "1.25" in printed_tables([], summary)[1]
+
+
+def printed_tables(results, summary=()):
+    """The report's tables (title, header, rule, rows): TFLOPS per shape, then the summary's medians."""
+    return fb.FlashBenchmark().report({"results": results, "summary": list(summary)}).split("\n\n")
 
 
 def test_table_has_one_row_per_shape_with_ratios():
-    lines = fb.format_table(synthetic_results()["results"]).splitlines()
+    lines = printed_tables(synthetic_results()["results"])[0].splitlines()
     rows = lines[3:]
     assert len(rows) == 12
     row = next(line for line in rows if re.match(r"bfloat16\s+128 True\s+2048 ", line))

@@ -92,7 +92,7 @@ def test_a_whole_run_at_tiny_shapes(tiny_run):
         assert ("check" in r) == (r["impl"] in db.CHECKED) and r.get("check", {"ok": True})["ok"]
     assert data["summary"] == []  # no N >= 16k here
     assert db.summary(records, min_seq_len=40)[0]["decode_of_read_tbps"] == pytest.approx(1.0)
-    table = db.format_table(records)
+    table = db.DecodeBenchmark().report(data).split("\n\n")[0]
     assert "microseconds per decode step" in table and "mta_conv_decode TB/s" in table
     assert not any(line.endswith("!") for line in table.splitlines())
     assert out.with_suffix(".png").stat().st_size > 0

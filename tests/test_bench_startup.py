@@ -137,7 +137,7 @@ def synthetic(fail=None):
 
 
 def test_table_shows_seconds_per_case():
-    lines = sb.format_table(synthetic(fail=("flash_forward", False))["results"]).splitlines()
+    lines = sb.StartupBenchmark().report(synthetic(fail=("flash_forward", False))).splitlines()
     assert len(lines) == 3 + 36
     rows = {tuple(line.split()[:3]): line.split()[3:] for line in lines[3:]}
     # import (torch + mta), first call with an empty cache, with a warm one, second call.

@@ -1,6 +1,6 @@
 """python -m mta.bench BENCHMARK: run a benchmark on a CUDA GPU, write JSON and a PNG.
 
-Each benchmark is one subcommand, a :class:`mta.bench.harness.Benchmark` subclass listed in :func:`benchmarks`.
+A subcommand per :class:`mta.bench.harness.Benchmark` subclass in :func:`benchmarks`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .provenance import REPO_ROOT
+from .harness import REPO_ROOT
 
 #: Exit status when no CUDA device is present: the benchmarks only produce real GPU numbers.
 EXIT_NO_CUDA = 2

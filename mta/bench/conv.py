@@ -1,19 +1,13 @@
 """Benchmark of ``mta.conv_attention`` (the fused MTA forward and backward) against what it replaces.
 
-For every shape, on the same fresh random inputs, two passes of six implementations, each with its time and peak
-extra memory: the forward (no input requires grad) and the forward+backward (``q, k, v`` and the fp32 weight are
-leaves requiring grad, cleared before each call outside the timed region; ``.backward(dout)``, ``dout`` fixed).
-
-* ``mta_conv``: :func:`mta.conv_attention`, the implementation under test;
-* ``conv_reference``: :func:`mta.conv_attention_reference`, which materializes several fp32 ``[B, H, N, N]``
-  matrices (what MTA costs without a fused kernel), differentiated by autograd, and
-  ``conv_reference_compiled``, its ``torch.compile``;
-* ``mta_flash``, ``sdpa_flash``, ``sdpa_cudnn``: plain causal attention (:func:`mta.flash_attention`, SDPA
-  restricted to its flash or its cuDNN backend), the floor.
-
-The references run per pass only where they fit in memory (:func:`reference_fits`). A skipped pass, an
-out-of-memory error, a backend that refuses or a ``torch.compile`` failure is recorded and the run goes on.
-Before timing, ``mta_conv``'s output and gradients (dq, dk, dv, dweight) are checked against the reference.
+Per shape, on the same fresh random inputs, two passes of six implementations, each with its time and peak extra
+memory: the forward (no input requires grad) and the forward+backward (``q, k, v`` and the fp32 weight are leaves
+requiring grad, cleared before each call, untimed; ``.backward(dout)``). ``mta_conv`` (:func:`mta.conv_attention`)
+is under test; ``conv_reference`` (:func:`mta.conv_attention_reference`, several fp32 ``[B, H, N, N]`` matrices:
+MTA without a fused kernel) and ``conv_reference_compiled`` (its ``torch.compile``) run per pass only where they
+fit in memory (:func:`reference_fits`); ``mta_flash``, ``sdpa_flash``, ``sdpa_cudnn`` are plain causal attention,
+the floor. A skip, an OOM or a refusing backend is recorded and the run goes on. Before timing, ``mta_conv``'s
+output and gradients are checked against the reference.
 """
 
 from __future__ import annotations
@@ -27,46 +21,39 @@ from mta import conv_attention
 from mta.reference import conv_attention_reference
 
 from . import flash, harness
-from .harness import (Benchmark, Pass, cuda_free_bytes, describe_error, is_oom, ratio, recorded_call, rel_err,
-                      release_memory, text_table)
+from .harness import (Benchmark, Pass, cuda_free_bytes, describe_error, is_oom, ratio, ratio_of, recorded_call,
+                      rel_err, release_memory, shape_rows)
 from .plots import plot_conv
 from .timing import timing_config
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPE = "bfloat16"
 CAUSAL = True
-#: ``(batch, query heads, kv heads, head dim)``.
-CONFIGS = ((1, 8, 8, 64), (1, 16, 16, 128))
-#: ``(cq, ck)``: query-axis and key-axis sizes of the convolution kernel.
-KERNELS = ((6, 11), (11, 11))
+CONFIGS = ((1, 8, 8, 64), (1, 16, 16, 128))  # (batch, query heads, kv heads, head dim)
+KERNELS = ((6, 11), (11, 11))  # (cq, ck): query-axis and key-axis sizes of the convolution kernel
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
 QUICK_KERNELS = ((6, 11),)
 QUICK_SEQ_LENS = (2048, 8192)
-#: Standard deviation of the random convolution weights (fp32, one kernel per head).
-WEIGHT_STD = 0.2
+WEIGHT_STD = 0.2  # of the random fp32 convolution weights, one kernel per head
 
-#: The implementation under test; the others are what it is compared with.
 TESTED_IMPL = "mta_conv"
 IMPLS = ("mta_conv", "mta_flash", "sdpa_flash", "sdpa_cudnn", "conv_reference", "conv_reference_compiled")
 #: Implementations that materialize ``[B, H, N, N]``: run only where :func:`reference_fit` says they fit.
 REFERENCE_IMPLS = ("conv_reference", "conv_reference_compiled")
-#: What is measured for every implementation: the forward, and the forward+backward.
 PASSES = (Pass("fwd", "fwd_ms", memory_key="peak_extra_bytes"),
           Pass("fwd_bwd", "fwd_bwd_ms", memory_key="fwd_bwd_peak_extra_bytes", error_key="bwd_error"))
 
-#: Largest accepted ``||mta - reference|| / ||reference||`` per input dtype: of the output ...
+#: Largest accepted ``||mta - reference|| / ||reference||`` per input dtype, of the output and of each gradient.
 TOLERANCE = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 1e-4}
-#: ... and of each gradient (against the reference in float64).
 GRAD_TOLERANCE = {"bfloat16": 5e-2, "float16": 2e-2, "float32": 1e-3}
 GRAD_NAMES = ("dq", "dk", "dv", "dweight")
 
-#: The reference's forward peak is bounded by this many fp32 ``[B, H, N, N]`` matrices alive at once, twice what
-#: it holds op by op (scores, padded scores, convolved scores; then scores, masked convolved scores, softmax):
-#: 3.06 measured on an H100, 3.3 on the CPU at N=256 (tests/test_bench_conv.py counts them).
+#: Bound on the fp32 ``[B, H, N, N]`` matrices the reference's forward holds at once: twice the 3 it holds op by
+#: op (scores, padded scores, convolved scores; then scores, masked, softmax): 3.06 on an H100, 3.3 on the CPU at
+#: N=256 (tests/test_bench_conv.py counts them).
 REFERENCE_LIVE_MATRICES = 6
-#: ... and its forward+backward by this many, twice again: autograd keeps the padded scores (for the weight's
-#: gradient) and the softmax, so the forward holds 4 at its softmax, and the softmax's backward 4 again (padded
-#: scores, softmax, dP = dO v^T, dC); 4.4 on the CPU at N=256, before the convolution's backward workspace.
+#: ... and its forward+backward: autograd keeps the padded scores and the softmax, so 4 at the softmax and 4 in its
+#: backward (padded scores, softmax, dP, dC); 4.4 on the CPU at N=256, before the convolution's workspace.
 REFERENCE_LIVE_MATRICES_BACKWARD = 8
 #: ... and it runs only if that bound is at most this fraction of the free GPU memory.
 REFERENCE_MAX_FREE_FRACTION = 0.6
@@ -79,7 +66,7 @@ ConvImpl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, boo
 
 @dataclass(frozen=True)
 class ConvShape:
-    """One benchmarked problem: ``q [B, H, N, D]``, ``k, v [B, Hkv, N, D]``, ``weight [H, cq, ck]``."""
+    """``q [B, H, N, D]``, ``k, v [B, Hkv, N, D]``, ``weight [H, cq, ck]``."""
 
     dtype: str
     batch: int
@@ -98,7 +85,7 @@ class ConvShape:
 
 
 def conv_shapes(quick: bool = False) -> list[ConvShape]:
-    """All benchmarked shapes, grouped by (configuration, kernel), N increasing."""
+    """Grouped by (configuration, kernel), N increasing."""
     kernels = QUICK_KERNELS if quick else KERNELS
     seq_lens = QUICK_SEQ_LENS if quick else SEQ_LENS
     return [ConvShape(DTYPE, b, h, hkv, d, cq, ck, n)
@@ -112,9 +99,8 @@ def reference_bytes_estimate(batch: int, heads: int, seq_len: int, matrices: int
 
 def reference_fit(shape: ConvShape, free_bytes: int, matrices: int = REFERENCE_LIVE_MATRICES,
                   what: str = "the reference") -> dict:
-    """Whether the materialized reference may run on ``shape`` with ``free_bytes`` of GPU memory free: if its
-    estimated peak (``matrices`` fp32 ``[B, H, N, N]`` matrices) is at most :data:`REFERENCE_MAX_FREE_FRACTION`
-    of it. ``heads_that_fit``: how many of its heads would (to check a slice of heads where all do not fit)."""
+    """Whether the reference's estimated peak (``matrices`` fp32 ``[B, H, N, N]``) is at most
+    :data:`REFERENCE_MAX_FREE_FRACTION` of ``free_bytes``; ``heads_that_fit``: how many of its heads would."""
     estimate = reference_bytes_estimate(shape.batch, shape.heads, shape.seq_len, matrices)
     budget = REFERENCE_MAX_FREE_FRACTION * free_bytes
     fits = estimate <= budget
@@ -143,9 +129,8 @@ def conv_reference(q, k, v, weight, causal):
 
 
 class CompiledReference:
-    """``torch.compile`` of the reference, compiled afresh (in the timer's warmup) for every new shape: dynamo's
-    caches are reset, so each shape gets static-shape graphs of its own, for the forward and for inputs requiring
-    grad (no silent fallback to eager once dynamo's recompile limit is reached)."""
+    """``torch.compile`` of the reference, compiled afresh (in the timer's warmup) for every new shape, dynamo's
+    caches reset: static-shape graphs per shape, never a silent fallback to eager at dynamo's recompile limit."""
 
     __name__ = "conv_reference_compiled"
 
@@ -161,17 +146,16 @@ class CompiledReference:
         return self._fn(q, k, v, weight, causal=causal)
 
 
+def sdpa_with(backend_name: str) -> ConvImpl:
+    """SDPA restricted to one backend (``"FLASH_ATTENTION"``, ``"CUDNN_ATTENTION"``) as a ConvImpl, no conv."""
+    return ignoring_weight(flash.sdpa_with(backend_name))
+
+
 def ignoring_weight(attention: flash.Attention) -> ConvImpl:
-    """Plain attention ``attention(q, k, v, causal)`` (:mod:`mta.bench.flash`) as a ConvImpl: no convolution."""
     def impl(q, k, v, weight, causal):
         return attention(q, k, v, causal)
     impl.__name__ = attention.__name__
     return impl
-
-
-def sdpa_with(backend_name: str) -> ConvImpl:
-    """SDPA restricted to one backend (``"FLASH_ATTENTION"``, ``"CUDNN_ATTENTION"``): plain attention, the floor."""
-    return ignoring_weight(flash.sdpa_with(backend_name))
 
 
 def default_impls(compile_reference: bool = True) -> dict[str, ConvImpl]:
@@ -196,7 +180,7 @@ def random_inputs(shape: ConvShape, device) -> tuple[torch.Tensor, ...]:
 
 
 def _head_slice(heads: int, kv_heads: int, wanted: int) -> tuple[int, int]:
-    """``(query heads, kv heads)`` of a leading slice of at most ``wanted`` query heads that keeps GQA groups whole."""
+    """``(query heads, kv heads)`` of a leading slice of at most ``wanted`` query heads, GQA groups kept whole."""
     group = heads // kv_heads
     if wanted >= group:
         q_heads = (wanted // group) * group
@@ -205,8 +189,8 @@ def _head_slice(heads: int, kv_heads: int, wanted: int) -> tuple[int, int]:
 
 
 def _on_head_slices(shape: ConvShape, wanted: int, attempt: Callable[[int, int], bool]) -> bool:
-    """``attempt(query heads, kv heads)`` on a leading slice of ``wanted`` query heads (:func:`_head_slice`),
-    then of half as many, ... until it returns True or no head is left; whether any slice was tried."""
+    """``attempt(query heads, kv heads)`` on a leading slice of ``wanted`` heads, then half as many... until it
+    returns True or no head is left; whether any slice was tried."""
     tried = wanted >= 1
     while wanted >= 1:
         hq, hkv = _head_slice(shape.heads, shape.kv_heads, wanted)
@@ -224,9 +208,9 @@ def _failure(exc: BaseException) -> str:
 
 def check_against_reference(fn: ConvImpl, q, k, v, weight, shape: ConvShape, fit: dict,
                             reference: Callable = conv_attention_reference) -> dict:
-    """Relative error of ``fn``'s output against the reference, and whether it passes: with all heads where the
-    reference fits (``fit["fits"]``); else, or if that fails (out of memory, or e.g. a conv2d too large for
-    cuDNN), against a float32 reference (inputs cast up) on the leading heads, halving them until it runs."""
+    """Relative error of ``fn``'s output against the reference, and whether it passes: all heads where the
+    reference fits (``fit``); else, or if that fails (OOM, a conv2d too large for cuDNN), a float32 reference
+    (inputs cast up) on the leading heads, halving them until it runs."""
     check = {"reference": None, "heads_checked": None, "rel_err": None, "tolerance": TOLERANCE[shape.dtype],
              "ok": False, "error": None, "notes": [], "reference_fit": fit}
     out, error = recorded_call(fn, q, k, v, weight, shape.causal)
@@ -255,22 +239,17 @@ def check_against_reference(fn: ConvImpl, q, k, v, weight, shape: ConvShape, fit
 
 
 def _grads(fn: Callable, tensors, dout) -> tuple[torch.Tensor, ...]:
-    """Gradients of ``fn(*leaves)`` with respect to leaves holding ``tensors``, for ``dout`` (zeros for a leaf
-    the output does not depend on)."""
+    """Gradients of ``fn(*leaves)`` for ``dout``, leaves holding ``tensors`` (zeros where unused)."""
     leaves = [t.detach().requires_grad_() for t in tensors]
     return torch.autograd.grad(fn(*leaves), leaves, dout, allow_unused=True, materialize_grads=True)
 
 
 def check_gradients(fn: ConvImpl, q, k, v, weight, dout, shape: ConvShape, fit: dict, check: dict,
                     reference: Callable = conv_attention_reference) -> dict:
-    """``check`` (the output's, :func:`check_against_reference`) with ``fn``'s gradients checked too.
-
-    ``grad_rel_err``: the relative errors of dq, dk, dv and dweight against the reference's autograd in float64,
-    on the heads the output was checked on, or fewer where the float64 forward+backward does not fit (``fit``) or
-    fails, halving as the output's check does. ``fn`` runs on all heads with ``dout`` zero beyond the slice, so
-    its dk and dv (sums over a GQA group's query heads) hold exactly the slice's share. ``ok``: the output and
-    every gradient within their tolerances.
-    """
+    """``check`` (the output's) with ``grad_rel_err``: dq, dk, dv, dweight against the reference's autograd in
+    float64, on the heads the output was checked on, halved while the float64 run does not fit (``fit``) or fails.
+    ``fn`` runs on all heads with ``dout`` zero beyond the slice, so its dk and dv (sums over a GQA group's query
+    heads) hold exactly the slice's share. ``ok``: the output and every gradient within tolerance."""
     check = {**check, "grad_reference": None, "grad_heads_checked": None, "grad_rel_err": None,
              "grad_tolerance": GRAD_TOLERANCE[shape.dtype], "notes": list(check["notes"])}
     error = None
@@ -320,7 +299,6 @@ def format_check(check: dict) -> str:
 
 # --- the benchmark ---------------------------------------------------------------------------
 
-
 class ConvBenchmark(Benchmark):
     name, out = "conv", "figures/bench_conv.json"
     help = ("mta.conv_attention forward and forward+backward vs the materialized reference, torch.compile of it, "
@@ -333,6 +311,7 @@ class ConvBenchmark(Benchmark):
     quick_help = "kernel 6x11, N in {2048, 8192}"
     Shape, tested, passes = ConvShape, TESTED_IMPL, PASSES
     shapes, plot = staticmethod(conv_shapes), staticmethod(plot_conv)
+    format_check = staticmethod(format_check)
 
     def __init__(self, impls: Optional[dict[str, ConvImpl]] = None, compile_reference: bool = True,
                  free_memory: Callable[[], int] = cuda_free_bytes):
@@ -352,8 +331,7 @@ class ConvBenchmark(Benchmark):
         return default_impls(self.compile_reference)
 
     def inputs(self, shape, device):
-        """``(q, k, v, weight, dout, fits)``: ``dout`` random in the inputs' dtype, :func:`reference_fits` from the
-        free memory before the inputs are made."""
+        """``(q, k, v, weight, dout, fits)``, :func:`reference_fits` from the free memory before the inputs."""
         fits = reference_fits(shape, self.free_memory())
         q, k, v, weight = random_inputs(shape, device)
         return q, k, v, weight, torch.randn_like(q), fits
@@ -374,7 +352,7 @@ class ConvBenchmark(Benchmark):
                 "fwd_bwd": (lambda: fn(*leaves, shape.causal).backward(dout), clear_grads)}
 
     def skip(self, impl, shape, inputs):
-        """The references' passes that do not fit (each with its reason), or None."""
+        """The references' passes that do not fit, each with its reason."""
         if impl not in REFERENCE_IMPLS:
             return None
         fits = inputs[-1]
@@ -383,10 +361,8 @@ class ConvBenchmark(Benchmark):
     def summarize(self, results):
         return {"shapes": shape_ratios(results)}
 
-    format_check = staticmethod(format_check)
-
-    def report(self, data):
-        return format_table(data["results"]) + "\n\n" + format_headline(data)
+    def tables(self, data):
+        return pass_tables(data["results"]) + headline_tables(data)
 
     def config(self, quick, warmup, rep):
         return config(quick, warmup, rep, self.compile_reference)
@@ -435,7 +411,7 @@ SHAPE_KEYS = ("dtype", "batch", "heads", "kv_heads", "head_dim", "cq", "ck", "se
 CONFIG_KEYS = ("batch", "heads", "kv_heads", "head_dim")
 #: Each pass's label, and the suffix its ratios' names take (``conv_over_flash_time``, ``..._fwd_bwd_time``).
 PASS_NAMES = {"fwd": ("forward", ""), "fwd_bwd": ("forward+backward", "_fwd_bwd")}
-#: The ratios of a pass, named with ``{}`` for its suffix: (numerator impl, denominator impl, "time" or "memory").
+#: The ratios of a pass, ``{}`` for its suffix: (numerator impl, denominator impl, "time" or "memory").
 PASS_RATIOS = {
     "conv_over_flash{}_time": ("mta_conv", "mta_flash", "time"),
     "conv_over_sdpa_flash{}_time": ("mta_conv", "sdpa_flash", "time"),
@@ -445,15 +421,11 @@ PASS_RATIOS = {
     "conv_over_reference{}_memory": ("mta_conv", "conv_reference", "memory"),
     "conv_over_reference_compiled{}_memory": ("mta_conv", "conv_reference_compiled", "memory"),
 }
-#: name -> (numerator impl, denominator impl, measured key): the ratios reported per shape, for the forward
-#: (``conv_over_flash_time``...) and the forward+backward (``conv_over_flash_fwd_bwd_time``...).
+#: name -> (numerator impl, denominator impl, measured key), for both passes.
 RATIOS = {name.format(PASS_NAMES[p.name][1]): (a, b, p.time_key if m == "time" else p.memory_key)
           for p in PASSES for name, (a, b, m) in PASS_RATIOS.items()}
-#: The ratios :func:`headline_ratios` reports for each pass, and how :func:`format_headline` shows them:
-#: (label, ratio format, format of the two numbers, their scale, their unit).
-HEADLINE = {"conv_over_flash{}_time": ("conv/flash time", "{:.2f}x", "{:.3f}", 1.0, "ms"),
-            "reference_over_conv{}_time": ("reference/conv time", "{:.1f}x", "{:.3f}", 1.0, "ms"),
-            "conv_over_reference{}_memory": ("conv/reference peak memory", "{:.2%}", "{:.1f}", 2.0 ** -20, "MiB")}
+#: The ratios :func:`headline_ratios` reports for each pass.
+HEADLINE = ("conv_over_flash{}_time", "reference_over_conv{}_time", "conv_over_reference{}_memory")
 
 
 def by_shape(results: list[dict]) -> dict[tuple, dict[str, dict]]:
@@ -472,15 +444,17 @@ def shape_ratios(results: list[dict]) -> list[dict]:
              "check_ok": _check_ok(records)} for key, records in by_shape(results).items()]
 
 
+def _results(data_or_results: Union[dict, list]) -> list[dict]:
+    return data_or_results["results"] if isinstance(data_or_results, dict) else data_or_results
+
+
 def headline_ratios(data_or_results: Union[dict, list], seq_len: int = 8192,
                     kernel: tuple[int, int] = (6, 11)) -> list[dict]:
-    """Per configuration at ``seq_len`` and ``kernel``: the :data:`HEADLINE` ratios of the forward
-    (``conv_over_flash_time``...) and of the forward+backward (``conv_over_flash_fwd_bwd_time``...), each with the
-    two numbers it is made of (``"<impl>_<key>"``, e.g. ``mta_conv_fwd_ms``). A ratio is None where a side is
-    missing (skipped, out of memory, not measured by an older run); ``check_ok``: whether mta_conv passed there."""
-    results = data_or_results["results"] if isinstance(data_or_results, dict) else data_or_results
+    """Per configuration at ``seq_len`` and ``kernel``: the :data:`HEADLINE` ratios of both passes, each with the
+    two numbers it is made of (``"<impl>_<key>"``, e.g. ``mta_conv_fwd_ms``), None where a side is missing;
+    ``check_ok``: whether mta_conv passed there."""
     entries = []
-    for key, records in by_shape(results).items():
+    for key, records in by_shape(_results(data_or_results)).items():
         shape = dict(zip(SHAPE_KEYS, key))
         if shape["seq_len"] == seq_len and (shape["cq"], shape["ck"]) == tuple(kernel):
             entry = {k: shape[k] for k in (*CONFIG_KEYS, "cq", "ck", "seq_len")}
@@ -493,31 +467,11 @@ def headline_ratios(data_or_results: Union[dict, list], seq_len: int = 8192,
     return entries
 
 
-def format_headline(data_or_results: Union[dict, list], seq_len: int = 8192,
-                    kernel: tuple[int, int] = (6, 11)) -> str:
-    """:func:`headline_ratios` as lines, one per configuration and pass (a pass an older run did not measure
-    is left out): each ratio with the two numbers it is made of."""
-    lines = [f"at N={seq_len}, kernel {kernel[0]}x{kernel[1]}:"]
-    for e in headline_ratios(data_or_results, seq_len, kernel):
-        failed = f"; {TESTED_IMPL} FAILED its check" if e["check_ok"] is False else ""
-        for pass_label, suffix in PASS_NAMES.values():
-            parts, numbers_seen = [], False
-            for template, (label, ratio_fmt, number_fmt, scale, unit) in HEADLINE.items():
-                name = template.format(suffix)
-                a, b, key = RATIOS[name]
-                numbers = [e[f"{i}_{key}"] for i in (a, b)]
-                numbers_seen = numbers_seen or any(x is not None for x in numbers)
-                numbers = " / ".join("?" if x is None else number_fmt.format(x * scale) for x in numbers)
-                parts.append(f"{label} {'n/a' if e[name] is None else ratio_fmt.format(e[name])} ({numbers} {unit})")
-            if numbers_seen:
-                lines.append(f"  B={e['batch']} H={e['heads']} Hkv={e['kv_heads']} D={e['head_dim']}, {pass_label}: "
-                             + ", ".join(parts) + failed)
-    return "\n".join(lines) if len(lines) > 1 else f"no results at N={seq_len}, kernel {kernel[0]}x{kernel[1]}"
-
-
-#: Column names in the table, in its order; ``sdpa`` (SDPA's default backend) is in older runs.
-SHORT_NAMES = {"mta_conv": "conv", "mta_flash": "flash", "sdpa": "sdpa", "sdpa_flash": "sdpa.fa",
-               "sdpa_cudnn": "sdpa.cu", "conv_reference": "ref", "conv_reference_compiled": "ref.c"}
+SHORT_NAMES = {"mta_conv": "conv", "mta_flash": "flash", "sdpa_flash": "sdpa.fa", "sdpa_cudnn": "sdpa.cu",
+               "conv_reference": "ref", "conv_reference_compiled": "ref.c"}
+MIB = 2.0 ** -20
+SHAPE_COLUMNS = [("B", "{}", "batch"), ("H", "{}", "heads"), ("Hkv", "{}", "kv_heads"), ("D", "{}", "head_dim"),
+                 ("kernel", "{}", lambda row: f"{row['cq']}x{row['ck']}"), ("N", "{}", "seq_len")]
 #: Ratio columns of a pass's table: (header, ratio of :data:`PASS_RATIOS`, format).
 TABLE_RATIOS = (("conv/flash", "conv_over_flash{}_time", "{:.2f}x"),
                 ("ref/conv", "reference_over_conv{}_time", "{:.1f}x"),
@@ -534,43 +488,64 @@ def _max_grad_err(check: dict) -> Optional[float]:
 CHECK_COLUMNS = {"fwd": ("rel err", lambda c: c.get("rel_err")), "fwd_bwd": ("grad err", _max_grad_err)}
 
 
-def _measured(record: Optional[dict], key: str, scale: float = 1.0):
-    """A measurement, or why it is missing ("skip", "oom", "err"; None if the implementation did not run)."""
-    if record is None or record.get(key) is not None:
-        return None if record is None else record[key] * scale
-    return {"skipped": "skip", "oom": "oom", "error": "err"}.get(record.get("status"))
+def _check_error(error_of: Callable[[dict], Optional[float]]):
+    """A column: ``error_of`` the check of the implementation under test (a dash where there is none)."""
+    def value(row):
+        check = row["records"].get(TESTED_IMPL, {}).get("check")
+        return None if check is None else error_of(check)
+    return value
 
 
-def _pass_table(results: list[dict], names: list[str], p: Pass) -> str:
-    """One pass's times (ms), peak extra memory (MiB), ratios and the check's error, one row per shape."""
-    short = [SHORT_NAMES.get(n, n) for n in names]
-    (err_header, err_of), suffix = CHECK_COLUMNS[p.name], PASS_NAMES[p.name][1]
-    columns = [("B", "{}"), ("H", "{}"), ("Hkv", "{}"), ("D", "{}"), ("kernel", "{}"), ("N", "{}")]
-    columns += [(f"{s} ms", "{:.3f}") for s in short] + [(f"{s} MiB", "{:.1f}") for s in short]
-    columns += [(header, fmt) for header, _, fmt in TABLE_RATIOS] + [(err_header, "{:.1e}"), ("", "")]
-    ratios = {tuple(r[k] for k in SHAPE_KEYS): r for r in shape_ratios(results)}
-    rows = []
-    for key, records in by_shape(results).items():
-        s, check = dict(zip(SHAPE_KEYS, key)), records.get(TESTED_IMPL, {}).get("check")
-        rows.append([s["batch"], s["heads"], s["kv_heads"], s["head_dim"], f"{s['cq']}x{s['ck']}", s["seq_len"]]
-                    + [_measured(records.get(n), p.time_key) for n in names]
-                    + [_measured(records.get(n), p.memory_key, 2.0 ** -20) for n in names]
-                    + [ratios[key][name.format(suffix)] for _, name, _ in TABLE_RATIOS]
-                    + [None if check is None else err_of(check),
-                       "!" if check is not None and not check.get("ok") else ""])
-    return text_table(columns, rows)
+def _measured(impl: str, key: str, scale: float = 1.0):
+    """A column: ``impl``'s ``key``, or why it is missing ("skip", "oom", "err"; a dash if ``impl`` did not run)."""
+    def value(row):
+        record = row["records"].get(impl)
+        if record is None or record.get(key) is not None:
+            return None if record is None else record[key] * scale
+        return {"skipped": "skip", "oom": "oom", "error": "err"}.get(record.get("status"))
+    return value
 
 
-def format_table(results: list[dict]) -> str:
-    """A table of the forward, and one of the forward+backward where it was measured (not in older runs):
-    times (ms), peak extra memory (MiB), the ratios and the check's error, one row per shape."""
-    names = [n for n in SHORT_NAMES if any(r["impl"] == n for r in results)]
-    names += [n for n in dict.fromkeys(r["impl"] for r in results) if n not in names]
+def _pass_columns(p: Pass, names: list[str], ratios=TABLE_RATIOS, check: bool = True) -> list:
+    """Times (ms) and peak extra memory (MiB) of ``names`` in pass ``p``, the ratios, the check's error."""
+    suffix = PASS_NAMES[p.name][1]
+    columns = [(f"{SHORT_NAMES.get(n, n)} ms", "{:.3f}", _measured(n, p.time_key)) for n in names]
+    columns += [(f"{SHORT_NAMES.get(n, n)} MiB", "{:.1f}", _measured(n, p.memory_key, MIB)) for n in names]
+    columns += [(header, fmt, ratio_of(*RATIOS[name.format(suffix)])) for header, name, fmt in ratios]
+    if check:
+        header, error_of = CHECK_COLUMNS[p.name]
+        columns.append((header, "{:.1e}", _check_error(error_of)))
+    return columns
+
+
+def pass_tables(results: list[dict]) -> list[tuple]:
+    """A table per pass: times, peak extra memory, the ratios and the check's error, one row per shape."""
+    present = dict.fromkeys(r["impl"] for r in results)
+    names = [n for n in IMPLS if n in present] + [n for n in present if n not in IMPLS]
     legend = ("mta.conv_attention (conv) vs mta.flash_attention (flash), SDPA (sdpa.fa, sdpa.cu: its flash and "
               "cuDNN backends), the materialized reference (ref) and its torch.compile (ref.c), causal. skip: the "
               "reference does not fit; ! = check failed")
-    text = f"forward. {legend}\n" + _pass_table(results, names, PASSES[0])
-    if any(PASSES[1].time_key in r for r in results):
-        text += ("\n\nforward+backward (grad err: the largest of dq, dk, dv, dweight's)\n"
-                 + _pass_table(results, names, PASSES[1]))
-    return text
+    rows = shape_rows(results, SHAPE_KEYS)
+    return [(f"forward. {legend}", SHAPE_COLUMNS + _pass_columns(PASSES[0], names), rows),
+            ("forward+backward (grad err: the largest of dq, dk, dv, dweight's)",
+             SHAPE_COLUMNS + _pass_columns(PASSES[1], names), rows)]
+
+
+def headline_tables(data_or_results: Union[dict, list], seq_len: int = 8192, kernel: tuple[int, int] = (6, 11)):
+    """The headline ratios of each pass at ``seq_len`` and ``kernel``, with the numbers they are made of."""
+    at = [r for r in _results(data_or_results) if r["seq_len"] == seq_len and (r["cq"], r["ck"]) == tuple(kernel)]
+    names, ratios = ["mta_conv", "mta_flash", "conv_reference"], [c for c in TABLE_RATIOS if c[0] != "ref.c/conv"]
+    return [(f"{PASS_NAMES[p.name][0]} at N={seq_len}, kernel {kernel[0]}x{kernel[1]}",
+             SHAPE_COLUMNS[:4] + _pass_columns(p, names, ratios, check=False), shape_rows(at, SHAPE_KEYS))
+            for p in PASSES]
+
+
+def format_table(results: list[dict]) -> str:
+    """:func:`pass_tables` as text."""
+    return harness.render_tables(pass_tables(results), [TESTED_IMPL])
+
+
+def format_headline(data_or_results: Union[dict, list], seq_len: int = 8192,
+                    kernel: tuple[int, int] = (6, 11)) -> str:
+    """:func:`headline_tables` as text."""
+    return harness.render_tables(headline_tables(data_or_results, seq_len, kernel), [TESTED_IMPL])

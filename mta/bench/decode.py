@@ -1,19 +1,12 @@
-"""Benchmark of a decode step: one new query per sequence against a KV cache of N tokens.
+"""Benchmark of a decode step: one new query per sequence against a KV cache of N tokens (bf16, all valid).
 
-For every shape, on the same fresh random inputs (bf16, every cache position valid), the time of:
-
-* ``mta_decode``: :func:`mta.decode_attention` (split-K), the implementation under test;
-* ``mta_conv_decode``: :func:`mta.conv_decode_attention` with a 6 x 11 kernel (MTA decode);
-* ``sdpa``: SDPA with the one query (not causal: the last query sees every key, and SDPA's causal mask is
-  top-left aligned);
-* ``mta_flash``: :func:`mta.flash_attention` used for decode (one query tile per head walks every key);
-* ``conv_reference``: the last row of :func:`mta.conv_attention_reference` on the whole sequence (what MTA
-  decode costs without a kernel), only where its ``N x N`` matrices fit (:func:`reference_fit`);
-* ``read``: ``k.sum() + v.sum()``, a plain read of the cache, the ceiling.
-
-Each in microseconds and in TB/s: the bytes of K and V (plus, for MTA, the ``cq - 1 + n`` query rows it reads)
-over the time. Before timing, ``mta_decode`` is checked against SDPA on fp32 copies of the inputs and
-``mta_conv_decode`` against :func:`last_rows_reference` (exact, fp32), one sequence at a time.
+Timed, in microseconds and in TB/s (the bytes of K and V, for MTA also the ``cq - 1 + n`` query rows it reads,
+over the time): ``mta_decode`` (:func:`mta.decode_attention`, split-K, under test), ``mta_conv_decode``
+(:func:`mta.conv_decode_attention`, 6 x 11 kernel), ``sdpa`` (not causal: its causal mask is top-left aligned),
+``mta_flash`` (:func:`mta.flash_attention` used for decode), ``conv_reference`` (the last row of
+:func:`mta.conv_attention_reference`, only where its ``N x N`` matrices fit) and ``read`` (``k.sum() + v.sum()``,
+the ceiling). Before timing, ``mta_decode`` is checked against SDPA and ``mta_conv_decode`` against
+:func:`last_rows_reference`, both in fp32, one sequence at a time.
 """
 
 from __future__ import annotations
@@ -28,14 +21,13 @@ from mta import conv_attention_reference, conv_decode_attention, decode_attentio
 
 from . import conv, harness
 from .flash import tflops
-from .harness import Benchmark, Pass, by_shape, check_failed, cuda_free_bytes, describe_error, rel_err, text_table
+from .harness import Benchmark, Pass, cuda_free_bytes, describe_error, measured, rel_err, shape_rows
 from .timing import timing_config
 
 DTYPE = "bfloat16"
 NEW_QUERIES = 1
 BATCHES = (1, 8)
-#: ``(query heads, kv heads, head dim)``.
-CONFIGS = ((8, 8, 64), (32, 8, 128))
+CONFIGS = ((8, 8, 64), (32, 8, 128))  # (query heads, kv heads, head dim)
 SEQ_LENS = tuple(1024 * 2 ** i for i in range(8))  # 1k .. 128k
 QUICK_SEQ_LENS = (4096, 65536)
 KERNEL = (6, 11)
@@ -46,7 +38,6 @@ IMPLS = ("mta_decode", "mta_conv_decode", "sdpa", "mta_flash", "conv_reference",
 #: The implementations checked before timing, and the largest relative error each may have (bf16).
 CHECKED = ("mta_decode", "mta_conv_decode")
 TOLERANCE = 2e-2
-PASSES = (Pass("fwd", "ms"),)
 #: Summary ratios over these cache lengths (shorter ones are launch-bound).
 SUMMARY_MIN_SEQ_LEN = 16384
 
@@ -63,7 +54,7 @@ STYLES = {
 
 @dataclass(frozen=True)
 class DecodeShape:
-    """``q [B, Hq, 1, D]``, caches ``k, v [B, Hkv, N, D]`` and ``q_cache [B, Hq, N, D]`` (MTA), all positions valid."""
+    """``q [B, Hq, 1, D]``, caches ``k, v [B, Hkv, N, D]`` and ``q_cache [B, Hq, N, D]`` (MTA)."""
 
     dtype: str
     batch: int
@@ -93,8 +84,7 @@ def bytes_read(shape: DecodeShape, impl: str) -> int:
 
 
 def reference_fit(shape: DecodeShape, free_bytes: int) -> Optional[str]:
-    """Why the materialized reference does not run (its forward's ``N x N`` fp32 matrices above their share of
-    the free memory: :func:`mta.bench.conv.reference_fit`), or None where it fits."""
+    """Why the materialized reference does not run (:func:`mta.bench.conv.reference_fit`), or None."""
     return conv.reference_fit(shape, free_bytes)["reason"]
 
 
@@ -167,15 +157,13 @@ class DecodeBenchmark(Benchmark):
                    "materialized MTA reference where it fits, and a plain read of K and V, after checking both "
                    "mta decoders against fp32 references.")
     quick_help = "N in {4k, 64k}"
-    Shape, tested, checked, passes = DecodeShape, TESTED_IMPL, CHECKED, PASSES
+    Shape, tested, checked, passes = DecodeShape, TESTED_IMPL, CHECKED, (Pass("fwd", "ms"),)
     shapes, default_impls = staticmethod(decode_shapes), staticmethod(default_impls)
+    inputs = staticmethod(random_inputs)
 
-    def __init__(self, impls: Optional[dict] = None, free_bytes: Optional[Callable[[], int]] = None):
+    def __init__(self, impls: Optional[dict] = None, free_bytes: Callable[[], int] = cuda_free_bytes):
         super().__init__(impls)
-        self._free_bytes = free_bytes or cuda_free_bytes
-
-    def inputs(self, shape, device):
-        return random_inputs(shape, device)
+        self._free_bytes = free_bytes
 
     def check(self, name, fn, shape, x):
         return check(name, fn, x)
@@ -210,14 +198,19 @@ class DecodeBenchmark(Benchmark):
                          "per sequence; relative Frobenius error",
                 "tolerance": TOLERANCE}
 
-    def report(self, data):
-        return format_table(data["results"]) + "\n\n" + format_summary(data["summary"])
+    def tables(self, data):
+        config = [("B", "{}", "batch"), ("Hq", "{}", "heads"), ("Hkv", "{}", "kv_heads"), ("D", "{}", "head_dim")]
+        rates = ("mta_decode", "mta_conv_decode", "read")
+        columns = config + [("N", "{}", "seq_len")] + [(f"{n} us", "{:.1f}", measured(n, "us")) for n in IMPLS]
+        columns += [(f"{n} TB/s", "{:.2f}", measured(n, "tbps")) for n in rates]
+        return [("microseconds per decode step (! = an mta decoder failed its check)", columns,
+                 shape_rows(data["results"], KEYS)),
+                (f"medians over N >= {SUMMARY_MIN_SEQ_LEN}: TB/s as a fraction of the plain read's; SDPA time / mta "
+                 "time (> 1: mta is faster)", config + [(k, "{:.2f}", k) for k in SUMMARY_RATIOS], data["summary"])]
 
     def plot(self, data):
         return plot_decode(data)
 
-
-# --- reporting -------------------------------------------------------------------------------
 
 KEYS = ("batch", "heads", "kv_heads", "head_dim", "seq_len")
 #: The summary's ratios: (numerator impl, denominator impl, measured key).
@@ -227,39 +220,19 @@ SUMMARY_RATIOS = {"decode_of_read_tbps": ("mta_decode", "read", "tbps"),
 
 
 def summary(results: list[dict], min_seq_len: int = SUMMARY_MIN_SEQ_LEN) -> list[dict]:
-    """Per (batch, configuration): the medians over N >= ``min_seq_len`` of mta_decode's TB/s as a fraction of the
-    plain read's, and of its speedup over SDPA; the same fraction for mta_conv_decode."""
+    """Per (batch, configuration): the medians over N >= ``min_seq_len`` of mta_decode's and mta_conv_decode's
+    TB/s as a fraction of the plain read's, and of mta_decode's speedup over SDPA."""
     return harness.median_ratios(results, KEYS[:-1], SUMMARY_RATIOS, min_seq_len)
 
 
-def format_table(results: list[dict]) -> str:
-    """Microseconds per implementation and TB/s of the mta decoders and the read, per shape."""
-    columns = [("B", "{}"), ("Hq", "{}"), ("Hkv", "{}"), ("D", "{}"), ("N", "{}")]
-    columns += [(f"{name} us", "{:.1f}") for name in IMPLS]
-    columns += [(f"{name} TB/s", "{:.2f}") for name in ("mta_decode", "mta_conv_decode", "read")] + [("", "")]
-    rows = [list(key) + [records.get(n, {}).get("us") for n in IMPLS]
-            + [records.get(n, {}).get("tbps") for n in ("mta_decode", "mta_conv_decode", "read")]
-            + ["!" if check_failed(records, CHECKED) else ""] for key, records in by_shape(results, KEYS).items()]
-    return "microseconds per decode step (! = an mta decoder failed its check)\n" + text_table(columns, rows)
-
-
-def format_summary(summary_rows: list[dict]) -> str:
-    columns = [("B", "{}"), ("Hq", "{}"), ("Hkv", "{}"), ("D", "{}")] + [(k, "{:.2f}") for k in SUMMARY_RATIOS]
-    rows = [[s[k] for k in (*KEYS[:-1], *SUMMARY_RATIOS)] for s in summary_rows]
-    return (f"medians over N >= {SUMMARY_MIN_SEQ_LEN}: TB/s as a fraction of the plain read's; SDPA time / mta "
-            f"time (> 1: mta is faster)\n" + text_table(columns, rows))
-
-
-def plot_decode(source, *, ax_size: tuple = (3.4, 2.8)):
-    """Time (us) and TB/s against cache length, log-log: one column per (batch, configuration), one line per
-    implementation, the plain read dashed; mta_decode points that failed their check crossed out."""
-    from .plots import grid_columns, impl_grid, load_results, titled
+def plot_decode(source):
+    """Time (us) and TB/s against cache length, log-log: a column per (batch, configuration), a line per
+    implementation, the plain read dashed; mta_decode's failed checks crossed out."""
+    from .plots import impl_grid, load_results, titled
 
     data = load_results(source)
-    records = data["results"]
-    columns = grid_columns(records, KEYS[:-1], lambda b, h, hkv, d: f"B={b} Hq={h} Hkv={hkv} D={d}")
     rows = [("us", "time", "time per step (us)", 1.0), ("tbps", "bandwidth", "TB/s (K, V bytes / time)", 1.0)]
-    fig = impl_grid(records, columns, rows, TESTED_IMPL, "mta.decode_attention check failed", log=True,
-                    ax_size=ax_size, restyle=STYLES)
-    return titled(fig, f"Decode step, {data['config'].get('dtype', DTYPE)}, one new query; missing points: "
-                       "reference skipped", data, bottom=0.08)
+    fig = impl_grid(data["results"], KEYS[:-1], lambda b, h, hkv, d: f"B={b} Hq={h} Hkv={hkv} D={d}", rows,
+                    TESTED_IMPL, "mta.decode_attention check failed", log=True, restyle=STYLES)
+    return titled(fig, f"Decode step, {data['config']['dtype']}, one new query; missing points: reference skipped",
+                  data, bottom=0.08)

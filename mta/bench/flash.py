@@ -1,10 +1,10 @@
 """Benchmark of ``mta.flash_attention`` against PyTorch SDPA's flash and cuDNN backends.
 
-For every shape, the forward and forward+backward times of each implementation on the same fresh random inputs;
-the backward's time is their difference, so the forward is timed with inputs that require grad (as in a training
-step). Before timing, ``mta.flash_attention``'s output and gradients are checked against SDPA. Shapes keep the
-work per token fixed, as the FlashAttention-2 paper's benchmarks do: 16384 tokens in total (batch ``16384 // N``)
-and model width 2048 (``2048 // d`` heads).
+Per shape, the forward and forward+backward times of each implementation on the same fresh random inputs; the
+backward's is their difference, so the forward is timed with inputs requiring grad (as in a training step).
+Before timing, ``mta.flash_attention``'s output and gradients are checked against SDPA. As in the
+FlashAttention-2 paper, shapes keep the work per token fixed: 16384 tokens (batch ``16384 // N``), model width
+2048 (``2048 // d`` heads).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from mta import flash_attention
 
 from . import harness
-from .harness import Benchmark, Pass, by_shape, check_failed, describe_error, ratio, recorded_call, rel_err, text_table
+from .harness import Benchmark, Pass, describe_error, measured, ratio_of, recorded_call, rel_err, shape_rows
 from .timing import timing_config
 
 TOTAL_TOKENS = 16384
@@ -30,7 +30,6 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 QUICK_SEQ_LENS = (2048, 8192)
 QUICK_DTYPES = ("bfloat16",)
 
-#: The implementation under test; the others are baselines it is compared with.
 TESTED_IMPL = "mta"
 BASELINES = ("sdpa_flash", "sdpa_cudnn")
 #: Ratios are summarized over these sequence lengths (short ones are launch-bound).
@@ -49,7 +48,7 @@ REFERENCE_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION
 
 @dataclass(frozen=True)
 class FlashShape:
-    """One benchmarked problem: ``q, k, v [batch, heads, seq_len, head_dim]``, ``Hq == Hkv``."""
+    """``q, k, v [batch, heads, seq_len, head_dim]``."""
 
     dtype: str
     head_dim: int
@@ -64,8 +63,7 @@ class FlashShape:
 
 
 def flash_shapes(quick: bool = False) -> list[FlashShape]:
-    """All shapes, grouped by (dtype, head dim, causal), N increasing; ``batch = TOTAL_TOKENS // N`` and ``heads =
-    MODEL_DIM // d``: the same tokens and model width at every point, so only the attention pattern changes."""
+    """Grouped by (dtype, head dim, causal), N increasing; the same tokens and model width at every point."""
     dtypes = QUICK_DTYPES if quick else tuple(DTYPES)
     seq_lens = QUICK_SEQ_LENS if quick else SEQ_LENS
     return [FlashShape(dtype, d, causal, n, batch=TOTAL_TOKENS // n, heads=MODEL_DIM // d)
@@ -87,8 +85,6 @@ def tflops(flops: float, ms: Optional[float]) -> Optional[float]:
     """Throughput in TFLOP/s (or TB/s of bytes), None when there is no (positive) time."""
     return flops / (ms * 1e-3) / 1e12 if ms is not None and ms > 0 else None
 
-
-# --- implementations and the check -----------------------------------------------------------
 
 def mta_flash(q, k, v, causal):
     return flash_attention(q, k, v, causal=causal)
@@ -210,8 +206,8 @@ class FlashBenchmark(Benchmark):
             "tolerance": {"out": OUT_TOLERANCE, "grad": GRAD_TOLERANCE},
         }
 
-    def report(self, data):
-        return format_table(data["results"]) + "\n\n" + format_summary(data["summary"])
+    def tables(self, data):
+        return tables(data["results"], data["summary"])
 
     def plot(self, data):
         from .plots import plot_flash
@@ -220,29 +216,23 @@ class FlashBenchmark(Benchmark):
 
 # --- reporting -------------------------------------------------------------------------------
 
+RATIOS = {f"{p}_vs_{b}": (TESTED_IMPL, b, f"{p}_tflops") for b in BASELINES for p in ("fwd", "bwd")}
+GROUP_COLUMNS = [("dtype", "", "dtype"), ("d", "{}", "head_dim"), ("causal", "", "causal")]
+
+
 def median_ratios(results: list[dict], min_seq_len: int = SUMMARY_MIN_SEQ_LEN) -> list[dict]:
     """Per (dtype, head dim, causal): the median over N >= ``min_seq_len`` of mta's TFLOPS / a baseline's
     (``fwd_vs_sdpa_flash``...)."""
-    ratios = {f"{p}_vs_{b}": (TESTED_IMPL, b, f"{p}_tflops") for b in BASELINES for p in ("fwd", "bwd")}
-    return harness.median_ratios(results, GROUP_KEYS, ratios, min_seq_len)
+    return harness.median_ratios(results, GROUP_KEYS, RATIOS, min_seq_len)
 
 
-def format_table(results: list[dict]) -> str:
-    """TFLOPS fwd/bwd per shape and implementation, and mta's ratios to the baselines."""
-    names, passes = [TESTED_IMPL, *BASELINES], ("fwd", "bwd")
-    columns = [("dtype", ""), ("d", "{}"), ("causal", ""), ("N", "{}")]
-    columns += [(f"{n} {p}", "{:.1f}") for n in names for p in passes]
-    columns += [(f"mta/{b.removeprefix('sdpa_')} {p}", "{:.2f}") for b in BASELINES for p in passes] + [("", "")]
-    rows = [[dtype, d, str(causal), n] + [records.get(x, {}).get(f"{p}_tflops") for x in names for p in passes]
-            + [ratio(records, TESTED_IMPL, b, f"{p}_tflops") for b in BASELINES for p in passes]
-            + ["!" if check_failed(records, [TESTED_IMPL]) else ""]
-            for (dtype, d, causal, n), records in by_shape(results, (*GROUP_KEYS, "seq_len")).items()]
-    return "TFLOPS (! = mta failed its correctness check)\n" + text_table(columns, rows)
-
-
-def format_summary(summary: list[dict]) -> str:
-    """The median ratios of :func:`median_ratios`, one row per (dtype, head dim, causal)."""
-    keys = [f"{p}_vs_{b}" for b in BASELINES for p in ("fwd", "bwd")]
-    rows = [[s["dtype"], s["head_dim"], str(s["causal"])] + [s[k] for k in keys] for s in summary]
-    return (f"median mta/baseline TFLOPS ratio over N >= {SUMMARY_MIN_SEQ_LEN} (> 1: mta is faster)\n"
-            + text_table([("dtype", ""), ("d", "{}"), ("causal", "")] + [(k, "{:.2f}") for k in keys], rows))
+def tables(results: list[dict], summary: list[dict]) -> list[tuple]:
+    """TFLOPS fwd/bwd per shape and implementation with mta's ratios to the baselines; the summary's medians."""
+    columns = GROUP_COLUMNS + [("N", "{}", "seq_len")]
+    columns += [(f"{n} {p}", "{:.1f}", measured(n, f"{p}_tflops")) for n in (TESTED_IMPL, *BASELINES)
+                for p in ("fwd", "bwd")]
+    columns += [(f"mta/{b.removeprefix('sdpa_')} {p}", "{:.2f}", ratio_of(*RATIOS[f"{p}_vs_{b}"]))
+                for b in BASELINES for p in ("fwd", "bwd")]
+    return [("TFLOPS (! = mta failed its correctness check)", columns, shape_rows(results, (*GROUP_KEYS, "seq_len"))),
+            (f"median mta/baseline TFLOPS ratio over N >= {SUMMARY_MIN_SEQ_LEN} (> 1: mta is faster)",
+             GROUP_COLUMNS + [(name, "{:.2f}", name) for name in RATIOS], summary)]

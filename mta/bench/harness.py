@@ -1,22 +1,25 @@
-"""The skeleton every benchmark shares.
+"""The skeleton every benchmark shares: a :class:`Benchmark` declares shapes, implementations, check, tables and
+plot; :func:`run_benchmark` does the rest: progress bar, the check before timing (a failure is printed at once and
+at the end, exit status 1), timing (:mod:`mta.bench.timing`), the JSON (provenance, config, results, summary;
+rewritten after every shape, for ``--resume``), the tables (:func:`format_table`) and the PNG beside the JSON.
 
-A benchmark is a :class:`Benchmark` subclass that declares its shapes, implementations, correctness check, table
-and plot. :func:`run` does the rest, the same way for all: a progress bar over the shapes, the check before
-anything is timed (a failure is printed at once and again at the end, and makes the exit status 1), the timing
-(:mod:`mta.bench.timing`), the JSON (provenance, config, results; non-finite floats written as null; rewritten
-after every shape, so ``--resume`` can go on from an interrupted run) and the PNG next to it.
-
-Records are flat dicts: the shape's fields, the measurements and, where something was checked, ``"check"``: a
-dict whose ``"ok"`` says if it passed.
+Records are flat dicts: the shape's fields, the measurements and, where checked, ``"check"`` (``"ok"``: passed).
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import gc
+import hashlib
+import importlib.metadata
 import json
 import math
+import os
+import platform
 import statistics
+import subprocess
+import sys
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -24,14 +27,14 @@ from typing import Callable, Optional, Union
 
 import torch
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Provenance fields that must match for a run to go on from another's partial results.
 RESUME_KEYS = ("gpu", "torch", "triton", "git_commit", "mta_source_sha256")
 
 
 @dataclass(frozen=True)
 class Pass:
-    """One measured pass of every implementation (e.g. forward, forward+backward) and the keys of its time, its
-    peak extra memory (None: not measured) and its error."""
+    """A measured pass (e.g. forward) and the record keys of its time, peak extra memory (None: not measured), error."""
 
     name: str
     time_key: str
@@ -41,8 +44,7 @@ class Pass:
 
 @dataclass
 class Tools:
-    """What measuring needs; tests pass fakes. ``timer(fn, before_each=None) -> ms``, ``memory(fn) -> bytes``,
-    ``warn(line)`` prints without breaking the progress bar."""
+    """What measuring needs (tests pass fakes); ``warn(line)`` prints without breaking the progress bar."""
 
     timer: Callable[..., float]
     memory: Callable[[Callable], int]
@@ -51,15 +53,12 @@ class Tools:
 
 
 class Benchmark:
-    """What a benchmark declares: the attributes below, and
-
-    * ``shapes(quick) -> list`` of ``Shape`` (a frozen dataclass with ``label()``),
-    * ``config(quick, warmup, rep) -> dict``, ``report(data) -> str`` (the table), ``plot(data) -> Figure``,
-    * either ``measure_shape(shape, tools) -> list of records``, or, to compare implementations of one function
-      with the default :meth:`measure_shape`: ``default_impls() -> {name: fn}``, ``inputs(shape, device)``,
-      ``check(name, fn, shape, inputs) -> {"ok", "error", ...}`` (for each of :attr:`checked`) and
-      ``calls(fn, shape, inputs) -> {pass name: (call, reset)}``: ``call()`` runs the pass, ``reset()`` (or
-      None) runs before each call and after the last, outside the timed region.
+    """What a benchmark declares: the attributes below; ``shapes(quick)`` (frozen ``Shape`` dataclasses with
+    ``label()``), ``config(quick, warmup, rep)``, ``tables(data) -> [(title, columns, rows)]`` (:func:`format_table`),
+    ``plot(data)``; and either ``measure_shape(shape, tools) -> records``, or for the default one, which compares
+    implementations: ``default_impls() -> {name: fn}``, ``inputs(shape, device)``, ``check(name, fn, shape, inputs)
+    -> {"ok", "error", ...}`` (for each of :attr:`checked`) and ``calls(fn, shape, inputs) -> {pass: (call,
+    reset)}``, ``reset`` (or None) running before each call and after the last, untimed.
     """
 
     name = out = help = description = quick_help = ""  # subcommand, default JSON path, --help texts
@@ -70,8 +69,7 @@ class Benchmark:
     passes: tuple[Pass, ...] = ()
 
     @property
-    def checked(self) -> tuple[str, ...]:
-        """The implementations whose output is checked before anything is timed."""
+    def checked(self) -> tuple[str, ...]:  # the implementations checked before anything is timed
         return (self.tested,) if self.tested else ()
 
     def __init__(self, impls: Optional[dict[str, Callable]] = None):
@@ -81,23 +79,21 @@ class Benchmark:
         return self.default_impls() if self._impls is None else self._impls
 
     @staticmethod
-    def add_args(parser) -> None:
-        """Options of this benchmark only (the common ones are added by the command line)."""
+    def add_args(parser) -> None:  # this benchmark's own options
+        pass
 
     @classmethod
     def from_args(cls, args) -> "Benchmark":
         return cls()
 
     def skip(self, impl: str, shape, inputs) -> Union[None, str, dict[str, str]]:
-        """Why ``impl`` is not run at ``shape``: a reason (no pass runs), ``{pass name: reason}`` (those passes do
-        not run) or None (every pass runs)."""
+        """Why ``impl`` is not run at ``shape``: a reason (no pass runs), ``{pass name: reason}`` or None."""
         return None
 
-    def finish(self, record: dict) -> None:
-        """Add derived fields (rates) to a measured record."""
+    def finish(self, record: dict) -> None:  # adds derived fields (rates) to a measured record
+        pass
 
-    def summarize(self, results: list[dict]) -> dict:
-        """Extra top-level JSON entries computed from the results."""
+    def summarize(self, results: list[dict]) -> dict:  # extra top-level JSON entries
         return {}
 
     @staticmethod
@@ -106,6 +102,9 @@ class Benchmark:
 
     def shape_of(self, record: dict):
         return self.Shape(**{f.name: record[f.name] for f in fields(self.Shape)})
+
+    def report(self, data: dict) -> str:
+        return render_tables(self.tables(data), self.checked)
 
     def measure_shape(self, shape, tools: Tools) -> list[dict]:
         """One record per implementation at ``shape``; the checked ones carry their check, made first."""
@@ -132,11 +131,9 @@ class Benchmark:
 
 
 def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Optional[dict[str, str]] = None) -> dict:
-    """Each pass's time (and peak extra memory) in order; the first failure ends the measuring.
-
-    A failure is recorded, not raised: status "oom" or "error", and the error with the warnings raised along
-    (SDPA says there why a backend refused). A pass in ``skipped`` (``{pass name: reason}``) is not run: its error
-    key holds the reason, and the status is "skipped" unless a pass that ran failed.
+    """Each pass's time (and peak extra memory) in order, until the first failure: recorded, not raised, as status
+    "oom" or "error" and the error with the warnings raised along (SDPA says there why a backend refused). A pass
+    in ``skipped`` (``{name: reason}``) has the reason as its error; the status is then "skipped" if nothing failed.
     """
     keys = [k for p in passes for k in (p.time_key, p.memory_key, p.error_key) if k]
     m, skipped = {**dict.fromkeys(keys), "status": "ok"}, skipped or {}  # every key the passes fill
@@ -170,8 +167,7 @@ def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Option
 
 
 def recorded_call(fn: Callable, *args) -> tuple:
-    """``(fn(*args), None)``, or ``(None, error)`` where it raises: the exception and the warnings raised along
-    (:func:`describe_error`)."""
+    """``(fn(*args), None)``, or ``(None, error)`` where it raises (:func:`describe_error`)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -203,7 +199,7 @@ def release_memory() -> None:
 
 
 def cuda_free_bytes() -> int:
-    """Free memory of the current CUDA device, after returning PyTorch's cached blocks to it."""
+    """Free memory of the current CUDA device, PyTorch's cached blocks returned first."""
     release_memory()
     return torch.cuda.mem_get_info()[0]
 
@@ -220,7 +216,7 @@ def failure_line(bench: Benchmark, impl: Optional[str], shape, check: dict) -> s
     return f"!!! {impl or bench.name} FAILS ITS CHECK at {shape.label()}: {bench.format_check(check)}"
 
 
-# --- reporting -------------------------------------------------------------------------------
+# --- results and tables ----------------------------------------------------------------------
 
 def by_shape(results: list[dict], keys: tuple[str, ...]) -> dict[tuple, dict[str, dict]]:
     """``{(record[k] for k in keys): {impl: record}}`` in the order of the results."""
@@ -230,9 +226,14 @@ def by_shape(results: list[dict], keys: tuple[str, ...]) -> dict[tuple, dict[str
     return table
 
 
-def check_failed(records: dict[str, dict], impls) -> bool:
-    """Whether one of ``impls`` in ``{impl: record}`` failed its check (a record without one did not)."""
-    checks = [records.get(name, {}).get("check") for name in impls]
+def shape_rows(results: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    """A table row per shape (records equal in ``keys``): its fields and ``"records"``, ``{impl: record}``."""
+    return [{**dict(zip(keys, key)), "records": records} for key, records in by_shape(results, keys).items()]
+
+
+def check_failed(row: dict, impls=()) -> bool:
+    """Whether a row's own check failed, or at a shape (:func:`shape_rows`) that of one of ``impls``."""
+    checks = [row.get("check"), *(row.get("records", {}).get(name, {}).get("check") for name in impls)]
     return any(check is not None and not check.get("ok") for check in checks)
 
 
@@ -240,6 +241,19 @@ def ratio(records: dict[str, dict], a: str, b: str, key: str) -> Optional[float]
     """``records[a][key] / records[b][key]``, None where either is missing or not positive."""
     x, y = records.get(a, {}).get(key), records.get(b, {}).get(key)
     return x / y if x is not None and y is not None and x > 0 and y > 0 else None
+
+
+def measured(impl: str, key: str, scale: float = 1.0) -> Callable[[dict], Optional[float]]:
+    """A column of :func:`shape_rows`: ``impl``'s ``key`` times ``scale``, None where it is missing."""
+    def value(row):
+        x = row["records"].get(impl, {}).get(key)
+        return None if x is None else x * scale
+    return value
+
+
+def ratio_of(a: str, b: str, key: str) -> Callable[[dict], Optional[float]]:
+    """A column of :func:`shape_rows`: the :func:`ratio` of ``a``'s ``key`` to ``b``'s."""
+    return lambda row: ratio(row["records"], a, b, key)
 
 
 def median_ratios(results: list[dict], keys: tuple[str, ...], ratios: dict[str, tuple[str, str, str]],
@@ -260,17 +274,28 @@ def median_ratios(results: list[dict], keys: tuple[str, ...], ratios: dict[str, 
     return summary
 
 
-def text_table(columns: list[tuple[str, str]], rows: list[list]) -> str:
-    """``rows`` under a header and a rule, each column as wide as its widest cell. ``columns``: ``(header,
-    format)``, e.g. ``("ms", "{:.3f}")``. A cell is a number (formatted), a string (as it is) or None (a dash);
-    columns with the format "" are text, left-aligned, the others right-aligned."""
-    def text(x, fmt: str) -> str:
-        return "-" if x is None else x if isinstance(x, str) else fmt.format(x)
-    cells = [[h for h, _ in columns]] + [[text(x, f) for x, (_, f) in zip(row, columns)] for row in rows]
+Column = tuple[str, str, Union[str, Callable[[dict], object]]]
+
+
+def format_table(columns: list[Column], rows: list[dict]) -> str:
+    """``rows`` under a header and a rule, each column as wide as its widest cell. A column is ``(header, format,
+    value)``: ``value`` a row's key or a function of the row, giving a number (formatted, e.g. ``"{:.3f}"``), a
+    string (as it is) or None (a dash). Columns with the format "" are text, left-aligned; the others right."""
+    def cell(row, fmt, value):
+        x = row.get(value) if isinstance(value, str) else value(row)
+        return "-" if x is None else x if isinstance(x, str) else fmt.format(x) if fmt else str(x)
+    cells = [[h for h, _, _ in columns]] + [[cell(row, f, v) for _, f, v in columns] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    lines = [" ".join(c.rjust(w) if f else c.ljust(w) for c, w, (_, f) in zip(row, widths, columns)).rstrip()
+    lines = [" ".join(c.rjust(w) if f else c.ljust(w) for c, w, (_, f, _) in zip(row, widths, columns)).rstrip()
              for row in cells]
     return "\n".join([lines[0], "-" * max(map(len, lines)), *lines[1:]])
+
+
+def render_tables(tables: list[tuple[str, list[Column], list[dict]]], checked=()) -> str:
+    """Each ``(title, columns, rows)`` under its title; a row whose check (or one of ``checked``'s) failed ends in
+    "!"."""
+    mark = ("", "", lambda row: "!" if check_failed(row, checked) else "")
+    return "\n\n".join(f"{title}\n{format_table([*columns, mark], rows)}" for title, columns, rows in tables)
 
 
 def json_safe(x):
@@ -295,6 +320,64 @@ def save_png(fig, path: Path) -> Path:
     return path
 
 
+# --- provenance: which code on which machine produced a result (None where a tool is absent) ----
+
+def _run(cmd: list[str], cwd: Optional[Path] = None) -> Optional[str]:
+    """stdout of ``cmd`` stripped, or None if it is missing, fails or hangs."""
+    try:
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_info(root: Path = REPO_ROOT) -> dict:
+    """Commit of the checkout and whether ``mta/`` differs from it, None without git. ``MTA_GIT_COMMIT``, when set,
+    names the commit instead (dirty unknown): a copy of the tree on a rented GPU machine may have a stale ``.git``."""
+    if os.environ.get("MTA_GIT_COMMIT"):
+        return {"git_commit": os.environ["MTA_GIT_COMMIT"], "git_dirty": None}
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
+    if commit is None:
+        return {"git_commit": None, "git_dirty": None}
+    status = _run(["git", "status", "--porcelain", "--", "mta"], cwd=root)
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def source_hash(root: Path = REPO_ROOT) -> str:
+    """sha256 over ``mta/**/*.py`` (paths and contents): identifies the code even without git."""
+    digest = hashlib.sha256()
+    for path in sorted((root / "mta").rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _triton_version() -> Optional[str]:
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:  # e.g. installed as pytorch-triton
+        return None
+
+
+def provenance() -> dict:
+    """GPU ("cpu" without CUDA), versions, commit, source hash, time and argv."""
+    has_cuda = torch.cuda.is_available()
+    driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if has_cuda else None
+    return {
+        "gpu": torch.cuda.get_device_name() if has_cuda else "cpu",
+        "compute_capability": ".".join(map(str, torch.cuda.get_device_capability())) if has_cuda else None,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "driver": driver.splitlines()[0].strip() if driver else None,  # one line per GPU; they share a driver
+        "torch": torch.__version__,
+        "triton": _triton_version(),
+        "python": platform.python_version(),
+        **git_info(),
+        "mta_source_sha256": source_hash(),
+        "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": list(sys.argv),
+    }
+
+
 # --- the run ---------------------------------------------------------------------------------
 
 def run_shapes(bench: Benchmark, shapes: list, tools: Tools, *, done: Optional[list[dict]] = None,
@@ -303,8 +386,8 @@ def run_shapes(bench: Benchmark, shapes: list, tools: Tools, *, done: Optional[l
     from tqdm.auto import tqdm
 
     results = list(done or [])
-    measured = {bench.shape_of(r) for r in results}
-    bar = tqdm([s for s in shapes if s not in measured], desc=bench.name, unit="shape", disable=not progress)
+    measured_shapes = {bench.shape_of(r) for r in results}
+    bar = tqdm([s for s in shapes if s not in measured_shapes], desc=bench.name, unit="shape", disable=not progress)
     for shape in bar:
         bar.set_postfix_str(shape.label())
         results.extend(bench.measure_shape(shape, tools))
@@ -335,10 +418,7 @@ def resumable_results(path: Path, prov: dict, cfg: dict) -> list[dict]:
 
 def run_benchmark(bench: Benchmark, tools: Tools, *, out: Path, quick: bool = False, warmup: int = 10,
                   rep: int = 30, resume: bool = False, progress: bool = True) -> int:
-    """Measure, write ``out`` and the PNG beside it, print the table and every failed check; the exit status:
-    0, or 1 if a check failed."""
-    from .provenance import provenance
-
+    """Measure, write ``out`` and the PNG, print the tables and every failed check; exit status 1 if one failed."""
     torch.manual_seed(0)
     prov, cfg = provenance(), bench.config(quick, warmup, rep)
     done = resumable_results(out, prov, cfg) if resume and out.exists() else []
@@ -353,7 +433,7 @@ def run_benchmark(bench: Benchmark, tools: Tools, *, out: Path, quick: bool = Fa
         wrote = f"wrote {out}; the figure failed ({describe_error(exc)}), redraw it with mta.bench.plots"
     print(bench.report(data))
     print(f"\n{wrote}")
-    failed = [r for r in data["results"] if "check" in r and not r["check"]["ok"]]  # a record without one: no failure
+    failed = [r for r in data["results"] if "check" in r and not r["check"]["ok"]]
     for r in failed:
         print(failure_line(bench, r.get("impl"), bench.shape_of(r), r["check"]))
     return 1 if failed else 0

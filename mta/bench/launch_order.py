@@ -1,13 +1,10 @@
 """Benchmark of the launch order: causal kernels with their tiles numbered heaviest first, or the natural way.
 
-The kernels take their tile from :func:`mta.launch_order.heaviest_first` (through a shared helper). For the
-comparison this module builds a second JIT function from the *same* Python functions with that one name bound to
-:func:`natural_order` (tile = axis 0, head = axis 1), so there is no second copy of any kernel. Both run the tile
-the shipped kernel takes (:func:`_shipped_config`) on the same inputs, and their outputs must first agree to the
-last bit (only which SM computes which tile changes).
-
-Measured: the causal forward of :func:`mta.flash_attention` and the kernel of :func:`mta.conv_attention` (6 x 11,
-its pre-passes left out: they do not depend on the order), bf16, B=1, H=8/D=64 and H=16/D=128, N = 1k to 16k.
+The kernels take their tile from :func:`mta.launch_order.heaviest_first`. For the comparison a second JIT function
+is built from the *same* Python functions with that name bound to :func:`natural_order` (no second copy of any
+kernel). Both run the shipped kernel's tile config (:func:`_shipped_config`) on the same inputs, and their outputs
+must first agree to the last bit. Measured: the causal forward of :func:`mta.flash_attention` and the kernel of
+:func:`mta.conv_attention` (6 x 11, without its pre-passes), bf16, B=1, H=8/D=64 and H=16/D=128, N = 1k to 16k.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from mta import tuning
 from mta.launch import NO_SPECIALIZE
 from mta.launch_order import heaviest_first
 
-from .harness import Benchmark, Tools, failure_line, text_table
+from .harness import Benchmark, Tools, failure_line
 from .plots import plot_launch_order
 from .timing import timing_config
 
@@ -39,23 +36,18 @@ def natural_order(HEAVY_LAST: tl.constexpr):
     return tl.program_id(0), tl.program_id(1)
 
 
-def _is_jit(x) -> bool:
-    """A ``@triton.jit`` function (compiled, or run by the interpreter)."""
-    from triton.runtime.interpreter import InterpretedFunction
-    return isinstance(x, (triton.runtime.JITFunction, InterpretedFunction))
-
-
 def _natural_twin(jit_fn, **jit_options):
-    """``jit_fn`` built again from its Python function with every call of ``heaviest_first`` bound to
-    :func:`natural_order`, also through other ``@triton.jit`` helpers (rebuilt the same way); ``jit_fn`` itself if
-    it never reaches ``heaviest_first``."""
+    """``jit_fn`` built again from its Python function with ``heaviest_first`` bound to :func:`natural_order`, also
+    in the ``@triton.jit`` helpers it calls (rebuilt the same way); ``jit_fn`` itself if it never reaches it."""
+    from triton.runtime.interpreter import InterpretedFunction
+
     fn = jit_fn.fn
     swaps = {}
     for name in fn.__code__.co_names:
         target = fn.__globals__.get(name)
         if target is heaviest_first:
             swaps[name] = natural_order
-        elif _is_jit(target) and target is not jit_fn:
+        elif isinstance(target, (triton.runtime.JITFunction, InterpretedFunction)) and target is not jit_fn:
             twin = _natural_twin(target)
             if twin is not target:
                 swaps[name] = twin
@@ -70,8 +62,7 @@ def _natural_twin(jit_fn, **jit_options):
 
 
 def with_natural_order(kernel):
-    """``kernel`` built again with its tiles numbered the natural way (:func:`_natural_twin`), with the same
-    ``@triton.heuristics``."""
+    """``kernel`` with its tiles numbered the natural way (:func:`_natural_twin`), the same ``@triton.heuristics``."""
     heuristics = []
     while isinstance(kernel, triton.runtime.Heuristics):
         heuristics.append(kernel.values)
@@ -92,8 +83,8 @@ def shipped_kernels() -> dict:
 
 
 def _shipped_config(name: str, q: torch.Tensor, causal: bool = True, kernel_size=KERNEL_SIZE) -> dict:
-    """Launch keywords (``BLOCK_M, BLOCK_N, num_warps, num_stages``) of the tile the shipped kernel ``name``
-    ("flash_forward", "conv_forward") takes for ``q``: the package's own table lookup."""
+    """Launch keywords (``BLOCK_M, BLOCK_N, num_warps, num_stages``) the shipped kernel ``name`` ("flash_forward",
+    "conv_forward") takes for ``q``: the package's own table lookup."""
     from mta.conv import conv_forward_config
     from mta.launch import head_dim_block
 
@@ -181,9 +172,8 @@ class LaunchOrderBenchmark(Benchmark):
         rec["speedup"] = rec["natural_ms"] / rec["heaviest_first_ms"]
         return [rec]
 
-    def report(self, data):
-        columns = [("kernel", ""), ("H", "{}"), ("D", "{}"), ("N", "{}"), ("natural ms", "{:.3f}"),
-                   ("heaviest first ms", "{:.3f}"), ("speedup", "{:.2f}x"), ("", "")]
-        return text_table(columns, [[r["kernel"], r["heads"], r["head_dim"], r["seq_len"], r["natural_ms"],
-                                     r["heaviest_first_ms"], r["speedup"], "" if r["same_output"] else "OUTPUTS DIFFER"]
-                                    for r in data["results"]])
+    def tables(self, data):
+        columns = [("kernel", "", "kernel"), ("H", "{}", "heads"), ("D", "{}", "head_dim"), ("N", "{}", "seq_len"),
+                   ("natural ms", "{:.3f}", "natural_ms"), ("heaviest first ms", "{:.3f}", "heaviest_first_ms"),
+                   ("speedup", "{:.2f}x", "speedup")]
+        return [("launch orders (! = their outputs differ)", columns, data["results"])]

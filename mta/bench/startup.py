@@ -1,12 +1,10 @@
 """Benchmark of the wait on the first call: every public kernel function, in a fresh process, at a new shape.
 
-For every (case, dtype, head dim) two fresh Python processes run the script :mod:`mta.bench.startup_probe`: the
-first with ``TRITON_CACHE_DIR`` a new empty directory ("empty cache": every kernel compiles, and autotunes where
-the package autotunes), the second with the same directory ("warm cache": compiled kernels are loaded from
-disk); the environment is otherwise the user's own. Each probe reports its import times, the first call's wall
-time (the number this benchmark is about) and a second call's (steady state, for contrast). A probe that fails
-is a result too: its stderr tail is recorded, printed, and the exit status is 1. The cases are
-:data:`mta.bench.startup_probe.CASES`; a new public function joins there.
+Per (case, dtype, head dim), two fresh processes run :mod:`mta.bench.startup_probe`: with ``TRITON_CACHE_DIR`` a
+new empty directory (every kernel compiles, and autotunes where the package does), then with the same directory
+(compiled kernels load from disk); the environment is otherwise the user's. Each reports its import times, the
+first call's wall time (what this is about) and a second call's (steady state). A failed probe is a result: its
+stderr tail is recorded and printed, exit status 1. The cases are :data:`mta.bench.startup_probe.CASES`.
 """
 
 from __future__ import annotations
@@ -21,9 +19,8 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from . import startup_probe
-from .harness import Benchmark, Tools, failure_line, text_table
+from .harness import REPO_ROOT, Benchmark, Tools, failure_line
 from .plots import plot_startup
-from .provenance import REPO_ROOT
 from .startup_probe import BATCH, CASES, DTYPES, HEADS, KV_HEADS, SEQ_LEN
 
 HEAD_DIMS = (64, 128)
@@ -101,13 +98,10 @@ class StartupBenchmark(Benchmark):
     quick_help = "bf16 and fp32, d=128"
     exit_1 = "a probe failed or gave a non-finite output"
     timed = False
-    Shape, plot = StartupShape, staticmethod(plot_startup)
+    Shape, shapes, plot = StartupShape, staticmethod(startup_shapes), staticmethod(plot_startup)
 
     def __init__(self, runner: Callable[[StartupShape, str], dict] = run_probe):
         self.runner = runner
-
-    def shapes(self, quick):
-        return startup_shapes(quick)
 
     def config(self, quick, warmup, rep):
         shapes = startup_shapes(quick)
@@ -133,20 +127,17 @@ class StartupBenchmark(Benchmark):
             tools.warn(failure_line(self, None, shape, check))
         return [{**asdict(shape), **runs, "check": check}]
 
-    def report(self, data):
-        return format_table(data["results"])
+    def tables(self, data):
+        """Seconds per (case, dtype, head dim): imports and second call (of the warm run, else the empty one), and
+        the first call with an empty and with a warm cache."""
+        def run_with_imports(r):
+            return r["warm_cache"] if "import_mta_s" in r["warm_cache"] else r["empty_cache"]
 
-
-def format_table(results: list[dict]) -> str:
-    """Seconds per (case, dtype, head dim): imports and second call (of the warm run, else the empty one), and the
-    first call with an empty and with a warm cache."""
-    columns = [("case", ""), ("dtype", ""), ("d", "{}"), ("import", "{:.2f}"), ("first call, empty", "{:.3f}"),
-               ("first call, warm", "{:.3f}"), ("second call", "{:.4f}"), ("", "")]
-    rows = []
-    for r in results:
-        empty, warm = r.get("empty_cache", {}), r.get("warm_cache", {})
-        either = warm if "import_mta_s" in warm else empty
-        imports = either["import_torch_s"] + either["import_mta_s"] if "import_mta_s" in either else None
-        rows.append([r["case"], r["dtype"], r["head_dim"], imports, empty.get("first_call_s"),
-                     warm.get("first_call_s"), either.get("second_call_s"), "" if r["check"]["ok"] else "!"])
-    return "seconds (! = a probe failed)\n" + text_table(columns, rows)
+        def imports(r):
+            run = run_with_imports(r)
+            return run["import_torch_s"] + run["import_mta_s"] if "import_mta_s" in run else None
+        columns = [("case", "", "case"), ("dtype", "", "dtype"), ("d", "{}", "head_dim"), ("import", "{:.2f}", imports),
+                   ("first call, empty", "{:.3f}", lambda r: r["empty_cache"].get("first_call_s")),
+                   ("first call, warm", "{:.3f}", lambda r: r["warm_cache"].get("first_call_s")),
+                   ("second call", "{:.4f}", lambda r: run_with_imports(r).get("second_call_s"))]
+        return [("seconds (! = a probe failed)", columns, data["results"])]

@@ -1,16 +1,13 @@
-"""The first call of one public kernel function, in this fresh process: what ``python -m mta.bench startup`` runs.
+"""The first call of one public kernel function in this fresh process: what ``python -m mta.bench startup`` runs.
 
-``python mta/bench/startup_probe.py CASE DTYPE HEAD_DIM [--seq-len N ...]`` (a script, not ``-m``, which would
-import ``mta`` and torch before the probe starts its clock) imports torch and mta (each import timed; only the
-standard library before them), makes random inputs on ``mta.runtime.DEVICE``, then times with
+``python mta/bench/startup_probe.py CASE DTYPE HEAD_DIM [--seq-len N ...]`` (a script: ``-m`` would import mta and
+torch before the clock starts; only the standard library is imported before them) times the imports, then with
 ``time.perf_counter`` the first call and a synchronize (compiling, autotuning, loading kernels: what a user waits
-for), and a second call the same way (steady state). It prints one JSON line; a failing call raises (non-zero
-exit, the traceback on stderr).
+for) and a second call (steady state), and prints one JSON line; a failing call raises (non-zero exit).
 
-Cases with a backward first run one trivial backward and report its time as ``torch_first_backward_s``: torch's
-first backward in a process imports its symbolic-shape machinery (sympy: seconds), a cost every training script
-pays once and not the kernel's; ``first_call_s`` starts after it. On the CPU (Triton's interpreter) it skips
-dtypes the interpreter cannot compute exactly (bfloat16). A new public function joins as one :class:`Case`.
+Cases with a backward first run a trivial backward (``torch_first_backward_s``): torch's first backward imports
+sympy (seconds), a cost every training script pays once, not the kernel's. The interpreter (CPU) skips the dtypes
+it cannot compute exactly (bfloat16). A new public function joins as one :class:`Case`.
 """
 
 from __future__ import annotations
@@ -30,10 +27,8 @@ KERNEL_SIZE = (6, 11)
 
 @dataclass(frozen=True)
 class Case:
-    """A public function's first call, ``mta.<function>(*inputs named by args, causal=True where causal)``, its
-    output (and gradients) checked finite afterwards. ``grad``: the inputs require grad and ``out.backward(dout)``
-    follows the call; otherwise it runs under ``torch.no_grad()``. ``q_last``: ``q[:, :, -1:]`` (a decode step).
-    """
+    """``mta.<function>(*inputs named by args, causal=True where causal)``, then with ``grad`` (else under no_grad)
+    ``out.backward(dout)``; the outputs (and gradients) are checked finite. ``q_last`` is ``q[:, :, -1:]``."""
 
     name: str
     label: str
@@ -66,8 +61,8 @@ CASES = (
 
 def make_inputs(torch, device, dtype, batch: int, heads: int, kv_heads: int, seq_len: int, head_dim: int,
                 grad: bool) -> dict:
-    """Standard-normal q [B, Hq, N, D], k, v [B, Hkv, N, D] and dout; weight 0.2 * randn [Hq, 6, 11] in fp32;
-    q_last [B, Hq, 1, D], a view of q's last row."""
+    """Standard-normal q, dout [B, Hq, N, D], k, v [B, Hkv, N, D]; weight 0.2 * randn [Hq, 6, 11] in fp32; q_last
+    [B, Hq, 1, D], a view of q's last row."""
     x = {"q": torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype),
          "k": torch.randn(batch, kv_heads, seq_len, head_dim, device=device, dtype=dtype),
          "v": torch.randn(batch, kv_heads, seq_len, head_dim, device=device, dtype=dtype),

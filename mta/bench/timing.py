@@ -1,13 +1,10 @@
-"""GPU timing with CUDA events, and peak extra memory of a call.
+"""GPU timing with CUDA events (the median of per-call event pairs), and peak extra memory of a call.
 
-Each repetition gets its own start/end event pair; the result is their median (robust to a stray slow launch).
-Before every repetition, outside the timed region, a 256 MB write evicts the inputs from L2 (50 MB on an H100),
-so each one reads them from HBM as a training step would. Then the GPU spins (``torch.cuda._sleep``) while
-Python queues the timed kernels, so the events time the GPU's work, not the Python wrappers' launch overhead
-(which exceeds the kernels' time at small sizes). The spin lasts twice the call's host launch time (the second
-longest of a few un-synchronised calls after the warm-up), at least :data:`LAUNCH_LEAD_CYCLES`.
-
-Everything here raises RuntimeError without CUDA: code that runs on the CPU (tests) takes a fake timer.
+Before each timed call, untimed: a 256 MB write evicts the inputs from L2 (50 MB on an H100), so each call reads
+them from HBM as a training step would; then the GPU spins (``torch.cuda._sleep``) while Python queues the call,
+so the events time the GPU's work, not the wrappers' launch overhead (larger than the kernels at small sizes).
+The spin lasts twice the call's host launch time, at least :data:`LAUNCH_LEAD_CYCLES`. Without CUDA everything
+here raises RuntimeError (tests take a fake timer).
 """
 
 from __future__ import annotations
@@ -23,10 +20,8 @@ L2_FLUSH_BYTES = 256 * 1024 * 1024
 LAUNCH_LEAD_CYCLES = 2_000_000
 #: Un-synchronised calls whose host time sizes the spin; the second longest counts (one stray pause does not).
 LAUNCH_PROBES = 6
-#: Cycles of the spin timed to convert milliseconds to cycles (about 5 ms).
-CALIBRATION_CYCLES = 10_000_000
-
-#: How a benchmark's JSON config describes this timing (its ``timing`` and ``launch_lead``).
+CALIBRATION_CYCLES = 10_000_000  # spun and timed to convert milliseconds to cycles (about 5 ms)
+#: How a benchmark's JSON config describes this timing.
 TIMING = ("median over rep of per-call CUDA event times; 256 MB L2 flush and a GPU spin (launch_lead: so launch "
           "overhead is not timed) before each call")
 LAUNCH_LEAD = "max(2e6 cycles, 2 x measured launch time)"
@@ -36,20 +31,19 @@ _cycles_per_ms: dict[torch.device, float] = {}
 
 
 def timing_config(warmup: int, rep: int, note: Optional[str] = None) -> dict:
-    """``warmup``, ``rep``, ``timing`` (with the benchmark's ``note``) and ``launch_lead``, for a JSON config."""
+    """``warmup``, ``rep``, ``timing`` (with the benchmark's ``note``) and ``launch_lead`` for a JSON config."""
     return {"warmup": warmup, "rep": rep, "timing": TIMING + (f"; {note}" if note else ""),
             "launch_lead": LAUNCH_LEAD}
 
 
 def require_cuda(what: str = "GPU timing") -> torch.device:
-    """The current CUDA device; RuntimeError with a clear message if there is none."""
     if not torch.cuda.is_available():
         raise RuntimeError(f"{what} needs a CUDA GPU, but torch.cuda.is_available() is False")
     return torch.device("cuda", torch.cuda.current_device())
 
 
 def flush_l2(device: torch.device) -> None:
-    """Overwrite L2 with a 256 MB write (the buffer is allocated once per device)."""
+    """Overwrite L2 with a 256 MB write (the buffer allocated once per device)."""
     buf = _flush_buffers.get(device)
     if buf is None:
         buf = _flush_buffers[device] = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
@@ -57,8 +51,8 @@ def flush_l2(device: torch.device) -> None:
 
 
 def spin_cycles_per_ms(device: torch.device) -> float:
-    """Cycles ``torch.cuda._sleep`` spins per millisecond on ``device``, cached: from the fastest of three timed
-    spins of :data:`CALIBRATION_CYCLES` (the fastest gives the longest spins, erring on the safe side)."""
+    """Cycles ``torch.cuda._sleep`` spins per millisecond, cached: from the fastest of three timed spins (the
+    fastest gives the longest spins, erring on the safe side)."""
     if device not in _cycles_per_ms:
         times = []
         for _ in range(3):
@@ -74,9 +68,9 @@ def spin_cycles_per_ms(device: torch.device) -> float:
 
 def launch_lead_cycles(fn: Callable[[], object], device: torch.device,
                        before_each: Optional[Callable[[], None]] = None) -> int:
-    """Cycles to spin before each timed call of ``fn``, so the GPU still spins when its last kernel is queued:
-    twice the host time of launching ``fn`` (the second longest of :data:`LAUNCH_PROBES` un-synchronised calls,
-    ``before_each`` untimed), at least :data:`LAUNCH_LEAD_CYCLES`. Synchronises after the last call."""
+    """Cycles to spin before each timed call, so the GPU still spins when the last kernel is queued: twice the host
+    time of launching ``fn`` (second longest of :data:`LAUNCH_PROBES` calls, ``before_each`` untimed), at least
+    :data:`LAUNCH_LEAD_CYCLES`."""
     launch_ms = []
     for _ in range(LAUNCH_PROBES):
         if before_each is not None:
@@ -90,9 +84,8 @@ def launch_lead_cycles(fn: Callable[[], object], device: torch.device,
 
 def time_samples_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
                     before_each: Optional[Callable[[], None]] = None) -> list[float]:
-    """Times in milliseconds of ``rep`` calls of ``fn`` (which should only launch GPU work), after ``warmup``
-    untimed ones (compilation, autotuning, allocator warm-up). ``before_each`` runs before every call, outside
-    the timed region (e.g. to drop accumulated gradients)."""
+    """Milliseconds of ``rep`` calls of ``fn`` (which should only launch GPU work) after ``warmup`` untimed ones;
+    ``before_each`` runs before every call, untimed (e.g. to drop accumulated gradients)."""
     device = require_cuda()
     if rep < 1 or warmup < 0:
         raise ValueError(f"need rep >= 1 and warmup >= 0, got rep={rep}, warmup={warmup}")
@@ -123,8 +116,7 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
 
 
 def peak_extra_memory_bytes(fn: Callable[[], object]) -> int:
-    """Bytes of GPU memory that ``fn`` allocates at its peak above what was allocated before (its result is
-    dropped at once, so it counts only while it is computed)."""
+    """Bytes ``fn`` allocates at its peak above what was allocated before (its result counts while computed)."""
     device = require_cuda("peak memory measurement")
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
