@@ -77,19 +77,12 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-@functools.cache
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
 def dependent_launch(device: torch.device) -> bool:
     """Launch the merge kernel with programmatic dependent launch: on Hopper and later GPUs (never in the
     interpreter). Its programs are then scheduled while the split kernel runs and wait for its end on the GPU,
     so the gap between the two kernels is not paid (on an H100, 2-9% of a step at B = 1 and 4k-64k keys;
     ``notes/performance.md``)."""
-    if runtime.INTERPRET or device.type != "cuda":
-        return False
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+    return device.type == "cuda" and tuning.gpu_family(device) == "hopper"
 
 
 def sm_count(device: torch.device) -> int:
@@ -196,10 +189,11 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     tile_rows, block_m, stack = row_tile((Hq // Hkv) * n_new, block_d, block_n, ck)
     row_tiles = triton.cdiv((Hq // Hkv) * n_new, tile_rows)
     if num_splits is None:
-        slots = sm_count(k.device) * (MTA_PROGRAMS_PER_SM if ck > 1 else 1)
-        num_splits = choose_num_splits(B * Hkv * row_tiles, n_max, block_n - (ck - 1), slots)
+        rule = functools.partial(choose_num_splits, B * Hkv * row_tiles, n_max, block_n - (ck - 1),
+                                 sm_count(k.device) * (MTA_PROGRAMS_PER_SM if ck > 1 else 1))
+        num_splits = rule()
         if e > 0 and n_max <= BAND_COUNTS_BELOW * num_splits:
-            num_splits = choose_num_splits(B * Hkv * row_tiles, n_max, block_n - (ck - 1), slots, extra=1)
+            num_splits = rule(extra=1)
     programs = num_splits + (e > 0)
     block_e = max(16, triton.next_power_of_2(n_new + e - 1))
     one = programs == 1
