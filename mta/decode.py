@@ -155,6 +155,8 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
     if tuple(cache_seqlens.shape) != (batch,):
         raise ValueError(f"cache_seqlens must have shape ({batch},) (one length per sequence), "
                          f"got {tuple(cache_seqlens.shape)}")
+    # The kernels read length b at offset b: a strided view (``lengths[::2]``, a column) is made contiguous.
+    cache_seqlens = cache_seqlens.contiguous()
     if cache_seqlens.device.type == "cpu":
         low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
         if high > n_max:
