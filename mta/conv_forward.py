@@ -205,9 +205,11 @@ def _folded_scores(q_hi, q_lo, q_base, kf_base, stride_qm, stride_qd, stride_kfa
 def _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL: tl.constexpr, E: tl.constexpr,
                    E_PAD: tl.constexpr):
     """Folded scores ``c`` to convolved scores in base-2 units; near the diagonal, the exactly convolved
-    scores put in (from ``cd_base``, rows of ``E_PAD``) and the causal mask."""
+    scores put in (from ``cd_base``, rows of ``E_PAD``) and the causal mask, applied after the scaling (a
+    ``scale <= 0`` would turn a ``-inf`` put in before it into ``+inf`` or NaN)."""
     if DIAGONAL:
-        c = _put_diagonals(c, cd_base, offs_m, offs_k, n, E, E_PAD)
+        c = _put_diagonals(c, cd_base, offs_m, offs_k, n, E, E_PAD) * qk_scale
+        return tl.where(offs_m[:, None] - offs_k[None, :] >= 0, c, float("-inf"))
     return c * qk_scale
 
 
@@ -261,8 +263,8 @@ def _diagonal_scores(p_base, w_base, stride_pr, offs_m, n, CQ: tl.constexpr, CK:
 
 @triton.jit
 def _put_diagonals(c, cd_base, offs_m, offs_k, n, E: tl.constexpr, E_PAD: tl.constexpr):
-    """``c`` with ``CD[i, i - j]`` on the ``E`` diagonals ``0 <= i - j < E`` and ``-inf`` where ``j > i``
-    (the causal mask after the convolution). ``CD`` rows are ``E_PAD`` wide.
+    """``c`` with ``CD[i, i - j]`` on the ``E`` diagonals ``0 <= i - j < E`` (the causal mask after the
+    convolution is :func:`_finish_scores`'s). ``CD`` rows are ``E_PAD`` wide.
 
     One column of ``CD`` per diagonal, loaded as a vector over the tile's rows: it
     lands in the rows' own registers, where a 2D gather would be reshuffled through
@@ -272,7 +274,7 @@ def _put_diagonals(c, cd_base, offs_m, offs_k, n, E: tl.constexpr, E_PAD: tl.con
     for d in tl.static_range(E):
         cd_d = tl.load(cd_base + offs_m * E_PAD + d, mask=row_ok, other=0.0)
         c = tl.where(delta == d, cd_d[:, None], c)
-    return tl.where(delta >= 0, c, float("-inf"))
+    return c
 
 
 @triton.jit(do_not_specialize=["n"])

@@ -157,13 +157,14 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
                          f"got {tuple(cache_seqlens.shape)}")
     # The kernels read length b at offset b: a strided view (``lengths[::2]``, a column) is made contiguous.
     cache_seqlens = cache_seqlens.contiguous()
-    if cache_seqlens.device.type == "cpu":
+    if cache_seqlens.device.type == "cpu" and cache_seqlens.numel():
         low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
         if high > n_max:
             raise ValueError(f"cache_seqlens has a length {high} over the cache size Nmax={n_max}")
         if low < n_min:
             raise ValueError(f"cache_seqlens has a length {low} under {what}={n_min}: each sequence must hold "
                              f"its new tokens")
+    if cache_seqlens.device.type == "cpu":
         if device.type == "cuda":  # from pinned memory the copy is queued, never a synchronisation
             return cache_seqlens.pin_memory().to(device, non_blocking=True)
         return cache_seqlens.to(device)
@@ -183,6 +184,9 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     B, Hkv, n_max, D = k.shape
     Hq = q.shape[1]
     cq, ck = kernel_size
+    o = torch.empty((B, Hq, n_new, D), device=k.device, dtype=out_dtype or q.dtype)
+    if o.numel() == 0:  # no sequence or no head: nothing to launch
+        return o
     e = cq - 1 + (ck - 1) // 2
     block_d = head_dim_block(D)
     block_n, warps, stages = decode_tile(block_d, k.dtype)
@@ -196,10 +200,11 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         num_splits = rule()
         if e > 0 and n_max <= BAND_COUNTS_BELOW * num_splits:
             num_splits = rule(extra=1)
+    # Splits past the key tiles of Nmax would be empty for every sequence (the same result, more states).
+    num_splits = min(num_splits, triton.cdiv(n_max, block_n - (ck - 1)))
     programs = num_splits + (e > 0)
     block_e = max(16, triton.next_power_of_2(n_new + e - 1))
     one = programs == 1
-    o = torch.empty((B, Hq, n_new, D), device=k.device, dtype=out_dtype or q.dtype)
     rows = B * Hq * n_new
     parts = (None, None, None) if one else (
         torch.empty((programs, rows), device=k.device, dtype=torch.float32),
