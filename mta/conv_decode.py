@@ -73,6 +73,10 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
     if cq > conv_forward.MAX_CQ or ck > conv_forward.MAX_CK:
         raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={conv_forward.MAX_CQ} and "
                          f"ck={conv_forward.MAX_CK} here")
+    if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) checks the lengths when it runs
+        from . import ops
+        return ops.conv_decode_attention(q_cache, k_cache, v_cache, weight, cache_seqlens=cache_seqlens,
+                                         num_queries=num_queries, scale=scale, num_splits=num_splits)
     lens = check_seqlens(cache_seqlens, B, n_max, num_queries, q_cache.device, what="num_queries")
     scale = resolve_scale(scale, D)
     w = weight.detach().float().contiguous()

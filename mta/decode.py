@@ -250,6 +250,10 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
     """
     B, Hq, Hkv, Nq, n_max, D = check_kernel_inputs(q, k_cache, v_cache)
     check_new_queries(Nq, n_max, "Nq (new queries)")
+    if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) checks the lengths when it runs
+        from . import ops
+        return ops.decode_attention(q, k_cache, v_cache, cache_seqlens=cache_seqlens, scale=scale,
+                                    num_splits=num_splits)
     lens = check_seqlens(cache_seqlens, B, n_max, Nq, q.device)
     scale = resolve_scale(scale, D)
     return launch_decode(q, k_cache, v_cache, lens, Nq, scale, check_num_splits(num_splits))

@@ -15,8 +15,9 @@ Ops (namespace ``mta``):
   num_splits) -> o`` (no gradient).
 
 The Python functions of this module have the same keyword interface as :func:`mta.conv_attention`,
-:func:`mta.flash_attention`, :func:`mta.decode_attention` and :func:`mta.conv_decode_attention` and call the ops;
-those functions themselves are unchanged. Inputs are checked by the eager functions inside each op, so errors
+:func:`mta.flash_attention`, :func:`mta.decode_attention` and :func:`mta.conv_decode_attention` and call the ops.
+Those functions run their launchers directly when called eagerly, and call these ops while ``torch.compile``
+traces them, so a compiled model may use either. Inputs are checked by the eager functions inside each op, so errors
 read the same either way.
 """
 

@@ -94,3 +94,31 @@ def test_compile_fullgraph_through_the_ops():
     torch.autograd.backward(f(*want))
     for g, r in zip(got, want):
         torch.testing.assert_close(g.grad, r.grad, **TOL)
+
+
+def test_compile_fullgraph_through_the_public_functions():
+    """``mta.conv_attention`` & co. called inside a compiled function route to the ops while traced: one graph, no
+    break, the eager numbers; a list of lengths is checked when the op runs."""
+    q, k, v = rand_qkv(1, 2, 1, 7, 7, 16)
+    w = rand(2, 2, 3, scale=0.3)
+    q_new, cache_k, cache_v, cache_q = rand(2, 2, 1, 16), rand(2, 1, 9, 16), rand(2, 1, 9, 16), rand(2, 2, 9, 16)
+
+    def f(q, k, v, w):
+        return (mta.conv_attention(q, k, v, w) + mta.flash_attention(q, k, v, causal=True)).square().sum()
+
+    def step(lengths):
+        return (mta.decode_attention(q_new, cache_k, cache_v, cache_seqlens=lengths),
+                mta.conv_decode_attention(cache_q, cache_k, cache_v, w, cache_seqlens=lengths, num_queries=1))
+
+    explained = torch._dynamo.explain(f)(q, k, v, w)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    got, want = _leaves(q, k, v, w), _leaves(q, k, v, w)
+    torch.autograd.backward(torch.compile(f, fullgraph=True, backend="aot_eager")(*got))
+    torch.autograd.backward(f(*want))
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g.grad, r.grad, **TOL)
+    compiled_step = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for got, want in zip(compiled_step([9, 4]), step([9, 4])):
+        torch.testing.assert_close(got, want, **TOL)
+    with pytest.raises(ValueError, match="over the cache size"):
+        compiled_step([10, 4])
