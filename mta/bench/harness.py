@@ -64,9 +64,15 @@ class Benchmark:
     name = out = help = description = quick_help = ""  # subcommand, default JSON path, --help texts
     exit_1 = "a correctness check failed"  # what exit status 1 means, for --help
     timed = True  # takes --warmup and --rep
+    options: dict[str, dict] = {}  # its own flags: {flag: add_argument's keywords}, each dest a constructor argument
     Shape: type = object
     tested: Optional[str] = None  # the implementation under test (its failed checks are crossed out in plots)
     passes: tuple[Pass, ...] = ()
+    #: The JSON's "summary": per group of shapes equal in ``summary_keys``, the median over N >=
+    #: ``summary_min_seq_len`` of each ratio ``{name: (impl a, impl b, key)}`` (:func:`median_ratios`).
+    summary_keys: tuple[str, ...] = ()
+    summary_ratios: dict[str, tuple[str, str, str]] = {}
+    summary_min_seq_len = 0
 
     @property
     def checked(self) -> tuple[str, ...]:  # the implementations checked before anything is timed
@@ -78,14 +84,6 @@ class Benchmark:
     def impls(self) -> dict[str, Callable]:
         return self.default_impls() if self._impls is None else self._impls
 
-    @staticmethod
-    def add_args(parser) -> None:  # this benchmark's own options
-        pass
-
-    @classmethod
-    def from_args(cls, args) -> "Benchmark":
-        return cls()
-
     def skip(self, impl: str, shape, inputs) -> Union[None, str, dict[str, str]]:
         """Why ``impl`` is not run at ``shape``: a reason (no pass runs), ``{pass name: reason}`` or None."""
         return None
@@ -94,7 +92,9 @@ class Benchmark:
         pass
 
     def summarize(self, results: list[dict]) -> dict:  # extra top-level JSON entries
-        return {}
+        if not self.summary_ratios:
+            return {}
+        return {"summary": median_ratios(results, self.summary_keys, self.summary_ratios, self.summary_min_seq_len)}
 
     @staticmethod
     def format_check(check: dict) -> str:
@@ -243,11 +243,14 @@ def ratio(records: dict[str, dict], a: str, b: str, key: str) -> Optional[float]
     return x / y if x is not None and y is not None and x > 0 and y > 0 else None
 
 
-def measured(impl: str, key: str, scale: float = 1.0) -> Callable[[dict], Optional[float]]:
-    """A column of :func:`shape_rows`: ``impl``'s ``key`` times ``scale``, None where it is missing."""
+def measured(impl: str, key: str, scale: float = 1.0, why: bool = False) -> Callable[[dict], object]:
+    """A column of :func:`shape_rows`: ``impl``'s ``key`` times ``scale``; where it is missing None or, with
+    ``why``, the record's reason: "skip", "oom" or "err"."""
     def value(row):
-        x = row["records"].get(impl, {}).get(key)
-        return None if x is None else x * scale
+        record = row["records"].get(impl, {})
+        if record.get(key) is not None:
+            return record[key] * scale
+        return {"skipped": "skip", "oom": "oom", "error": "err"}.get(record.get("status")) if why else None
     return value
 
 
