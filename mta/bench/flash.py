@@ -191,7 +191,8 @@ class FlashBenchmark(Benchmark):
         return {
             "benchmark": "flash", "quick": quick, "dtypes": sorted(QUICK_DTYPES if quick else DTYPES),
             "head_dims": list(HEAD_DIMS), "causal": [False, True],
-            "seq_lens": list(QUICK_SEQ_LENS if quick else SEQ_LENS), "total_tokens": TOTAL_TOKENS, "model_dim": MODEL_DIM, "impls": [TESTED_IMPL, *BASELINES],
+            "seq_lens": list(QUICK_SEQ_LENS if quick else SEQ_LENS), "total_tokens": TOTAL_TOKENS,
+            "model_dim": MODEL_DIM, "impls": [TESTED_IMPL, *BASELINES],
             **timing_config(warmup, rep, "forward timed with inputs requiring grad; bwd_ms = fwd_bwd_ms - fwd_ms"),
             "flops": "fwd = 4 B H N^2 D, halved when causal; bwd = 2.5 fwd",
             "tolerance": {"out": OUT_TOLERANCE, "grad": GRAD_TOLERANCE},
