@@ -109,9 +109,9 @@ def test_the_matrix_counts_bound_what_the_reference_keeps_alive(cq, ck):
     shape = cb.ConvShape("bfloat16", 1, 4, 4, 16, cq, ck, 256)
     q, k, v, w = cb.random_inputs(shape, "cpu")
     dout = torch.randn_like(q)
-    forward = live_matrices(lambda: cb.conv_reference(q, k, v, w, causal=True), 1, 4, 256)
+    forward = live_matrices(lambda: conv_attention_reference(q, k, v, w, causal=True), 1, 4, 256)
     leaves = [t.detach().requires_grad_() for t in (q, k, v, w)]
-    both = live_matrices(lambda: cb.conv_reference(*leaves, causal=True).backward(dout), 1, 4, 256)
+    both = live_matrices(lambda: conv_attention_reference(*leaves, causal=True).backward(dout), 1, 4, 256)
     assert all(t.grad is not None for t in leaves)
     assert 3 <= forward < 3.5 and 4 <= both < 4.6, (forward, both)  # the counts the constants' comments give
     assert forward * 1.5 < cb.REFERENCE_LIVE_MATRICES and both * 1.5 < cb.REFERENCE_LIVE_MATRICES_BACKWARD

@@ -114,14 +114,9 @@ def reference_fits(shape: ConvShape, free_bytes: int) -> dict[str, dict]:
             "grad": reference_fit(shape, free_bytes, GRAD_CHECK_MATRICES, "the float64 reference's forward+backward")}
 
 
-conv_reference = conv_attention_reference
-
-
 class CompiledReference:
     """``torch.compile`` of the reference, compiled afresh (in the timer's warmup) for every new shape, dynamo's
     caches reset: static-shape graphs per shape, never a silent fallback to eager at dynamo's recompile limit."""
-
-    __name__ = "conv_reference_compiled"
 
     def __init__(self):
         self._key = self._fn = None
@@ -150,7 +145,7 @@ def sdpa_with(backend_name: str) -> ConvImpl:
 def default_impls(compile_reference: bool = True) -> dict[str, ConvImpl]:
     impls = {"mta_conv": conv_attention, "mta_flash": ignoring_weight(flash.flash_attention),
              "sdpa_flash": sdpa_with("FLASH_ATTENTION"), "sdpa_cudnn": sdpa_with("CUDNN_ATTENTION"),
-             "conv_reference": conv_reference}
+             "conv_reference": conv_attention_reference}
     if compile_reference:
         impls["conv_reference_compiled"] = CompiledReference()
     return impls
@@ -406,17 +401,15 @@ HEADLINE = [name.format(suffix) for _, suffix in PASS_NAMES.values()
             for name in ("conv_over_flash{}_time", "reference_over_conv{}_time", "conv_over_reference{}_memory")]
 
 
-def _results(data_or_results: Union[dict, list]) -> list[dict]:
-    return data_or_results["results"] if isinstance(data_or_results, dict) else data_or_results
-
-
 def _check_ok(records: dict[str, dict]) -> Optional[bool]:
     check = records.get(TESTED_IMPL, {}).get("check")
     return None if check is None else bool(check.get("ok"))
 
 
 def _at(data_or_results: Union[dict, list], seq_len: int, kernel: tuple[int, int]) -> list[dict]:
-    return [r for r in _results(data_or_results) if r["seq_len"] == seq_len and (r["cq"], r["ck"]) == tuple(kernel)]
+    """The records at ``seq_len`` and ``kernel``, of a benchmark's JSON or of its results."""
+    results = data_or_results["results"] if isinstance(data_or_results, dict) else data_or_results
+    return [r for r in results if r["seq_len"] == seq_len and (r["cq"], r["ck"]) == tuple(kernel)]
 
 
 def shape_ratios(results: list[dict]) -> list[dict]:

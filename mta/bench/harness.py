@@ -166,12 +166,12 @@ def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Option
     return m
 
 
-def recorded_call(fn: Callable, *args) -> tuple:
-    """``(fn(*args), None)``, or ``(None, error)`` where it raises (:func:`describe_error`)."""
+def recorded_call(fn: Callable) -> tuple:
+    """``(fn(), None)``, or ``(None, error)`` where it raises (:func:`describe_error`)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            return fn(*args), None
+            return fn(), None
         except Exception as exc:  # noqa: BLE001  (recorded: a failing kernel is a result)
             return None, describe_error(exc, caught)
 
@@ -229,12 +229,6 @@ def by_shape(results: list[dict], keys: tuple[str, ...]) -> dict[tuple, dict[str
 def shape_rows(results: list[dict], keys: tuple[str, ...]) -> list[dict]:
     """A table row per shape (records equal in ``keys``): its fields and ``"records"``, ``{impl: record}``."""
     return [{**dict(zip(keys, key)), "records": records} for key, records in by_shape(results, keys).items()]
-
-
-def check_failed(row: dict, impls=()) -> bool:
-    """Whether a row's own check failed, or at a shape (:func:`shape_rows`) that of one of ``impls``."""
-    checks = [row.get("check"), *(row.get("records", {}).get(name, {}).get("check") for name in impls)]
-    return any(check is not None and not check.get("ok") for check in checks)
 
 
 def ratio(records: dict[str, dict], a: str, b: str, key: str) -> Optional[float]:
@@ -295,9 +289,12 @@ def format_table(columns: list[Column], rows: list[dict]) -> str:
 
 
 def render_tables(tables: list[tuple[str, list[Column], list[dict]]], checked=()) -> str:
-    """Each ``(title, columns, rows)`` under its title; a row whose check (or one of ``checked``'s) failed ends in
-    "!"."""
-    mark = ("", "", lambda row: "!" if check_failed(row, checked) else "")
+    """Each ``(title, columns, rows)`` under its title; a row whose check failed, or at a shape (:func:`shape_rows`)
+    the check of one of ``checked``, ends in "!"."""
+    def failed(row):
+        checks = [row.get("check"), *(row.get("records", {}).get(name, {}).get("check") for name in checked)]
+        return any(check is not None and not check.get("ok") for check in checks)
+    mark = ("", "", lambda row: "!" if failed(row) else "")
     return "\n\n".join(f"{title}\n{format_table([*columns, mark], rows)}" for title, columns, rows in tables)
 
 
@@ -354,17 +351,14 @@ def source_hash(root: Path = REPO_ROOT) -> str:
     return digest.hexdigest()
 
 
-def _triton_version() -> Optional[str]:
-    try:
-        return importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:  # e.g. installed as pytorch-triton
-        return None
-
-
 def provenance() -> dict:
     """GPU ("cpu" without CUDA), versions, commit, source hash, time and argv."""
     has_cuda = torch.cuda.is_available()
     driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if has_cuda else None
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:  # e.g. installed as pytorch-triton
+        triton = None
     return {
         "gpu": torch.cuda.get_device_name() if has_cuda else "cpu",
         "compute_capability": ".".join(map(str, torch.cuda.get_device_capability())) if has_cuda else None,
@@ -372,7 +366,7 @@ def provenance() -> dict:
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "driver": driver.splitlines()[0].strip() if driver else None,  # one line per GPU; they share a driver
         "torch": torch.__version__,
-        "triton": _triton_version(),
+        "triton": triton,
         "python": platform.python_version(),
         **git_info(),
         "mta_source_sha256": source_hash(),
