@@ -1,7 +1,4 @@
-"""python -m mta.bench BENCHMARK: run a benchmark on a CUDA GPU, write JSON and a PNG.
-
-A subcommand per :class:`mta.bench.harness.Benchmark` subclass in :func:`benchmarks`.
-"""
+"""python -m mta.bench BENCHMARK: run a benchmark on a CUDA GPU, write JSON and a PNG."""
 
 from __future__ import annotations
 

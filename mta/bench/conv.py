@@ -172,10 +172,9 @@ def _head_slice(heads: int, kv_heads: int, wanted: int) -> tuple[int, int]:
     return wanted, 1  # part of the first group: every one of these query heads reads kv head 0
 
 
-def _on_head_slices(shape: ConvShape, wanted: int, attempt: Callable[[int, int], bool]) -> bool:
+def _on_head_slices(shape: ConvShape, wanted: int, attempt: Callable[[int, int], bool]) -> None:
     """``attempt(query heads, kv heads)`` on a leading slice of ``wanted`` heads, then half as many... until it
-    returns True or no head is left; whether any slice was tried."""
-    tried = wanted >= 1
+    returns True or no head is left."""
     while wanted >= 1:
         hq, hkv = _head_slice(shape.heads, shape.kv_heads, wanted)
         done = attempt(hq, hkv)
@@ -183,7 +182,6 @@ def _on_head_slices(shape: ConvShape, wanted: int, attempt: Callable[[int, int],
         if done:
             break
         wanted = hq // 2
-    return tried
 
 
 def _failure(exc: BaseException) -> str:
@@ -260,9 +258,10 @@ def check_gradients(fn: ConvImpl, q, k, v, weight, dout, shape: ConvShape, fit: 
             error = f"{TESTED_IMPL} forward+backward raised {failed}"
         return True
 
-    tried = _on_head_slices(shape, min(check["heads_checked"] or shape.heads, fit["heads_that_fit"]), attempt)
+    wanted = min(check["heads_checked"] or shape.heads, fit["heads_that_fit"])
+    _on_head_slices(shape, wanted, attempt)
     if error is None and check["grad_rel_err"] is None:
-        error = (f"no float64 reference for the gradients {'could run' if tried else 'fits in memory'}, "
+        error = (f"no float64 reference for the gradients {'could run' if wanted >= 1 else 'fits in memory'}, "
                  "not even on one head")
     if error is not None:
         check["error"] = "; ".join(filter(None, (check["error"], error)))

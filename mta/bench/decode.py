@@ -74,8 +74,8 @@ class DecodeShape:
 
 def decode_shapes(quick: bool = False) -> list[DecodeShape]:
     """Grouped by (batch, configuration), N increasing."""
-    seq_lens = QUICK_SEQ_LENS if quick else SEQ_LENS
-    return [DecodeShape(DTYPE, b, h, hkv, d, n) for b in BATCHES for (h, hkv, d) in CONFIGS for n in seq_lens]
+    return [DecodeShape(DTYPE, b, h, hkv, d, n) for b in BATCHES for (h, hkv, d) in CONFIGS
+            for n in (QUICK_SEQ_LENS if quick else SEQ_LENS)]
 
 
 def bytes_read(shape: DecodeShape, impl: str) -> int:

@@ -1,9 +1,7 @@
 """The skeleton every benchmark shares: a :class:`Benchmark` declares shapes, implementations, check, tables and
-plot; :func:`run_benchmark` does the rest: progress bar, the check before timing (a failure is printed at once and
-at the end, exit status 1), timing (:mod:`mta.bench.timing`), the JSON (provenance, config, results, summary;
-rewritten after every shape, for ``--resume``), the tables (:func:`format_table`) and the PNG beside the JSON.
-
-Records are flat dicts: the shape's fields, the measurements and, where checked, ``"check"`` (``"ok"``: passed).
+plot; :func:`run_benchmark` checks (a failure is printed at once and at the end, exit status 1), times, writes the
+JSON after every shape (for ``--resume``) and the PNG, and prints the tables. Records are flat dicts: the shape's
+fields, the measurements and, where checked, ``"check"`` (``"ok"``: passed).
 """
 
 from __future__ import annotations
