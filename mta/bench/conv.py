@@ -382,19 +382,20 @@ SHAPE_KEYS = ("dtype", "batch", "heads", "kv_heads", "head_dim", "cq", "ck", "se
 CONFIG_KEYS = ("batch", "heads", "kv_heads", "head_dim")
 #: Each pass's label, and the suffix its ratios' names take (``conv_over_flash_time``, ``..._fwd_bwd_time``).
 PASS_NAMES = {"fwd": ("forward", ""), "fwd_bwd": ("forward+backward", "_fwd_bwd")}
-#: The ratios of a pass, ``{}`` for its suffix: (numerator impl, denominator impl, "time" or "memory").
+#: The ratios of a pass, ``{}`` for its suffix: numerator impl, denominator impl, "time" or "memory", and where a
+#: pass's table shows it, its column (header, format).
 PASS_RATIOS = {
-    "conv_over_flash{}_time": ("mta_conv", "mta_flash", "time"),
-    "conv_over_sdpa_flash{}_time": ("mta_conv", "sdpa_flash", "time"),
-    "conv_over_sdpa_cudnn{}_time": ("mta_conv", "sdpa_cudnn", "time"),
-    "reference_over_conv{}_time": ("conv_reference", "mta_conv", "time"),
-    "reference_compiled_over_conv{}_time": ("conv_reference_compiled", "mta_conv", "time"),
-    "conv_over_reference{}_memory": ("mta_conv", "conv_reference", "memory"),
-    "conv_over_reference_compiled{}_memory": ("mta_conv", "conv_reference_compiled", "memory"),
+    "conv_over_flash{}_time": ("mta_conv", "mta_flash", "time", ("conv/flash", "{:.2f}x")),
+    "conv_over_sdpa_flash{}_time": ("mta_conv", "sdpa_flash", "time", None),
+    "conv_over_sdpa_cudnn{}_time": ("mta_conv", "sdpa_cudnn", "time", None),
+    "reference_over_conv{}_time": ("conv_reference", "mta_conv", "time", ("ref/conv", "{:.1f}x")),
+    "reference_compiled_over_conv{}_time": ("conv_reference_compiled", "mta_conv", "time", ("ref.c/conv", "{:.1f}x")),
+    "conv_over_reference{}_memory": ("mta_conv", "conv_reference", "memory", ("mem c/ref", "{:.2%}")),
+    "conv_over_reference_compiled{}_memory": ("mta_conv", "conv_reference_compiled", "memory", None),
 }
 #: name -> (numerator impl, denominator impl, measured key), for both passes.
 RATIOS = {name.format(PASS_NAMES[p.name][1]): (a, b, p.time_key if m == "time" else p.memory_key)
-          for p in PASSES for name, (a, b, m) in PASS_RATIOS.items()}
+          for p in PASSES for name, (a, b, m, _) in PASS_RATIOS.items()}
 #: The ratios :func:`headline_ratios` reports, of both passes.
 HEADLINE = [name.format(suffix) for _, suffix in PASS_NAMES.values()
             for name in ("conv_over_flash{}_time", "reference_over_conv{}_time", "conv_over_reference{}_memory")]
@@ -439,11 +440,6 @@ SHORT_NAMES = {"mta_conv": "conv", "mta_flash": "flash", "sdpa_flash": "sdpa.fa"
 MIB = 2.0 ** -20
 SHAPE_COLUMNS = [("B", "{}", "batch"), ("H", "{}", "heads"), ("Hkv", "{}", "kv_heads"), ("D", "{}", "head_dim"),
                  ("kernel", "{}", lambda row: f"{row['cq']}x{row['ck']}"), ("N", "{}", "seq_len")]
-#: Ratio columns of a pass's table: (header, ratio of :data:`PASS_RATIOS`, format).
-TABLE_RATIOS = (("conv/flash", "conv_over_flash{}_time", "{:.2f}x"),
-                ("ref/conv", "reference_over_conv{}_time", "{:.1f}x"),
-                ("ref.c/conv", "reference_compiled_over_conv{}_time", "{:.1f}x"),
-                ("mem c/ref", "conv_over_reference{}_memory", "{:.2%}"))
 
 
 def _max_grad_err(check: dict) -> Optional[float]:
@@ -455,15 +451,16 @@ def _max_grad_err(check: dict) -> Optional[float]:
 CHECK_COLUMNS = {"fwd": ("rel err", lambda c: c.get("rel_err")), "fwd_bwd": ("grad err", _max_grad_err)}
 
 
-def _pass_columns(p: Pass, names: list[str], ratios=TABLE_RATIOS, check: bool = True) -> list:
-    """Times (ms) and peak extra memory (MiB) of ``names`` in pass ``p`` (or why one is missing), the ratios, the
-    check's error."""
+def _pass_columns(p: Pass, names: list[str], headline: bool = False) -> list:
+    """Times (ms) and peak extra memory (MiB) of ``names`` in pass ``p`` (or why one is missing), the ratios the
+    tables show (of :data:`HEADLINE` only for the headline) and, but in the headline, the check's error."""
     suffix = PASS_NAMES[p.name][1]
     columns = [(f"{SHORT_NAMES.get(n, n)} ms", "{:.3f}", harness.measured(n, p.time_key, why=True)) for n in names]
     columns += [(f"{SHORT_NAMES.get(n, n)} MiB", "{:.1f}", harness.measured(n, p.memory_key, MIB, why=True))
                 for n in names]
-    columns += [(header, fmt, ratio_of(*RATIOS[name.format(suffix)])) for header, name, fmt in ratios]
-    if check:
+    columns += [(*column, ratio_of(*RATIOS[name.format(suffix)])) for name, (*_, column) in PASS_RATIOS.items()
+                if column and (not headline or name.format(suffix) in HEADLINE)]
+    if not headline:
         header, error_of = CHECK_COLUMNS[p.name]
         columns.append((header, "{:.1e}", lambda row: error_of(row["records"].get(TESTED_IMPL, {}).get("check") or {})))
     return columns
@@ -484,9 +481,8 @@ def pass_tables(results: list[dict]) -> list[tuple]:
 
 def headline_tables(data_or_results: Union[dict, list], seq_len: int = 8192, kernel: tuple[int, int] = (6, 11)):
     """The headline ratios of each pass at ``seq_len`` and ``kernel``, with the numbers they are made of."""
-    names, ratios = ["mta_conv", "mta_flash", "conv_reference"], [c for c in TABLE_RATIOS if c[0] != "ref.c/conv"]
     return [(f"{PASS_NAMES[p.name][0]} at N={seq_len}, kernel {kernel[0]}x{kernel[1]}",
-             SHAPE_COLUMNS[:4] + _pass_columns(p, names, ratios, check=False),
+             SHAPE_COLUMNS[:4] + _pass_columns(p, ["mta_conv", "mta_flash", "conv_reference"], headline=True),
              shape_rows(_at(data_or_results, seq_len, kernel), SHAPE_KEYS)) for p in PASSES]
 
 

@@ -79,9 +79,6 @@ class Benchmark:
     def __init__(self, impls: Optional[dict[str, Callable]] = None):
         self._impls = impls  # tests give their own; None: default_impls()
 
-    def impls(self) -> dict[str, Callable]:
-        return self.default_impls() if self._impls is None else self._impls
-
     def skip(self, impl: str, shape, inputs) -> Union[None, str, dict[str, str]]:
         """Why ``impl`` is not run at ``shape``: a reason (no pass runs), ``{pass name: reason}`` or None."""
         return None
@@ -106,7 +103,7 @@ class Benchmark:
 
     def measure_shape(self, shape, tools: Tools) -> list[dict]:
         """One record per implementation at ``shape``; the checked ones carry their check, made first."""
-        impls = self.impls()
+        impls = self.default_impls() if self._impls is None else self._impls
         inputs = self.inputs(shape, tools.device)
         checks = {name: self.check(name, impls[name], shape, inputs) for name in self.checked if name in impls}
         for name, check in checks.items():
