@@ -1,12 +1,9 @@
 """Benchmark of ``mta.conv_attention`` (the fused MTA forward and backward) against what it replaces.
 
-Per shape, on the same fresh random inputs, the time and peak extra memory of six implementations in two passes:
-the forward (no input requires grad) and the forward+backward (``q, k, v`` and the fp32 weight leaves requiring
-grad, cleared before each call, untimed; ``.backward(dout)``). ``mta_conv`` is under test, first checked (output and
-gradients) against ``conv_reference`` (:func:`mta.conv_attention_reference`: MTA without a fused kernel); that and
-``conv_reference_compiled`` (its ``torch.compile``) run each pass only where they fit in memory
-(:func:`reference_fits`). ``mta_flash``, ``sdpa_flash`` and ``sdpa_cudnn`` are plain causal attention, the floor.
-A skip, an OOM or a refusing backend is recorded and the run goes on.
+Two passes per shape on the same fresh inputs: the forward (no input requires grad) and the forward+backward (the
+inputs leaves requiring grad, cleared before each call, untimed). ``mta_conv`` is first checked (output and
+gradients) against :func:`mta.conv_attention_reference`, which, like its ``torch.compile``, runs each pass only where
+it fits in memory (:func:`reference_fits`). A skip, an OOM or a refusing backend is recorded and the run goes on.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Benchmark of a decode step: one new query per sequence against a KV cache of N tokens (bf16, all valid).
 
-Timed, in microseconds and TB/s (bytes of K and V, for MTA also its ``cq - 1 + n`` query rows, over the time):
-``mta_decode`` (:func:`mta.decode_attention`, under test), ``mta_conv_decode`` (:func:`mta.conv_decode_attention`,
-6 x 11), ``sdpa`` (not causal: its causal mask is top-left aligned), ``mta_flash`` (:func:`mta.flash_attention`),
-``conv_reference`` (the last row of :func:`mta.conv_attention_reference`, where its ``N x N`` matrices fit) and
-``read`` (``k.sum() + v.sum()``, the ceiling). First ``mta_decode`` is checked against SDPA and ``mta_conv_decode``
-against :func:`last_rows_reference`, in fp32, one sequence at a time.
+Microseconds and TB/s (bytes of K and V, for MTA also its ``cq - 1 + n`` query rows, over the time) of the
+implementations in :data:`STYLES`; ``sdpa`` runs unmasked (its causal mask is top-left aligned). First ``mta_decode``
+is checked against SDPA and ``mta_conv_decode`` against :func:`last_rows_reference`, in fp32, a sequence at a time.
 """
 
 from __future__ import annotations
