@@ -169,20 +169,22 @@ def _head_slice(heads: int, kv_heads: int, wanted: int) -> tuple[int, int]:
     return wanted, 1  # part of the first group: every one of these query heads reads kv head 0
 
 
-def _on_head_slices(shape: ConvShape, wanted: int, attempt: Callable[[int, int], bool]) -> None:
-    """``attempt(query heads, kv heads)`` on a leading slice of ``wanted`` heads, then half as many... until it
-    returns True or no head is left."""
+def _on_head_slices(shape: ConvShape, wanted: int, attempt: Callable[[int, int], None], notes: list, what: str):
+    """``attempt(query heads, kv heads)`` on a leading slice of ``wanted`` heads; where it raises (noted as
+    ``what``'s failure), on half as many..., until it runs or no head is left."""
     while wanted >= 1:
         hq, hkv = _head_slice(shape.heads, shape.kv_heads, wanted)
-        done = attempt(hq, hkv)
+        try:
+            attempt(hq, hkv)
+            done = True
+        except Exception as exc:  # noqa: BLE001  (try fewer heads)
+            notes.append(f"{what} on {hq} heads " + ("ran out of memory" if is_oom(exc) else
+                                                     f"raised {describe_error(exc)}"))
+            done = False
         release_memory()  # once the attempt's frames are gone, so a failed call's tensors can be freed
         if done:
             break
         wanted = hq // 2
-
-
-def _failure(exc: BaseException) -> str:
-    return "ran out of memory" if is_oom(exc) else f"raised {describe_error(exc)}"
 
 
 def check_against_reference(fn: ConvImpl, q, k, v, weight, shape: ConvShape, fit: dict,
@@ -199,17 +201,13 @@ def check_against_reference(fn: ConvImpl, q, k, v, weight, shape: ConvShape, fit
 
     def attempt(hq, hkv):
         cast = (lambda t: t) if hq == shape.heads else (lambda t: t.float())
-        try:
-            ref = reference(cast(q[:, :hq]), cast(k[:, :hkv]), cast(v[:, :hkv]), weight[:hq], causal=shape.causal)
-            check.update(rel_err=rel_err(out[:, :hq], ref), heads_checked=hq, reference=(
-                f"conv_attention_reference, all heads ({shape.dtype} inputs, fp32 compute)" if hq == shape.heads
-                else f"conv_attention_reference on float32 inputs, query heads 0..{hq - 1} of {shape.heads}"))
-            return True
-        except Exception as exc:  # noqa: BLE001  (try fewer heads)
-            check["notes"].append(f"reference on {hq} heads {_failure(exc)}")
-            return False
+        ref = reference(cast(q[:, :hq]), cast(k[:, :hkv]), cast(v[:, :hkv]), weight[:hq], causal=shape.causal)
+        check.update(rel_err=rel_err(out[:, :hq], ref), heads_checked=hq, reference=(
+            f"conv_attention_reference, all heads ({shape.dtype} inputs, fp32 compute)" if hq == shape.heads
+            else f"conv_attention_reference on float32 inputs, query heads 0..{hq - 1} of {shape.heads}"))
 
-    _on_head_slices(shape, shape.heads if fit["fits"] else fit["heads_that_fit"], attempt)
+    _on_head_slices(shape, shape.heads if fit["fits"] else fit["heads_that_fit"], attempt, check["notes"],
+                    "reference")
     if check["rel_err"] is None:
         check["error"] = ("no reference could run, not even on one head: " + "; ".join(check["notes"])
                           if check["notes"] else "no reference fits in memory, not even on one head")
@@ -235,12 +233,8 @@ def check_gradients(fn: ConvImpl, q, k, v, weight, dout, shape: ConvShape, fit: 
 
     def attempt(hq, hkv):
         nonlocal error
-        try:
-            ref = _grads(lambda *t: reference(*t, causal=shape.causal),
-                         [t.double() for t in (q[:, :hq], k[:, :hkv], v[:, :hkv], weight[:hq])], dout[:, :hq].double())
-        except Exception as exc:  # noqa: BLE001  (try fewer heads)
-            check["notes"].append(f"float64 reference's gradients on {hq} heads {_failure(exc)}")
-            return False
+        ref = _grads(lambda *t: reference(*t, causal=shape.causal),
+                     [t.double() for t in (q[:, :hq], k[:, :hkv], v[:, :hkv], weight[:hq])], dout[:, :hq].double())
         masked = dout.clone()
         masked[:, hq:] = 0
 
@@ -250,13 +244,12 @@ def check_gradients(fn: ConvImpl, q, k, v, weight, dout, shape: ConvShape, fit: 
             check.update(grad_rel_err=dict(zip(GRAD_NAMES, map(rel_err, mine, ref))), grad_heads_checked=hq,
                          grad_reference=f"conv_attention_reference's autograd in float64, query heads "
                                         f"0..{hq - 1} of {shape.heads}")
-        failed = recorded_call(compare)[1]
+        failed = recorded_call(compare)[1]  # a failure of fn is the check's error, not a reason to try fewer heads
         if failed is not None:
             error = f"{TESTED_IMPL} forward+backward raised {failed}"
-        return True
 
     wanted = min(check["heads_checked"] or shape.heads, fit["heads_that_fit"])
-    _on_head_slices(shape, wanted, attempt)
+    _on_head_slices(shape, wanted, attempt, check["notes"], "float64 reference's gradients")
     if error is None and check["grad_rel_err"] is None:
         error = (f"no float64 reference for the gradients {'could run' if wanted >= 1 else 'fits in memory'}, "
                  "not even on one head")
