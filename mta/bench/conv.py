@@ -176,15 +176,12 @@ def _on_head_slices(shape: ConvShape, wanted: int, attempt: Callable[[int, int],
         hq, hkv = _head_slice(shape.heads, shape.kv_heads, wanted)
         try:
             attempt(hq, hkv)
-            done = True
+            wanted = 0  # it ran: done
         except Exception as exc:  # noqa: BLE001  (try fewer heads)
-            notes.append(f"{what} on {hq} heads " + ("ran out of memory" if is_oom(exc) else
-                                                     f"raised {describe_error(exc)}"))
-            done = False
+            why = "ran out of memory" if is_oom(exc) else f"raised {describe_error(exc)}"
+            notes.append(f"{what} on {hq} heads {why}")
+            wanted = hq // 2
         release_memory()  # once the attempt's frames are gone, so a failed call's tensors can be freed
-        if done:
-            break
-        wanted = hq // 2
 
 
 def check_against_reference(fn: ConvImpl, q, k, v, weight, shape: ConvShape, fit: dict,
