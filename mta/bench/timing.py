@@ -72,10 +72,10 @@ def launch_lead_cycles(fn: Callable[[], object], device: torch.device,
     return max(LAUNCH_LEAD_CYCLES, round(2 * sorted(launch_ms)[-2] * spin_cycles_per_ms(device)))
 
 
-def time_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
-            before_each: Optional[Callable[[], None]] = None) -> float:
-    """Median milliseconds of ``rep`` calls of ``fn`` (which should only launch GPU work) after ``warmup`` untimed
-    ones; ``before_each`` runs before every call, untimed (e.g. to drop accumulated gradients)."""
+def time_samples_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
+                    before_each: Optional[Callable[[], None]] = None) -> list[float]:
+    """Milliseconds of ``rep`` calls of ``fn`` (which should only launch GPU work) after ``warmup`` untimed ones;
+    ``before_each`` runs before every call, untimed (e.g. to drop accumulated gradients)."""
     device = require_cuda()
     if rep < 1 or warmup < 0:
         raise ValueError(f"need rep >= 1 and warmup >= 0, got rep={rep}, warmup={warmup}")
@@ -98,7 +98,13 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
         fn()
         end.record()
     torch.cuda.synchronize(device)
-    return statistics.median(start.elapsed_time(end) for start, end in zip(starts, ends))
+    return [start.elapsed_time(end) for start, end in zip(starts, ends)]
+
+
+def time_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
+            before_each: Optional[Callable[[], None]] = None) -> float:
+    """Median time of ``fn`` in milliseconds; see :func:`time_samples_ms`."""
+    return statistics.median(time_samples_ms(fn, warmup=warmup, rep=rep, before_each=before_each))
 
 
 def peak_extra_memory_bytes(fn: Callable[[], object]) -> int:
