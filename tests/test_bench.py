@@ -286,7 +286,7 @@ def synthetic_results(dtype="bfloat16"):
 
 
 def test_median_ratios_skip_short_sequences():
-    summary = fb.median_ratios(synthetic_results()["results"])
+    summary = fb.FlashBenchmark().summarize(synthetic_results()["results"])["summary"]
     assert len(summary) == 4
     for s in summary:
         # Only N in {2048, 8192} count: fwd ratios (302/252, 308/258) and (302/402, 308/408).

@@ -109,9 +109,9 @@ def test_the_matrix_counts_bound_what_the_reference_keeps_alive(cq, ck):
     shape = cb.ConvShape("bfloat16", 1, 4, 4, 16, cq, ck, 256)
     q, k, v, w = cb.random_inputs(shape, "cpu")
     dout = torch.randn_like(q)
-    forward = live_matrices(lambda: cb.conv_reference(q, k, v, w, True), 1, 4, 256)
+    forward = live_matrices(lambda: conv_attention_reference(q, k, v, w, causal=True), 1, 4, 256)
     leaves = [t.detach().requires_grad_() for t in (q, k, v, w)]
-    both = live_matrices(lambda: cb.conv_reference(*leaves, True).backward(dout), 1, 4, 256)
+    both = live_matrices(lambda: conv_attention_reference(*leaves, causal=True).backward(dout), 1, 4, 256)
     assert all(t.grad is not None for t in leaves)
     assert 3 <= forward < 3.5 and 4 <= both < 4.6, (forward, both)  # the counts the constants' comments give
     assert forward * 1.5 < cb.REFERENCE_LIVE_MATRICES and both * 1.5 < cb.REFERENCE_LIVE_MATRICES_BACKWARD
@@ -753,7 +753,7 @@ def test_plot_conv_crosses_out_failed_checks_and_rejects_other_results():
 
 
 def test_config_describes_the_run():
-    full, quick = cb.config(False, 10, 30), cb.config(True, 5, 7)
+    full, quick = cb.ConvBenchmark().config(False, 10, 30), cb.ConvBenchmark().config(True, 5, 7)
     assert full["kernels"] == [[6, 11], [11, 11]] and quick["kernels"] == [[6, 11]]
     assert full["seq_lens"] == [1024, 2048, 4096, 8192, 16384] and quick["seq_lens"] == [2048, 8192]
     assert full["configurations"] == [{"batch": 1, "heads": 8, "kv_heads": 8, "head_dim": 64},
@@ -764,7 +764,7 @@ def test_config_describes_the_run():
     assert (full["warmup"], full["rep"], quick["rep"]) == (10, 30, 7) and "launch_lead" in full
     assert full["impls"] == ["mta_conv", "mta_flash", "sdpa_flash", "sdpa_cudnn", "conv_reference",
                              "conv_reference_compiled"]
-    assert "conv_reference_compiled" not in cb.config(False, 10, 30, compile_reference=False)["impls"]
+    assert "conv_reference_compiled" not in cb.ConvBenchmark(compile_reference=False).config(False, 10, 30)["impls"]
     json.dumps(full, allow_nan=False)
 
 
@@ -802,21 +802,22 @@ def test_an_interrupted_run_resumes_without_measuring_again(tmp_path):
     done = harness.resumable_results(out, prov, cfg)
     assert done == harness.json_safe(first)
     calls = []
-    counting = {name: (lambda f: lambda *a: calls.append(1) or f(*a))(fn) for name, fn in impls().items()}
+    counting = {name: (lambda f: lambda *a, **kw: calls.append(1) or f(*a, **kw))(fn)
+                for name, fn in impls().items()}
     results = harness.run_shapes(bench(counting), TINY, TOOLS, progress=False, done=done)
-    assert len(cb.by_shape(results)) == len(TINY) and results[:len(done)] == done
+    assert len(harness.by_shape(results, cb.SHAPE_KEYS)) == len(TINY) and results[:len(done)] == done
     assert all(r["seq_len"] == TINY[1].seq_len for r in results[len(done):])  # only the missing shape ran
     assert calls
 
 
 def test_resume_refuses_results_of_other_code_or_config(tmp_path):
     out = tmp_path / "bench.json"
-    prov, cfg = {"gpu": "fake", "git_commit": "abc"}, cb.config(True, 1, 1)
+    prov, cfg = {"gpu": "fake", "git_commit": "abc"}, cb.ConvBenchmark().config(True, 1, 1)
     harness.write_results(out, bench(impls()), prov, cfg, [], complete=False)
     with pytest.raises(ValueError, match="git_commit"):
         harness.resumable_results(out, {**prov, "git_commit": "def"}, cfg)
     with pytest.raises(ValueError, match="configuration"):
-        harness.resumable_results(out, prov, cb.config(False, 1, 1))
+        harness.resumable_results(out, prov, cb.ConvBenchmark().config(False, 1, 1))
 
 
 class TinyConv(cb.ConvBenchmark):
@@ -866,12 +867,13 @@ def test_committed_results_are_a_complete_checked_gpu_run():
     assert all("fwd_bwd_ms" in r for r in data["results"])
     saved = data["config"]
     compiled = "conv_reference_compiled" in saved["impls"]  # --no-compile leaves torch.compile of the reference out
-    expected = harness.json_safe(cb.config(False, saved["warmup"], saved["rep"], compile_reference=compiled))
+    bench = cb.ConvBenchmark(compile_reference=compiled)
+    expected = harness.json_safe(bench.config(False, saved["warmup"], saved["rep"]))
     if "launch_lead" not in saved:  # a run from before the spin was sized by the call's launch time
         del expected["launch_lead"]
         expected["timing"] = FIXED_SPIN_TIMING
     assert data["complete"] and saved == expected
-    assert set(cb.by_shape(data["results"])) == {tuple(getattr(s, k) for k in cb.SHAPE_KEYS)
+    assert set(harness.by_shape(data["results"], cb.SHAPE_KEYS)) == {tuple(getattr(s, k) for k in cb.SHAPE_KEYS)
                                                  for s in cb.conv_shapes()}
     assert all(r["check"]["ok"] for r in data["results"] if r["impl"] == cb.TESTED_IMPL)
     recomputed = harness.json_safe(cb.shape_ratios(data["results"]))

@@ -1,7 +1,4 @@
-"""python -m mta.bench BENCHMARK: run a benchmark on a CUDA GPU, write JSON and a PNG.
-
-A subcommand per :class:`mta.bench.harness.Benchmark` subclass in :func:`benchmarks`.
-"""
+"""python -m mta.bench BENCHMARK: run a benchmark on a CUDA GPU, write JSON and a PNG."""
 
 from __future__ import annotations
 
@@ -49,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         if bench.timed:
             p.add_argument("--warmup", type=int, default=10, help="untimed calls before timing (default 10)")
             p.add_argument("--rep", type=int, default=30, help="timed calls; the median is reported (default 30)")
-        bench.add_args(p)
+        for flag, kwargs in bench.options.items():
+            p.add_argument(flag, **kwargs)
         p.set_defaults(bench=bench)
     return parser
 
@@ -63,7 +61,8 @@ def main(argv=None) -> int:
               "to plot committed results on this machine, use mta.bench.plots.", file=sys.stderr)
         return EXIT_NO_CUDA
     from .harness import run
-    return run(args.bench.from_args(args), out=repo_path(args.out), quick=args.quick, resume=args.resume,
+    bench = args.bench(**{kw["dest"]: getattr(args, kw["dest"]) for kw in args.bench.options.values()})
+    return run(bench, out=repo_path(args.out), quick=args.quick, resume=args.resume,
                warmup=getattr(args, "warmup", 10), rep=getattr(args, "rep", 30))
 
 

@@ -1,13 +1,9 @@
 """Benchmark of ``mta.conv_attention`` (the fused MTA forward and backward) against what it replaces.
 
-Per shape, on the same fresh random inputs, two passes of six implementations, each with its time and peak extra
-memory: the forward (no input requires grad) and the forward+backward (``q, k, v`` and the fp32 weight are leaves
-requiring grad, cleared before each call, untimed; ``.backward(dout)``). ``mta_conv`` (:func:`mta.conv_attention`)
-is under test; ``conv_reference`` (:func:`mta.conv_attention_reference`, several fp32 ``[B, H, N, N]`` matrices:
-MTA without a fused kernel) and ``conv_reference_compiled`` (its ``torch.compile``) run per pass only where they
-fit in memory (:func:`reference_fits`); ``mta_flash``, ``sdpa_flash``, ``sdpa_cudnn`` are plain causal attention,
-the floor. A skip, an OOM or a refusing backend is recorded and the run goes on. Before timing, ``mta_conv``'s
-output and gradients are checked against the reference.
+Two passes per shape on the same fresh inputs: the forward (no input requires grad) and the forward+backward (the
+inputs leaves requiring grad, cleared before each call, untimed). ``mta_conv`` is first checked (output and
+gradients) against :func:`mta.conv_attention_reference`, which, like its ``torch.compile``, runs each pass only where
+it fits in memory (:func:`reference_fits`). A skip, an OOM or a refusing backend is recorded and the run goes on.
 """
 
 from __future__ import annotations
@@ -26,7 +22,6 @@ from .harness import (Benchmark, Pass, cuda_free_bytes, describe_error, is_oom, 
 from .plots import plot_conv
 from .timing import timing_config
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPE = "bfloat16"
 CAUSAL = True
 CONFIGS = ((1, 8, 8, 64), (1, 16, 16, 128))  # (batch, query heads, kv heads, head dim)
@@ -38,7 +33,7 @@ WEIGHT_STD = 0.2  # of the random fp32 convolution weights, one kernel per head
 
 TESTED_IMPL = "mta_conv"
 IMPLS = ("mta_conv", "mta_flash", "sdpa_flash", "sdpa_cudnn", "conv_reference", "conv_reference_compiled")
-#: Implementations that materialize ``[B, H, N, N]``: run only where :func:`reference_fit` says they fit.
+#: Implementations that materialize ``[B, H, N, N]``: each pass runs only where :func:`reference_fits` says so.
 REFERENCE_IMPLS = ("conv_reference", "conv_reference_compiled")
 PASSES = (Pass("fwd", "fwd_ms", memory_key="peak_extra_bytes"),
           Pass("fwd_bwd", "fwd_bwd_ms", memory_key="fwd_bwd_peak_extra_bytes", error_key="bwd_error"))
@@ -48,20 +43,18 @@ TOLERANCE = {"bfloat16": 2e-2, "float16": 1e-2, "float32": 1e-4}
 GRAD_TOLERANCE = {"bfloat16": 5e-2, "float16": 2e-2, "float32": 1e-3}
 GRAD_NAMES = ("dq", "dk", "dv", "dweight")
 
-#: Bound on the fp32 ``[B, H, N, N]`` matrices the reference's forward holds at once: twice the 3 it holds op by
-#: op (scores, padded scores, convolved scores; then scores, masked, softmax): 3.06 on an H100, 3.3 on the CPU at
-#: N=256 (tests/test_bench_conv.py counts them).
+#: Bound on the fp32 ``[B, H, N, N]`` matrices the reference's forward holds at once: twice the 3 it holds op by op
+#: (3.06 measured on an H100, 3.3 on the CPU at N=256: tests/test_bench_conv.py counts them).
 REFERENCE_LIVE_MATRICES = 6
-#: ... and its forward+backward: autograd keeps the padded scores and the softmax, so 4 at the softmax and 4 in its
-#: backward (padded scores, softmax, dP, dC); 4.4 on the CPU at N=256, before the convolution's workspace.
+#: ... and its forward+backward: 4 at the softmax and 4 in its backward (4.4 on the CPU, plus conv workspaces).
 REFERENCE_LIVE_MATRICES_BACKWARD = 8
 #: ... and it runs only if that bound is at most this fraction of the free GPU memory.
 REFERENCE_MAX_FREE_FRACTION = 0.6
 #: The gradient check's reference runs in float64: twice the bytes of the fp32 forward+backward.
 GRAD_CHECK_MATRICES = 2 * REFERENCE_LIVE_MATRICES_BACKWARD
 
-#: ``impl(q, k, v, weight, causal) -> out``: every timed implementation (plain attention ignores ``weight``).
-ConvImpl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
+#: ``impl(q, k, v, weight, causal=...) -> out``: every timed implementation (plain attention ignores ``weight``).
+ConvImpl = Callable[..., torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -86,10 +79,8 @@ class ConvShape:
 
 def conv_shapes(quick: bool = False) -> list[ConvShape]:
     """Grouped by (configuration, kernel), N increasing."""
-    kernels = QUICK_KERNELS if quick else KERNELS
-    seq_lens = QUICK_SEQ_LENS if quick else SEQ_LENS
-    return [ConvShape(DTYPE, b, h, hkv, d, cq, ck, n)
-            for (b, h, hkv, d) in CONFIGS for (cq, ck) in kernels for n in seq_lens]
+    return [ConvShape(DTYPE, b, h, hkv, d, cq, ck, n) for (b, h, hkv, d) in CONFIGS
+            for (cq, ck) in (QUICK_KERNELS if quick else KERNELS) for n in (QUICK_SEQ_LENS if quick else SEQ_LENS)]
 
 
 def reference_bytes_estimate(batch: int, heads: int, seq_len: int, matrices: int = REFERENCE_LIVE_MATRICES) -> int:
@@ -99,8 +90,8 @@ def reference_bytes_estimate(batch: int, heads: int, seq_len: int, matrices: int
 
 def reference_fit(shape: ConvShape, free_bytes: int, matrices: int = REFERENCE_LIVE_MATRICES,
                   what: str = "the reference") -> dict:
-    """Whether the reference's estimated peak (``matrices`` fp32 ``[B, H, N, N]``) is at most
-    :data:`REFERENCE_MAX_FREE_FRACTION` of ``free_bytes``; ``heads_that_fit``: how many of its heads would."""
+    """Whether ``matrices`` fp32 ``[B, H, N, N]`` take at most :data:`REFERENCE_MAX_FREE_FRACTION` of
+    ``free_bytes`` (else ``reason``), and ``heads_that_fit``."""
     estimate = reference_bytes_estimate(shape.batch, shape.heads, shape.seq_len, matrices)
     budget = REFERENCE_MAX_FREE_FRACTION * free_bytes
     fits = estimate <= budget
@@ -120,19 +111,9 @@ def reference_fits(shape: ConvShape, free_bytes: int) -> dict[str, dict]:
             "grad": reference_fit(shape, free_bytes, GRAD_CHECK_MATRICES, "the float64 reference's forward+backward")}
 
 
-def mta_conv(q, k, v, weight, causal):
-    return conv_attention(q, k, v, weight, causal=causal)
-
-
-def conv_reference(q, k, v, weight, causal):
-    return conv_attention_reference(q, k, v, weight, causal=causal)
-
-
 class CompiledReference:
     """``torch.compile`` of the reference, compiled afresh (in the timer's warmup) for every new shape, dynamo's
     caches reset: static-shape graphs per shape, never a silent fallback to eager at dynamo's recompile limit."""
-
-    __name__ = "conv_reference_compiled"
 
     def __init__(self):
         self._key = self._fn = None
@@ -146,22 +127,22 @@ class CompiledReference:
         return self._fn(q, k, v, weight, causal=causal)
 
 
+def ignoring_weight(attention: flash.Attention) -> ConvImpl:
+    def impl(q, k, v, weight, causal):
+        return attention(q, k, v, causal=causal)
+    impl.__name__ = attention.__name__
+    return impl
+
+
 def sdpa_with(backend_name: str) -> ConvImpl:
     """SDPA restricted to one backend (``"FLASH_ATTENTION"``, ``"CUDNN_ATTENTION"``) as a ConvImpl, no conv."""
     return ignoring_weight(flash.sdpa_with(backend_name))
 
 
-def ignoring_weight(attention: flash.Attention) -> ConvImpl:
-    def impl(q, k, v, weight, causal):
-        return attention(q, k, v, causal)
-    impl.__name__ = attention.__name__
-    return impl
-
-
 def default_impls(compile_reference: bool = True) -> dict[str, ConvImpl]:
-    impls = {"mta_conv": mta_conv, "mta_flash": ignoring_weight(flash.mta_flash),
+    impls = {"mta_conv": conv_attention, "mta_flash": ignoring_weight(flash.flash_attention),
              "sdpa_flash": sdpa_with("FLASH_ATTENTION"), "sdpa_cudnn": sdpa_with("CUDNN_ATTENTION"),
-             "conv_reference": conv_reference}
+             "conv_reference": conv_attention_reference}
     if compile_reference:
         impls["conv_reference_compiled"] = CompiledReference()
     return impls
@@ -171,7 +152,7 @@ def default_impls(compile_reference: bool = True) -> dict[str, ConvImpl]:
 
 def random_inputs(shape: ConvShape, device) -> tuple[torch.Tensor, ...]:
     """Standard-normal ``q, k, v`` in the shape's dtype; fp32 ``weight ~ N(0, WEIGHT_STD^2)``, per head."""
-    dtype = DTYPES[shape.dtype]
+    dtype = getattr(torch, shape.dtype)
     q = torch.randn(shape.batch, shape.heads, shape.seq_len, shape.head_dim, dtype=dtype, device=device)
     k, v = (torch.randn(shape.batch, shape.kv_heads, shape.seq_len, shape.head_dim, dtype=dtype, device=device)
             for _ in range(2))
@@ -188,49 +169,42 @@ def _head_slice(heads: int, kv_heads: int, wanted: int) -> tuple[int, int]:
     return wanted, 1  # part of the first group: every one of these query heads reads kv head 0
 
 
-def _on_head_slices(shape: ConvShape, wanted: int, attempt: Callable[[int, int], bool]) -> bool:
-    """``attempt(query heads, kv heads)`` on a leading slice of ``wanted`` heads, then half as many... until it
-    returns True or no head is left; whether any slice was tried."""
-    tried = wanted >= 1
+def _on_head_slices(shape: ConvShape, wanted: int, attempt: Callable[[int, int], None], notes: list, what: str):
+    """``attempt(query heads, kv heads)`` on a leading slice of ``wanted`` heads; where it raises (noted as
+    ``what``'s failure), on half as many..., until it runs or no head is left."""
     while wanted >= 1:
         hq, hkv = _head_slice(shape.heads, shape.kv_heads, wanted)
-        done = attempt(hq, hkv)
+        try:
+            attempt(hq, hkv)
+            wanted = 0  # it ran: done
+        except Exception as exc:  # noqa: BLE001  (try fewer heads)
+            why = "ran out of memory" if is_oom(exc) else f"raised {describe_error(exc)}"
+            notes.append(f"{what} on {hq} heads {why}")
+            wanted = hq // 2
         release_memory()  # once the attempt's frames are gone, so a failed call's tensors can be freed
-        if done:
-            break
-        wanted = hq // 2
-    return tried
-
-
-def _failure(exc: BaseException) -> str:
-    return "ran out of memory" if is_oom(exc) else f"raised {describe_error(exc)}"
 
 
 def check_against_reference(fn: ConvImpl, q, k, v, weight, shape: ConvShape, fit: dict,
                             reference: Callable = conv_attention_reference) -> dict:
-    """Relative error of ``fn``'s output against the reference, and whether it passes: all heads where the
-    reference fits (``fit``); else, or if that fails (OOM, a conv2d too large for cuDNN), a float32 reference
-    (inputs cast up) on the leading heads, halving them until it runs."""
+    """Relative error of ``fn``'s output against the reference, and whether it passes: all heads where it fits
+    (``fit``); else, or if that fails (OOM, a conv2d too large for cuDNN), a float32 reference (inputs cast up)
+    on the leading heads, halving them until it runs."""
     check = {"reference": None, "heads_checked": None, "rel_err": None, "tolerance": TOLERANCE[shape.dtype],
              "ok": False, "error": None, "notes": [], "reference_fit": fit}
-    out, error = recorded_call(fn, q, k, v, weight, shape.causal)
+    out, error = recorded_call(lambda: fn(q, k, v, weight, causal=shape.causal))
     if error is not None:
         check["error"] = f"{TESTED_IMPL} raised {error}"
         return check
 
     def attempt(hq, hkv):
         cast = (lambda t: t) if hq == shape.heads else (lambda t: t.float())
-        try:
-            ref = reference(cast(q[:, :hq]), cast(k[:, :hkv]), cast(v[:, :hkv]), weight[:hq], causal=shape.causal)
-            check.update(rel_err=rel_err(out[:, :hq], ref), heads_checked=hq, reference=(
-                f"conv_attention_reference, all heads ({shape.dtype} inputs, fp32 compute)" if hq == shape.heads
-                else f"conv_attention_reference on float32 inputs, query heads 0..{hq - 1} of {shape.heads}"))
-            return True
-        except Exception as exc:  # noqa: BLE001  (try fewer heads)
-            check["notes"].append(f"reference on {hq} heads {_failure(exc)}")
-            return False
+        ref = reference(cast(q[:, :hq]), cast(k[:, :hkv]), cast(v[:, :hkv]), weight[:hq], causal=shape.causal)
+        check.update(rel_err=rel_err(out[:, :hq], ref), heads_checked=hq, reference=(
+            f"conv_attention_reference, all heads ({shape.dtype} inputs, fp32 compute)" if hq == shape.heads
+            else f"conv_attention_reference on float32 inputs, query heads 0..{hq - 1} of {shape.heads}"))
 
-    _on_head_slices(shape, shape.heads if fit["fits"] else fit["heads_that_fit"], attempt)
+    _on_head_slices(shape, shape.heads if fit["fits"] else fit["heads_that_fit"], attempt, check["notes"],
+                    "reference")
     if check["rel_err"] is None:
         check["error"] = ("no reference could run, not even on one head: " + "; ".join(check["notes"])
                           if check["notes"] else "no reference fits in memory, not even on one head")
@@ -256,29 +230,25 @@ def check_gradients(fn: ConvImpl, q, k, v, weight, dout, shape: ConvShape, fit: 
 
     def attempt(hq, hkv):
         nonlocal error
-        try:
-            ref = _grads(lambda *t: reference(*t, causal=shape.causal),
-                         [t.double() for t in (q[:, :hq], k[:, :hkv], v[:, :hkv], weight[:hq])], dout[:, :hq].double())
-        except Exception as exc:  # noqa: BLE001  (try fewer heads)
-            check["notes"].append(f"float64 reference's gradients on {hq} heads {_failure(exc)}")
-            return False
+        ref = _grads(lambda *t: reference(*t, causal=shape.causal),
+                     [t.double() for t in (q[:, :hq], k[:, :hkv], v[:, :hkv], weight[:hq])], dout[:, :hq].double())
         masked = dout.clone()
         masked[:, hq:] = 0
 
         def compare():
-            dq, dk, dv, dw = _grads(lambda *t: fn(*t, shape.causal), (q, k, v, weight), masked)
+            dq, dk, dv, dw = _grads(lambda *t: fn(*t, causal=shape.causal), (q, k, v, weight), masked)
             mine = (dq[:, :hq], dk[:, :hkv], dv[:, :hkv], dw[:hq])
             check.update(grad_rel_err=dict(zip(GRAD_NAMES, map(rel_err, mine, ref))), grad_heads_checked=hq,
                          grad_reference=f"conv_attention_reference's autograd in float64, query heads "
                                         f"0..{hq - 1} of {shape.heads}")
-        failed = recorded_call(compare)[1]
+        failed = recorded_call(compare)[1]  # a failure of fn is the check's error, not a reason to try fewer heads
         if failed is not None:
             error = f"{TESTED_IMPL} forward+backward raised {failed}"
-        return True
 
-    tried = _on_head_slices(shape, min(check["heads_checked"] or shape.heads, fit["heads_that_fit"]), attempt)
+    wanted = min(check["heads_checked"] or shape.heads, fit["heads_that_fit"])
+    _on_head_slices(shape, wanted, attempt, check["notes"], "float64 reference's gradients")
     if error is None and check["grad_rel_err"] is None:
-        error = (f"no float64 reference for the gradients {'could run' if tried else 'fits in memory'}, "
+        error = (f"no float64 reference for the gradients {'could run' if wanted >= 1 else 'fits in memory'}, "
                  "not even on one head")
     if error is not None:
         check["error"] = "; ".join(filter(None, (check["error"], error)))
@@ -309,6 +279,8 @@ class ConvBenchmark(Benchmark):
                    "mta.conv_attention's output and gradients against the reference. Prints a table per pass and "
                    "the headline ratios at N=8192, kernel 6x11.")
     quick_help = "kernel 6x11, N in {2048, 8192}"
+    options = {"--no-compile": dict(dest="compile_reference", action="store_false",
+                                    help="leave out torch.compile of the reference (it recompiles for every shape)")}
     Shape, tested, passes = ConvShape, TESTED_IMPL, PASSES
     shapes, plot = staticmethod(conv_shapes), staticmethod(plot_conv)
     format_check = staticmethod(format_check)
@@ -317,15 +289,6 @@ class ConvBenchmark(Benchmark):
                  free_memory: Callable[[], int] = cuda_free_bytes):
         super().__init__(impls)
         self.compile_reference, self.free_memory = compile_reference, free_memory
-
-    @staticmethod
-    def add_args(parser):
-        parser.add_argument("--no-compile", dest="compile_reference", action="store_false",
-                            help="leave out torch.compile of the reference (it recompiles for every shape)")
-
-    @classmethod
-    def from_args(cls, args):
-        return cls(compile_reference=args.compile_reference)
 
     def default_impls(self):
         return default_impls(self.compile_reference)
@@ -348,8 +311,8 @@ class ConvBenchmark(Benchmark):
         def clear_grads():
             for t in leaves:
                 t.grad = None
-        return {"fwd": (lambda: fn(q, k, v, weight, shape.causal), None),
-                "fwd_bwd": (lambda: fn(*leaves, shape.causal).backward(dout), clear_grads)}
+        return {"fwd": (lambda: fn(q, k, v, weight, causal=shape.causal), None),
+                "fwd_bwd": (lambda: fn(*leaves, causal=shape.causal).backward(dout), clear_grads)}
 
     def skip(self, impl, shape, inputs):
         """The references' passes that do not fit, each with its reason."""
@@ -365,44 +328,39 @@ class ConvBenchmark(Benchmark):
         return pass_tables(data["results"]) + headline_tables(data)
 
     def config(self, quick, warmup, rep):
-        return config(quick, warmup, rep, self.compile_reference)
-
-
-def config(quick: bool, warmup: int, rep: int, compile_reference: bool = True) -> dict:
-    shapes = conv_shapes(quick)
-    fraction = REFERENCE_MAX_FREE_FRACTION
-    return {
-        "benchmark": "conv", "quick": quick, "dtype": DTYPE, "causal": CAUSAL,
-        "configurations": [dict(zip(CONFIG_KEYS, c)) for c in dict.fromkeys(
-            tuple(getattr(s, k) for k in CONFIG_KEYS) for s in shapes)],
-        "kernels": [list(k) for k in dict.fromkeys((s.cq, s.ck) for s in shapes)],
-        "seq_lens": sorted({s.seq_len for s in shapes}),
-        "impls": [n for n in IMPLS if compile_reference or n != "conv_reference_compiled"],
-        "tested_impl": TESTED_IMPL,
-        "inputs": f"q, k, v: torch.randn in {DTYPE}; weight [H, cq, ck]: torch.randn * {WEIGHT_STD} in float32, "
-                  f"a different kernel per head; dout: torch.randn in {DTYPE}",
-        "passes": {"fwd": "the forward; no input requires grad",
-                   "fwd_bwd": "the forward and .backward(dout); q, k, v and weight are leaves requiring grad "
-                              "(plain attention ignores weight), their grads cleared before each call, untimed"},
-        **timing_config(warmup, rep),
-        "memory": "peak_extra_bytes (fwd), fwd_bwd_peak_extra_bytes (fwd_bwd): torch.cuda.max_memory_allocated "
-                  "during one call minus memory_allocated before it (inputs excluded, output, gradients and "
-                  "temporaries included)",
-        "reference_fit": {"live_fp32_matrices": {"fwd": REFERENCE_LIVE_MATRICES,
-                                                 "fwd_bwd": REFERENCE_LIVE_MATRICES_BACKWARD},
-                          "max_fraction_of_free": fraction,
-                          "rule": "each pass of conv_reference and conv_reference_compiled runs only if "
-                                  f"M * B * H * N * N * 4 bytes <= {fraction} * free GPU memory, with M = "
-                                  f"{REFERENCE_LIVE_MATRICES} (fwd) or {REFERENCE_LIVE_MATRICES_BACKWARD} (fwd_bwd)"},
-        "compile": "torch.compile(conv_attention_reference, dynamic=False), dynamo reset before each shape"
-                   if compile_reference else None,
-        "tolerance": TOLERANCE[DTYPE],
-        "grad_tolerance": GRAD_TOLERANCE[DTYPE],
-        "grad_check": "dq, dk, dv, dweight of mta.conv_attention against conv_attention_reference's autograd in "
-                      "float64, on the heads the output was checked on (fewer where "
-                      f"{GRAD_CHECK_MATRICES} fp32-sized [B, 1, N, N] matrices per head do not fit in "
-                      f"{fraction} of the free memory)",
-    }
+        fraction, compiled = REFERENCE_MAX_FREE_FRACTION, self.compile_reference
+        return {
+            "benchmark": "conv", "quick": quick, "dtype": DTYPE, "causal": CAUSAL,
+            "configurations": [dict(zip(CONFIG_KEYS, c)) for c in CONFIGS],
+            "kernels": [list(k) for k in (QUICK_KERNELS if quick else KERNELS)],
+            "seq_lens": list(QUICK_SEQ_LENS if quick else SEQ_LENS),
+            "impls": [n for n in IMPLS if compiled or n != "conv_reference_compiled"],
+            "tested_impl": TESTED_IMPL,
+            "inputs": f"q, k, v: torch.randn in {DTYPE}; weight [H, cq, ck]: torch.randn * {WEIGHT_STD} in float32, "
+                      f"a different kernel per head; dout: torch.randn in {DTYPE}",
+            "passes": {"fwd": "the forward; no input requires grad",
+                       "fwd_bwd": "the forward and .backward(dout); q, k, v and weight are leaves requiring grad "
+                                  "(plain attention ignores weight), their grads cleared before each call, untimed"},
+            **timing_config(warmup, rep),
+            "memory": "peak_extra_bytes (fwd), fwd_bwd_peak_extra_bytes (fwd_bwd): torch.cuda.max_memory_allocated "
+                      "during one call minus memory_allocated before it (inputs excluded, output, gradients and "
+                      "temporaries included)",
+            "reference_fit": {"live_fp32_matrices": {"fwd": REFERENCE_LIVE_MATRICES,
+                                                     "fwd_bwd": REFERENCE_LIVE_MATRICES_BACKWARD},
+                              "max_fraction_of_free": fraction,
+                              "rule": "each pass of conv_reference and conv_reference_compiled runs only if "
+                                      f"M * B * H * N * N * 4 bytes <= {fraction} * free GPU memory, with M = "
+                                      f"{REFERENCE_LIVE_MATRICES} (fwd) or {REFERENCE_LIVE_MATRICES_BACKWARD} "
+                                      "(fwd_bwd)"},
+            "compile": "torch.compile(conv_attention_reference, dynamic=False), dynamo reset before each shape"
+                       if compiled else None,
+            "tolerance": TOLERANCE[DTYPE],
+            "grad_tolerance": GRAD_TOLERANCE[DTYPE],
+            "grad_check": "dq, dk, dv, dweight of mta.conv_attention against conv_attention_reference's autograd "
+                          "in float64, on the heads the output was checked on (fewer where "
+                          f"{GRAD_CHECK_MATRICES} fp32-sized [B, 1, N, N] matrices per head do not fit in "
+                          f"{fraction} of the free memory)",
+        }
 
 
 # --- ratios and tables -------------------------------------------------------------------------
@@ -411,26 +369,23 @@ SHAPE_KEYS = ("dtype", "batch", "heads", "kv_heads", "head_dim", "cq", "ck", "se
 CONFIG_KEYS = ("batch", "heads", "kv_heads", "head_dim")
 #: Each pass's label, and the suffix its ratios' names take (``conv_over_flash_time``, ``..._fwd_bwd_time``).
 PASS_NAMES = {"fwd": ("forward", ""), "fwd_bwd": ("forward+backward", "_fwd_bwd")}
-#: The ratios of a pass, ``{}`` for its suffix: (numerator impl, denominator impl, "time" or "memory").
+#: The ratios of a pass, ``{}`` for its suffix: numerator impl, denominator impl, "time" or "memory", and where a
+#: pass's table shows it, its column (header, format).
 PASS_RATIOS = {
-    "conv_over_flash{}_time": ("mta_conv", "mta_flash", "time"),
-    "conv_over_sdpa_flash{}_time": ("mta_conv", "sdpa_flash", "time"),
-    "conv_over_sdpa_cudnn{}_time": ("mta_conv", "sdpa_cudnn", "time"),
-    "reference_over_conv{}_time": ("conv_reference", "mta_conv", "time"),
-    "reference_compiled_over_conv{}_time": ("conv_reference_compiled", "mta_conv", "time"),
-    "conv_over_reference{}_memory": ("mta_conv", "conv_reference", "memory"),
-    "conv_over_reference_compiled{}_memory": ("mta_conv", "conv_reference_compiled", "memory"),
+    "conv_over_flash{}_time": ("mta_conv", "mta_flash", "time", ("conv/flash", "{:.2f}x")),
+    "conv_over_sdpa_flash{}_time": ("mta_conv", "sdpa_flash", "time", None),
+    "conv_over_sdpa_cudnn{}_time": ("mta_conv", "sdpa_cudnn", "time", None),
+    "reference_over_conv{}_time": ("conv_reference", "mta_conv", "time", ("ref/conv", "{:.1f}x")),
+    "reference_compiled_over_conv{}_time": ("conv_reference_compiled", "mta_conv", "time", ("ref.c/conv", "{:.1f}x")),
+    "conv_over_reference{}_memory": ("mta_conv", "conv_reference", "memory", ("mem c/ref", "{:.2%}")),
+    "conv_over_reference_compiled{}_memory": ("mta_conv", "conv_reference_compiled", "memory", None),
 }
 #: name -> (numerator impl, denominator impl, measured key), for both passes.
 RATIOS = {name.format(PASS_NAMES[p.name][1]): (a, b, p.time_key if m == "time" else p.memory_key)
-          for p in PASSES for name, (a, b, m) in PASS_RATIOS.items()}
-#: The ratios :func:`headline_ratios` reports for each pass.
-HEADLINE = ("conv_over_flash{}_time", "reference_over_conv{}_time", "conv_over_reference{}_memory")
-
-
-def by_shape(results: list[dict]) -> dict[tuple, dict[str, dict]]:
-    """``{shape key (SHAPE_KEYS): {impl: record}}`` in the order of the results."""
-    return harness.by_shape(results, SHAPE_KEYS)
+          for p in PASSES for name, (a, b, m, _) in PASS_RATIOS.items()}
+#: The ratios :func:`headline_ratios` reports, of both passes.
+HEADLINE = [name.format(suffix) for _, suffix in PASS_NAMES.values()
+            for name in ("conv_over_flash{}_time", "reference_over_conv{}_time", "conv_over_reference{}_memory")]
 
 
 def _check_ok(records: dict[str, dict]) -> Optional[bool]:
@@ -438,32 +393,32 @@ def _check_ok(records: dict[str, dict]) -> Optional[bool]:
     return None if check is None else bool(check.get("ok"))
 
 
+def _at(data_or_results: Union[dict, list], seq_len: int, kernel: tuple[int, int]) -> list[dict]:
+    """The records at ``seq_len`` and ``kernel``, of a benchmark's JSON or of its results."""
+    results = data_or_results["results"] if isinstance(data_or_results, dict) else data_or_results
+    return [r for r in results if r["seq_len"] == seq_len and (r["cq"], r["ck"]) == tuple(kernel)]
+
+
 def shape_ratios(results: list[dict]) -> list[dict]:
     """Per shape: its fields, every ratio of :data:`RATIOS` (None where a side is missing), and check_ok."""
     return [{**dict(zip(SHAPE_KEYS, key)), **{name: ratio(records, a, b, m) for name, (a, b, m) in RATIOS.items()},
-             "check_ok": _check_ok(records)} for key, records in by_shape(results).items()]
-
-
-def _results(data_or_results: Union[dict, list]) -> list[dict]:
-    return data_or_results["results"] if isinstance(data_or_results, dict) else data_or_results
+             "check_ok": _check_ok(records)} for key, records in harness.by_shape(results, SHAPE_KEYS).items()]
 
 
 def headline_ratios(data_or_results: Union[dict, list], seq_len: int = 8192,
                     kernel: tuple[int, int] = (6, 11)) -> list[dict]:
-    """Per configuration at ``seq_len`` and ``kernel``: the :data:`HEADLINE` ratios of both passes, each with the
-    two numbers it is made of (``"<impl>_<key>"``, e.g. ``mta_conv_fwd_ms``), None where a side is missing;
-    ``check_ok``: whether mta_conv passed there."""
+    """Per configuration at ``seq_len`` and ``kernel``: the :data:`HEADLINE` ratios, each with the two numbers it
+    is made of (``"<impl>_<key>"``, e.g. ``mta_conv_fwd_ms``), None where a side is missing; ``check_ok``: whether
+    mta_conv passed there."""
     entries = []
-    for key, records in by_shape(_results(data_or_results)).items():
+    for key, records in harness.by_shape(_at(data_or_results, seq_len, kernel), SHAPE_KEYS).items():
         shape = dict(zip(SHAPE_KEYS, key))
-        if shape["seq_len"] == seq_len and (shape["cq"], shape["ck"]) == tuple(kernel):
-            entry = {k: shape[k] for k in (*CONFIG_KEYS, "cq", "ck", "seq_len")}
-            entry["check_ok"] = _check_ok(records)
-            for name in (name.format(suffix) for _, suffix in PASS_NAMES.values() for name in HEADLINE):
-                a, b, m = RATIOS[name]
-                entry.update({name: ratio(records, a, b, m), f"{a}_{m}": records.get(a, {}).get(m),
-                              f"{b}_{m}": records.get(b, {}).get(m)})
-            entries.append(entry)
+        entry = {**{k: shape[k] for k in (*CONFIG_KEYS, "cq", "ck", "seq_len")}, "check_ok": _check_ok(records)}
+        for name in HEADLINE:
+            a, b, m = RATIOS[name]
+            entry.update({name: ratio(records, a, b, m), f"{a}_{m}": records.get(a, {}).get(m),
+                          f"{b}_{m}": records.get(b, {}).get(m)})
+        entries.append(entry)
     return entries
 
 
@@ -472,11 +427,6 @@ SHORT_NAMES = {"mta_conv": "conv", "mta_flash": "flash", "sdpa_flash": "sdpa.fa"
 MIB = 2.0 ** -20
 SHAPE_COLUMNS = [("B", "{}", "batch"), ("H", "{}", "heads"), ("Hkv", "{}", "kv_heads"), ("D", "{}", "head_dim"),
                  ("kernel", "{}", lambda row: f"{row['cq']}x{row['ck']}"), ("N", "{}", "seq_len")]
-#: Ratio columns of a pass's table: (header, ratio of :data:`PASS_RATIOS`, format).
-TABLE_RATIOS = (("conv/flash", "conv_over_flash{}_time", "{:.2f}x"),
-                ("ref/conv", "reference_over_conv{}_time", "{:.1f}x"),
-                ("ref.c/conv", "reference_compiled_over_conv{}_time", "{:.1f}x"),
-                ("mem c/ref", "conv_over_reference{}_memory", "{:.2%}"))
 
 
 def _max_grad_err(check: dict) -> Optional[float]:
@@ -488,33 +438,18 @@ def _max_grad_err(check: dict) -> Optional[float]:
 CHECK_COLUMNS = {"fwd": ("rel err", lambda c: c.get("rel_err")), "fwd_bwd": ("grad err", _max_grad_err)}
 
 
-def _check_error(error_of: Callable[[dict], Optional[float]]):
-    """A column: ``error_of`` the check of the implementation under test (a dash where there is none)."""
-    def value(row):
-        check = row["records"].get(TESTED_IMPL, {}).get("check")
-        return None if check is None else error_of(check)
-    return value
-
-
-def _measured(impl: str, key: str, scale: float = 1.0):
-    """A column: ``impl``'s ``key``, or why it is missing ("skip", "oom", "err"; a dash if ``impl`` did not run)."""
-    def value(row):
-        record = row["records"].get(impl)
-        if record is None or record.get(key) is not None:
-            return None if record is None else record[key] * scale
-        return {"skipped": "skip", "oom": "oom", "error": "err"}.get(record.get("status"))
-    return value
-
-
-def _pass_columns(p: Pass, names: list[str], ratios=TABLE_RATIOS, check: bool = True) -> list:
-    """Times (ms) and peak extra memory (MiB) of ``names`` in pass ``p``, the ratios, the check's error."""
+def _pass_columns(p: Pass, names: list[str], headline: bool = False) -> list:
+    """Times (ms) and peak extra memory (MiB) of ``names`` in pass ``p`` (or why one is missing), the ratios the
+    tables show (of :data:`HEADLINE` only for the headline) and, but in the headline, the check's error."""
     suffix = PASS_NAMES[p.name][1]
-    columns = [(f"{SHORT_NAMES.get(n, n)} ms", "{:.3f}", _measured(n, p.time_key)) for n in names]
-    columns += [(f"{SHORT_NAMES.get(n, n)} MiB", "{:.1f}", _measured(n, p.memory_key, MIB)) for n in names]
-    columns += [(header, fmt, ratio_of(*RATIOS[name.format(suffix)])) for header, name, fmt in ratios]
-    if check:
+    columns = [(f"{SHORT_NAMES.get(n, n)} ms", "{:.3f}", harness.measured(n, p.time_key, why=True)) for n in names]
+    columns += [(f"{SHORT_NAMES.get(n, n)} MiB", "{:.1f}", harness.measured(n, p.memory_key, MIB, why=True))
+                for n in names]
+    columns += [(*column, ratio_of(*RATIOS[name.format(suffix)])) for name, (*_, column) in PASS_RATIOS.items()
+                if column and (not headline or name.format(suffix) in HEADLINE)]
+    if not headline:
         header, error_of = CHECK_COLUMNS[p.name]
-        columns.append((header, "{:.1e}", _check_error(error_of)))
+        columns.append((header, "{:.1e}", lambda row: error_of(row["records"].get(TESTED_IMPL, {}).get("check") or {})))
     return columns
 
 
@@ -533,11 +468,9 @@ def pass_tables(results: list[dict]) -> list[tuple]:
 
 def headline_tables(data_or_results: Union[dict, list], seq_len: int = 8192, kernel: tuple[int, int] = (6, 11)):
     """The headline ratios of each pass at ``seq_len`` and ``kernel``, with the numbers they are made of."""
-    at = [r for r in _results(data_or_results) if r["seq_len"] == seq_len and (r["cq"], r["ck"]) == tuple(kernel)]
-    names, ratios = ["mta_conv", "mta_flash", "conv_reference"], [c for c in TABLE_RATIOS if c[0] != "ref.c/conv"]
     return [(f"{PASS_NAMES[p.name][0]} at N={seq_len}, kernel {kernel[0]}x{kernel[1]}",
-             SHAPE_COLUMNS[:4] + _pass_columns(p, names, ratios, check=False), shape_rows(at, SHAPE_KEYS))
-            for p in PASSES]
+             SHAPE_COLUMNS[:4] + _pass_columns(p, ["mta_conv", "mta_flash", "conv_reference"], headline=True),
+             shape_rows(_at(data_or_results, seq_len, kernel), SHAPE_KEYS)) for p in PASSES]
 
 
 def format_table(results: list[dict]) -> str:

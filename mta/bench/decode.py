@@ -1,12 +1,8 @@
 """Benchmark of a decode step: one new query per sequence against a KV cache of N tokens (bf16, all valid).
 
-Timed, in microseconds and in TB/s (the bytes of K and V, for MTA also the ``cq - 1 + n`` query rows it reads,
-over the time): ``mta_decode`` (:func:`mta.decode_attention`, split-K, under test), ``mta_conv_decode``
-(:func:`mta.conv_decode_attention`, 6 x 11 kernel), ``sdpa`` (not causal: its causal mask is top-left aligned),
-``mta_flash`` (:func:`mta.flash_attention` used for decode), ``conv_reference`` (the last row of
-:func:`mta.conv_attention_reference`, only where its ``N x N`` matrices fit) and ``read`` (``k.sum() + v.sum()``,
-the ceiling). Before timing, ``mta_decode`` is checked against SDPA and ``mta_conv_decode`` against
-:func:`last_rows_reference`, both in fp32, one sequence at a time.
+Microseconds and TB/s (bytes of K and V, for MTA also its ``cq - 1 + n`` query rows, over the time) of the
+implementations in :data:`STYLES`; ``sdpa`` runs unmasked (its causal mask is top-left aligned). First ``mta_decode``
+is checked against SDPA and ``mta_conv_decode`` against :func:`last_rows_reference`, in fp32, a sequence at a time.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import torch.nn.functional as F
 
 from mta import conv_attention_reference, conv_decode_attention, decode_attention, flash_attention
 
-from . import conv, harness
+from . import conv
 from .flash import tflops
 from .harness import Benchmark, Pass, cuda_free_bytes, describe_error, measured, rel_err, shape_rows
 from .timing import timing_config
@@ -38,7 +34,12 @@ IMPLS = ("mta_decode", "mta_conv_decode", "sdpa", "mta_flash", "conv_reference",
 #: The implementations checked before timing, and the largest relative error each may have (bf16).
 CHECKED = ("mta_decode", "mta_conv_decode")
 TOLERANCE = 2e-2
-#: Summary ratios over these cache lengths (shorter ones are launch-bound).
+KEYS = ("batch", "heads", "kv_heads", "head_dim", "seq_len")
+#: The summary: per (batch, configuration), the medians over N >= 16384 (shorter is launch-bound) of mta_decode's
+#: and mta_conv_decode's TB/s as a fraction of the plain read's, and of mta_decode's speedup over SDPA.
+SUMMARY_RATIOS = {"decode_of_read_tbps": ("mta_decode", "read", "tbps"),
+                  "conv_decode_of_read_tbps": ("mta_conv_decode", "read", "tbps"),
+                  "sdpa_over_decode_time": ("sdpa", "mta_decode", "ms")}
 SUMMARY_MIN_SEQ_LEN = 16384
 
 #: How the implementations are drawn.
@@ -70,8 +71,8 @@ class DecodeShape:
 
 def decode_shapes(quick: bool = False) -> list[DecodeShape]:
     """Grouped by (batch, configuration), N increasing."""
-    seq_lens = QUICK_SEQ_LENS if quick else SEQ_LENS
-    return [DecodeShape(DTYPE, b, h, hkv, d, n) for b in BATCHES for (h, hkv, d) in CONFIGS for n in seq_lens]
+    return [DecodeShape(DTYPE, b, h, hkv, d, n) for b in BATCHES for (h, hkv, d) in CONFIGS
+            for n in (QUICK_SEQ_LENS if quick else SEQ_LENS)]
 
 
 def bytes_read(shape: DecodeShape, impl: str) -> int:
@@ -81,11 +82,6 @@ def bytes_read(shape: DecodeShape, impl: str) -> int:
     if impl in ("mta_conv_decode", "conv_reference"):
         kv += shape.batch * shape.heads * (KERNEL[0] - 1 + shape.new_queries) * shape.head_dim * elem
     return kv
-
-
-def reference_fit(shape: DecodeShape, free_bytes: int) -> Optional[str]:
-    """Why the materialized reference does not run (:func:`mta.bench.conv.reference_fit`), or None."""
-    return conv.reference_fit(shape, free_bytes)["reason"]
 
 
 def random_inputs(shape: DecodeShape, device) -> dict:
@@ -158,6 +154,7 @@ class DecodeBenchmark(Benchmark):
                    "mta decoders against fp32 references.")
     quick_help = "N in {4k, 64k}"
     Shape, tested, checked, passes = DecodeShape, TESTED_IMPL, CHECKED, (Pass("fwd", "ms"),)
+    summary_keys, summary_ratios, summary_min_seq_len = KEYS[:-1], SUMMARY_RATIOS, SUMMARY_MIN_SEQ_LEN
     shapes, default_impls = staticmethod(decode_shapes), staticmethod(default_impls)
     inputs = staticmethod(random_inputs)
 
@@ -172,27 +169,23 @@ class DecodeBenchmark(Benchmark):
         return {"fwd": (lambda: fn(x), None)}
 
     def skip(self, impl, shape, x):
-        """The reference where it does not fit in the memory left beside the inputs."""
-        return reference_fit(shape, self._free_bytes()) if impl == "conv_reference" else None
+        """The reference where it does not fit in the memory left beside the inputs (:func:`conv.reference_fit`)."""
+        return conv.reference_fit(shape, self._free_bytes())["reason"] if impl == "conv_reference" else None
 
     def finish(self, r):
         r["bytes"] = bytes_read(self.shape_of(r), r["impl"])
         r["us"] = r["ms"] * 1e3 if r["ms"] is not None else None
         r["tbps"] = tflops(r["bytes"], r["ms"])
 
-    def summarize(self, results):
-        return {"summary": summary(results)}
-
     @staticmethod
     def format_check(c):
         return c.get("error") or f"rel err {c['rel_err']:.1e} (tol {c['tolerance']:.0e})"
 
     def config(self, quick, warmup, rep):
-        shapes = decode_shapes(quick)
         return {"benchmark": "decode", "quick": quick, "dtype": DTYPE, "new_queries": NEW_QUERIES,
                 "batches": list(BATCHES), "configs": [list(c) for c in CONFIGS],
-                "seq_lens": sorted({s.seq_len for s in shapes}), "kernel": list(KERNEL), "weight_std": WEIGHT_STD,
-                "impls": list(IMPLS), **timing_config(warmup, rep),
+                "seq_lens": list(QUICK_SEQ_LENS if quick else SEQ_LENS), "kernel": list(KERNEL),
+                "weight_std": WEIGHT_STD, "impls": list(IMPLS), **timing_config(warmup, rep),
                 "bytes": "K and V of every cache position; MTA also cq - 1 + n query rows per query head",
                 "check": "mta_decode vs SDPA on fp32 copies, mta_conv_decode vs last_rows_reference in fp32, "
                          "per sequence; relative Frobenius error",
@@ -210,19 +203,6 @@ class DecodeBenchmark(Benchmark):
 
     def plot(self, data):
         return plot_decode(data)
-
-
-KEYS = ("batch", "heads", "kv_heads", "head_dim", "seq_len")
-#: The summary's ratios: (numerator impl, denominator impl, measured key).
-SUMMARY_RATIOS = {"decode_of_read_tbps": ("mta_decode", "read", "tbps"),
-                  "conv_decode_of_read_tbps": ("mta_conv_decode", "read", "tbps"),
-                  "sdpa_over_decode_time": ("sdpa", "mta_decode", "ms")}
-
-
-def summary(results: list[dict], min_seq_len: int = SUMMARY_MIN_SEQ_LEN) -> list[dict]:
-    """Per (batch, configuration): the medians over N >= ``min_seq_len`` of mta_decode's and mta_conv_decode's
-    TB/s as a fraction of the plain read's, and of mta_decode's speedup over SDPA."""
-    return harness.median_ratios(results, KEYS[:-1], SUMMARY_RATIOS, min_seq_len)
 
 
 def plot_decode(source):

@@ -1,10 +1,9 @@
 """Benchmark of ``mta.flash_attention`` against PyTorch SDPA's flash and cuDNN backends.
 
-Per shape, the forward and forward+backward times of each implementation on the same fresh random inputs; the
-backward's is their difference, so the forward is timed with inputs requiring grad (as in a training step).
-Before timing, ``mta.flash_attention``'s output and gradients are checked against SDPA. As in the
-FlashAttention-2 paper, shapes keep the work per token fixed: 16384 tokens (batch ``16384 // N``), model width
-2048 (``2048 // d`` heads).
+Per shape, the forward and forward+backward times of each implementation on the same fresh random inputs (the
+backward's is their difference, so the forward runs on inputs requiring grad, as in training), after checking
+``mta.flash_attention``'s output and gradients against SDPA. As in the FlashAttention-2 paper, the work per token
+is fixed: 16384 tokens (batch ``16384 // N``), model width 2048 (``2048 // d`` heads).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import torch.nn.functional as F
 
 from mta import flash_attention
 
-from . import harness
 from .harness import Benchmark, Pass, describe_error, measured, ratio_of, recorded_call, rel_err, shape_rows
 from .timing import timing_config
 
@@ -32,15 +30,17 @@ QUICK_DTYPES = ("bfloat16",)
 
 TESTED_IMPL = "mta"
 BASELINES = ("sdpa_flash", "sdpa_cudnn")
-#: Ratios are summarized over these sequence lengths (short ones are launch-bound).
-SUMMARY_MIN_SEQ_LEN = 2048
+#: The summary: per (dtype, head dim, causal), the median over N >= 2048 (shorter is launch-bound) of mta's
+#: TFLOPS over a baseline's (``fwd_vs_sdpa_flash``...).
 GROUP_KEYS = ("dtype", "head_dim", "causal")
+RATIOS = {f"{p}_vs_{b}": (TESTED_IMPL, b, f"{p}_tflops") for b in BASELINES for p in ("fwd", "bwd")}
+SUMMARY_MIN_SEQ_LEN = 2048
 
 #: Largest accepted ``||mta - sdpa|| / ||sdpa||`` per dtype: for the output, and for each of dq, dk, dv.
 OUT_TOLERANCE = {"bfloat16": 2e-2, "float16": 1e-2}
 GRAD_TOLERANCE = {"bfloat16": 5e-2, "float16": 2e-2}
 
-#: ``impl(q, k, v, causal) -> out``: the form every timed implementation takes.
+#: ``impl(q, k, v, causal=...) -> out``: the form every timed implementation takes.
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 #: The reference for the correctness check: the first SDPA backend that runs forward and backward.
 REFERENCE_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
@@ -64,10 +64,9 @@ class FlashShape:
 
 def flash_shapes(quick: bool = False) -> list[FlashShape]:
     """Grouped by (dtype, head dim, causal), N increasing; the same tokens and model width at every point."""
-    dtypes = QUICK_DTYPES if quick else tuple(DTYPES)
-    seq_lens = QUICK_SEQ_LENS if quick else SEQ_LENS
     return [FlashShape(dtype, d, causal, n, batch=TOTAL_TOKENS // n, heads=MODEL_DIM // d)
-            for dtype in dtypes for d in HEAD_DIMS for causal in (False, True) for n in seq_lens]
+            for dtype in (QUICK_DTYPES if quick else DTYPES) for d in HEAD_DIMS for causal in (False, True)
+            for n in (QUICK_SEQ_LENS if quick else SEQ_LENS)]
 
 
 def forward_flops(batch: int, heads: int, seq_len: int, head_dim: int, causal: bool) -> float:
@@ -86,10 +85,6 @@ def tflops(flops: float, ms: Optional[float]) -> Optional[float]:
     return flops / (ms * 1e-3) / 1e12 if ms is not None and ms > 0 else None
 
 
-def mta_flash(q, k, v, causal):
-    return flash_attention(q, k, v, causal=causal)
-
-
 def sdpa_with(backend_name: str) -> Attention:
     """SDPA restricted to one backend, named like ``"sdpa_flash"`` (GQA where k and v have fewer heads than q); a
     backend that refuses raises. Its ``is_causal`` masks top-left aligned: with Nq == Nk that is mta's mask."""
@@ -103,38 +98,33 @@ def sdpa_with(backend_name: str) -> Attention:
 
 
 def default_impls() -> dict[str, Attention]:
-    return {TESTED_IMPL: mta_flash, "sdpa_flash": sdpa_with("FLASH_ATTENTION"),
+    return {TESTED_IMPL: flash_attention, "sdpa_flash": sdpa_with("FLASH_ATTENTION"),
             "sdpa_cudnn": sdpa_with("CUDNN_ATTENTION")}
 
 
-def reference_output(q, k, v, dout, causal):
-    """``(backend name, out, (dq, dk, dv))`` from the first SDPA backend that runs."""
-    failures = []
-    for backend in REFERENCE_BACKENDS:
-        sdpa = sdpa_with(backend)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # a refusing backend warns before it raises
-                out = sdpa(q, k, v, causal)
-                return sdpa.__name__, out, torch.autograd.grad(out, (q, k, v), dout)
-        except Exception as exc:  # noqa: BLE001  (any refusal: try the next backend)
-            failures.append(f"{backend}: {describe_error(exc)}")
-    raise RuntimeError("no SDPA backend could compute the reference: " + "; ".join(failures))
-
-
 def check_against_reference(fn: Attention, q, k, v, dout, causal: bool, dtype: str) -> dict:
-    """Relative errors of ``fn``'s output and gradients against SDPA, and whether they pass."""
+    """Relative errors of ``fn``'s output and gradients against the first SDPA backend that runs, and whether they
+    pass."""
     tolerance = {"out": OUT_TOLERANCE[dtype], "grad": GRAD_TOLERANCE[dtype]}
     check = {"reference": None, "out_rel_err": None, "grad_rel_err": None, "tolerance": tolerance,
              "ok": False, "error": None}
-    try:
-        check["reference"], ref_out, ref_grads = reference_output(q, k, v, dout, causal)
-    except RuntimeError as exc:
-        check["error"] = str(exc)
+    failures = []
+    for backend in REFERENCE_BACKENDS:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a refusing backend warns before it raises
+                ref_out = sdpa_with(backend)(q, k, v, causal=causal)
+                ref_grads = torch.autograd.grad(ref_out, (q, k, v), dout)
+            check["reference"] = sdpa_with(backend).__name__
+            break
+        except Exception as exc:  # noqa: BLE001  (any refusal: try the next backend)
+            failures.append(f"{backend}: {describe_error(exc)}")
+    else:
+        check["error"] = "no SDPA backend could compute the reference: " + "; ".join(failures)
         return check
 
     def run():
-        out = fn(q, k, v, causal)
+        out = fn(q, k, v, causal=causal)
         check["out_rel_err"] = rel_err(out, ref_out)
         return torch.autograd.grad(out, (q, k, v), dout)
     grads, check["error"] = recorded_call(run)
@@ -161,6 +151,7 @@ class FlashBenchmark(Benchmark):
                    "backend, after checking mta against SDPA.")
     quick_help = "bf16, N in {2048, 8192}"
     Shape, tested = FlashShape, TESTED_IMPL
+    summary_keys, summary_ratios, summary_min_seq_len = GROUP_KEYS, RATIOS, SUMMARY_MIN_SEQ_LEN
     passes = (Pass("fwd", "fwd_ms"), Pass("fwd_bwd", "fwd_bwd_ms", error_key="bwd_error"))
     shapes, default_impls = staticmethod(flash_shapes), staticmethod(default_impls)
     format_check = staticmethod(format_check)
@@ -180,8 +171,8 @@ class FlashBenchmark(Benchmark):
 
         def clear_grads():
             q.grad = k.grad = v.grad = None
-        return {"fwd": (lambda: fn(q, k, v, shape.causal), None),
-                "fwd_bwd": (lambda: fn(q, k, v, shape.causal).backward(dout), clear_grads)}
+        return {"fwd": (lambda: fn(q, k, v, causal=shape.causal), None),
+                "fwd_bwd": (lambda: fn(q, k, v, causal=shape.causal).backward(dout), clear_grads)}
 
     def finish(self, r):
         size = (r["batch"], r["heads"], r["seq_len"], r["head_dim"], r["causal"])
@@ -191,48 +182,30 @@ class FlashBenchmark(Benchmark):
         r["bwd_tflops"] = tflops(r["bwd_flops"], r["bwd_ms"])
         r["fwd_bwd_tflops"] = tflops(r["fwd_flops"] + r["bwd_flops"], r["fwd_bwd_ms"])
 
-    def summarize(self, results):
-        return {"summary": median_ratios(results)}
-
     def config(self, quick, warmup, rep):
-        shapes = flash_shapes(quick)
         return {
-            "benchmark": "flash", "quick": quick, "dtypes": sorted({s.dtype for s in shapes}),
-            "head_dims": sorted({s.head_dim for s in shapes}), "causal": [False, True],
-            "seq_lens": sorted({s.seq_len for s in shapes}), "total_tokens": TOTAL_TOKENS, "model_dim": MODEL_DIM,
-            "impls": [TESTED_IMPL, *BASELINES],
+            "benchmark": "flash", "quick": quick, "dtypes": sorted(QUICK_DTYPES if quick else DTYPES),
+            "head_dims": list(HEAD_DIMS), "causal": [False, True],
+            "seq_lens": list(QUICK_SEQ_LENS if quick else SEQ_LENS), "total_tokens": TOTAL_TOKENS,
+            "model_dim": MODEL_DIM, "impls": [TESTED_IMPL, *BASELINES],
             **timing_config(warmup, rep, "forward timed with inputs requiring grad; bwd_ms = fwd_bwd_ms - fwd_ms"),
             "flops": "fwd = 4 B H N^2 D, halved when causal; bwd = 2.5 fwd",
             "tolerance": {"out": OUT_TOLERANCE, "grad": GRAD_TOLERANCE},
         }
 
     def tables(self, data):
-        return tables(data["results"], data["summary"])
+        """TFLOPS fwd/bwd per shape and implementation with mta's ratios to the baselines; the summary's medians."""
+        groups = [("dtype", "", "dtype"), ("d", "{}", "head_dim"), ("causal", "", "causal")]
+        columns = groups + [("N", "{}", "seq_len")]
+        columns += [(f"{n} {p}", "{:.1f}", measured(n, f"{p}_tflops")) for n in (TESTED_IMPL, *BASELINES)
+                    for p in ("fwd", "bwd")]
+        columns += [(f"mta/{b.removeprefix('sdpa_')} {p}", "{:.2f}", ratio_of(*RATIOS[f"{p}_vs_{b}"]))
+                    for b in BASELINES for p in ("fwd", "bwd")]
+        return [("TFLOPS (! = mta failed its correctness check)", columns,
+                 shape_rows(data["results"], (*GROUP_KEYS, "seq_len"))),
+                (f"median mta/baseline TFLOPS ratio over N >= {SUMMARY_MIN_SEQ_LEN} (> 1: mta is faster)",
+                 groups + [(name, "{:.2f}", name) for name in RATIOS], data["summary"])]
 
     def plot(self, data):
         from .plots import plot_flash
         return plot_flash(data, dtype=data["results"][0]["dtype"])
-
-
-# --- reporting -------------------------------------------------------------------------------
-
-RATIOS = {f"{p}_vs_{b}": (TESTED_IMPL, b, f"{p}_tflops") for b in BASELINES for p in ("fwd", "bwd")}
-GROUP_COLUMNS = [("dtype", "", "dtype"), ("d", "{}", "head_dim"), ("causal", "", "causal")]
-
-
-def median_ratios(results: list[dict], min_seq_len: int = SUMMARY_MIN_SEQ_LEN) -> list[dict]:
-    """Per (dtype, head dim, causal): the median over N >= ``min_seq_len`` of mta's TFLOPS / a baseline's
-    (``fwd_vs_sdpa_flash``...)."""
-    return harness.median_ratios(results, GROUP_KEYS, RATIOS, min_seq_len)
-
-
-def tables(results: list[dict], summary: list[dict]) -> list[tuple]:
-    """TFLOPS fwd/bwd per shape and implementation with mta's ratios to the baselines; the summary's medians."""
-    columns = GROUP_COLUMNS + [("N", "{}", "seq_len")]
-    columns += [(f"{n} {p}", "{:.1f}", measured(n, f"{p}_tflops")) for n in (TESTED_IMPL, *BASELINES)
-                for p in ("fwd", "bwd")]
-    columns += [(f"mta/{b.removeprefix('sdpa_')} {p}", "{:.2f}", ratio_of(*RATIOS[f"{p}_vs_{b}"]))
-                for b in BASELINES for p in ("fwd", "bwd")]
-    return [("TFLOPS (! = mta failed its correctness check)", columns, shape_rows(results, (*GROUP_KEYS, "seq_len"))),
-            (f"median mta/baseline TFLOPS ratio over N >= {SUMMARY_MIN_SEQ_LEN} (> 1: mta is faster)",
-             GROUP_COLUMNS + [(name, "{:.2f}", name) for name in RATIOS], summary)]

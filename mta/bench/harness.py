@@ -1,9 +1,7 @@
 """The skeleton every benchmark shares: a :class:`Benchmark` declares shapes, implementations, check, tables and
-plot; :func:`run_benchmark` does the rest: progress bar, the check before timing (a failure is printed at once and
-at the end, exit status 1), timing (:mod:`mta.bench.timing`), the JSON (provenance, config, results, summary;
-rewritten after every shape, for ``--resume``), the tables (:func:`format_table`) and the PNG beside the JSON.
-
-Records are flat dicts: the shape's fields, the measurements and, where checked, ``"check"`` (``"ok"``: passed).
+plot; :func:`run_benchmark` checks (a failure is printed at once and at the end, exit status 1), times, writes the
+JSON after every shape (for ``--resume``) and the PNG, and prints the tables. Records are flat dicts: the shape's
+fields, the measurements and, where checked, ``"check"`` (``"ok"``: passed).
 """
 
 from __future__ import annotations
@@ -64,9 +62,15 @@ class Benchmark:
     name = out = help = description = quick_help = ""  # subcommand, default JSON path, --help texts
     exit_1 = "a correctness check failed"  # what exit status 1 means, for --help
     timed = True  # takes --warmup and --rep
+    options: dict[str, dict] = {}  # its own flags: {flag: add_argument's keywords}, each dest a constructor argument
     Shape: type = object
     tested: Optional[str] = None  # the implementation under test (its failed checks are crossed out in plots)
     passes: tuple[Pass, ...] = ()
+    #: The JSON's "summary": per group of shapes equal in ``summary_keys``, the median over N >=
+    #: ``summary_min_seq_len`` of each ratio ``{name: (impl a, impl b, key)}`` (:func:`median_ratios`).
+    summary_keys: tuple[str, ...] = ()
+    summary_ratios: dict[str, tuple[str, str, str]] = {}
+    summary_min_seq_len = 0
 
     @property
     def checked(self) -> tuple[str, ...]:  # the implementations checked before anything is timed
@@ -74,17 +78,6 @@ class Benchmark:
 
     def __init__(self, impls: Optional[dict[str, Callable]] = None):
         self._impls = impls  # tests give their own; None: default_impls()
-
-    def impls(self) -> dict[str, Callable]:
-        return self.default_impls() if self._impls is None else self._impls
-
-    @staticmethod
-    def add_args(parser) -> None:  # this benchmark's own options
-        pass
-
-    @classmethod
-    def from_args(cls, args) -> "Benchmark":
-        return cls()
 
     def skip(self, impl: str, shape, inputs) -> Union[None, str, dict[str, str]]:
         """Why ``impl`` is not run at ``shape``: a reason (no pass runs), ``{pass name: reason}`` or None."""
@@ -94,7 +87,9 @@ class Benchmark:
         pass
 
     def summarize(self, results: list[dict]) -> dict:  # extra top-level JSON entries
-        return {}
+        if not self.summary_ratios:
+            return {}
+        return {"summary": median_ratios(results, self.summary_keys, self.summary_ratios, self.summary_min_seq_len)}
 
     @staticmethod
     def format_check(check: dict) -> str:
@@ -108,7 +103,7 @@ class Benchmark:
 
     def measure_shape(self, shape, tools: Tools) -> list[dict]:
         """One record per implementation at ``shape``; the checked ones carry their check, made first."""
-        impls = self.impls()
+        impls = self.default_impls() if self._impls is None else self._impls
         inputs = self.inputs(shape, tools.device)
         checks = {name: self.check(name, impls[name], shape, inputs) for name in self.checked if name in impls}
         for name, check in checks.items():
@@ -166,12 +161,12 @@ def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Option
     return m
 
 
-def recorded_call(fn: Callable, *args) -> tuple:
-    """``(fn(*args), None)``, or ``(None, error)`` where it raises (:func:`describe_error`)."""
+def recorded_call(fn: Callable) -> tuple:
+    """``(fn(), None)``, or ``(None, error)`` where it raises (:func:`describe_error`)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            return fn(*args), None
+            return fn(), None
         except Exception as exc:  # noqa: BLE001  (recorded: a failing kernel is a result)
             return None, describe_error(exc, caught)
 
@@ -231,23 +226,20 @@ def shape_rows(results: list[dict], keys: tuple[str, ...]) -> list[dict]:
     return [{**dict(zip(keys, key)), "records": records} for key, records in by_shape(results, keys).items()]
 
 
-def check_failed(row: dict, impls=()) -> bool:
-    """Whether a row's own check failed, or at a shape (:func:`shape_rows`) that of one of ``impls``."""
-    checks = [row.get("check"), *(row.get("records", {}).get(name, {}).get("check") for name in impls)]
-    return any(check is not None and not check.get("ok") for check in checks)
-
-
 def ratio(records: dict[str, dict], a: str, b: str, key: str) -> Optional[float]:
     """``records[a][key] / records[b][key]``, None where either is missing or not positive."""
     x, y = records.get(a, {}).get(key), records.get(b, {}).get(key)
     return x / y if x is not None and y is not None and x > 0 and y > 0 else None
 
 
-def measured(impl: str, key: str, scale: float = 1.0) -> Callable[[dict], Optional[float]]:
-    """A column of :func:`shape_rows`: ``impl``'s ``key`` times ``scale``, None where it is missing."""
+def measured(impl: str, key: str, scale: float = 1.0, why: bool = False) -> Callable[[dict], object]:
+    """A column of :func:`shape_rows`: ``impl``'s ``key`` times ``scale``; where it is missing None or, with
+    ``why``, the record's reason: "skip", "oom" or "err"."""
     def value(row):
-        x = row["records"].get(impl, {}).get(key)
-        return None if x is None else x * scale
+        record = row["records"].get(impl, {})
+        if record.get(key) is not None:
+            return record[key] * scale
+        return {"skipped": "skip", "oom": "oom", "error": "err"}.get(record.get("status")) if why else None
     return value
 
 
@@ -292,9 +284,12 @@ def format_table(columns: list[Column], rows: list[dict]) -> str:
 
 
 def render_tables(tables: list[tuple[str, list[Column], list[dict]]], checked=()) -> str:
-    """Each ``(title, columns, rows)`` under its title; a row whose check (or one of ``checked``'s) failed ends in
-    "!"."""
-    mark = ("", "", lambda row: "!" if check_failed(row, checked) else "")
+    """Each ``(title, columns, rows)`` under its title; a row whose check failed, or at a shape (:func:`shape_rows`)
+    the check of one of ``checked``, ends in "!"."""
+    def failed(row):
+        checks = [row.get("check"), *(row.get("records", {}).get(name, {}).get("check") for name in checked)]
+        return any(check is not None and not check.get("ok") for check in checks)
+    mark = ("", "", lambda row: "!" if failed(row) else "")
     return "\n\n".join(f"{title}\n{format_table([*columns, mark], rows)}" for title, columns, rows in tables)
 
 
@@ -351,17 +346,14 @@ def source_hash(root: Path = REPO_ROOT) -> str:
     return digest.hexdigest()
 
 
-def _triton_version() -> Optional[str]:
-    try:
-        return importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:  # e.g. installed as pytorch-triton
-        return None
-
-
 def provenance() -> dict:
     """GPU ("cpu" without CUDA), versions, commit, source hash, time and argv."""
     has_cuda = torch.cuda.is_available()
     driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if has_cuda else None
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:  # e.g. installed as pytorch-triton
+        triton = None
     return {
         "gpu": torch.cuda.get_device_name() if has_cuda else "cpu",
         "compute_capability": ".".join(map(str, torch.cuda.get_device_capability())) if has_cuda else None,
@@ -369,7 +361,7 @@ def provenance() -> dict:
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "driver": driver.splitlines()[0].strip() if driver else None,  # one line per GPU; they share a driver
         "torch": torch.__version__,
-        "triton": _triton_version(),
+        "triton": triton,
         "python": platform.python_version(),
         **git_info(),
         "mta_source_sha256": source_hash(),

@@ -1,14 +1,14 @@
 """Benchmark of the launch order: causal kernels with their tiles numbered heaviest first, or the natural way.
 
-The kernels take their tile from :func:`mta.launch_order.heaviest_first`. For the comparison a second JIT function
-is built from the *same* Python functions with that name bound to :func:`natural_order` (no second copy of any
-kernel). Both run the shipped kernel's tile config (:func:`_shipped_config`) on the same inputs, and their outputs
-must first agree to the last bit. Measured: the causal forward of :func:`mta.flash_attention` and the kernel of
-:func:`mta.conv_attention` (6 x 11, without its pre-passes), bf16, B=1, H=8/D=64 and H=16/D=128, N = 1k to 16k.
+The kernels take their tile from :func:`mta.launch_order.heaviest_first`; the twin is built from the *same* Python
+functions with that name bound to :func:`natural_order`. Both run the shipped tile config on the same inputs, and
+their outputs must first agree to the last bit. Measured: the causal forward of :func:`mta.flash_attention` and
+the kernel of :func:`mta.conv_attention` (6 x 11, without its pre-passes), bf16, B=1, N = 1k to 16k.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 from dataclasses import asdict, dataclass
 
@@ -61,6 +61,7 @@ def _natural_twin(jit_fn, **jit_options):
     return triton.jit(clone, **jit_options)
 
 
+@functools.cache  # a twin is built (and compiled) once per kernel
 def with_natural_order(kernel):
     """``kernel`` with its tiles numbered the natural way (:func:`_natural_twin`), the same ``@triton.heuristics``."""
     heuristics = []
@@ -73,13 +74,6 @@ def with_natural_order(kernel):
     for values in reversed(heuristics):
         twin = triton.heuristics(values)(twin)
     return twin
-
-
-def shipped_kernels() -> dict:
-    """``{tuning name: the kernel the package launches}``."""
-    from mta.conv_forward import conv_forward_kernel
-    from mta.flash_forward import flash_forward_kernel
-    return {"flash_forward": flash_forward_kernel, "conv_forward": conv_forward_kernel}
 
 
 def _shipped_config(name: str, q: torch.Tensor, causal: bool = True, kernel_size=KERNEL_SIZE) -> dict:
@@ -136,7 +130,7 @@ class LaunchOrderBenchmark(Benchmark):
     Shape, plot = OrderShape, staticmethod(plot_launch_order)
 
     def __init__(self, dtype: str = "bfloat16"):
-        self.dtype, self._natural = dtype, {}
+        self.dtype = dtype
 
     def shapes(self, quick):
         return [OrderShape(kernel, h, d, n) for h, d in SHAPES for n in (QUICK_LENGTHS if quick else LENGTHS)
@@ -148,21 +142,20 @@ class LaunchOrderBenchmark(Benchmark):
     def measure_shape(self, shape: OrderShape, tools: Tools) -> list[dict]:
         """One record: the tile config, both times, the speedup and whether both orders agree (checked first)."""
         import mta
+        from mta.conv_forward import conv_forward_kernel
+        from mta.flash_forward import flash_forward_kernel
 
         q, k, v = (torch.randn(1, shape.heads, shape.seq_len, shape.head_dim, device=tools.device,
                                dtype=getattr(torch, self.dtype)) for _ in range(3))
         weight = torch.randn(shape.heads, *KERNEL_SIZE, device=tools.device) * 0.2
         if shape.kernel == "flash":
             mta.flash_attention(q, k, v, causal=True)  # warm up
-            name, launch = "flash_forward", flash_launcher(q, k, v)
+            name, heaviest, launch = "flash_forward", flash_forward_kernel, flash_launcher(q, k, v)
         else:
             mta.conv_attention(q, k, v, weight, causal=True)
-            name, launch = "conv_forward", conv_launcher(q, k, v, weight)
+            name, heaviest, launch = "conv_forward", conv_forward_kernel, conv_launcher(q, k, v, weight)
         cfg = _shipped_config(name, q)
-        heaviest = shipped_kernels()[name]
-        if name not in self._natural:
-            self._natural[name] = with_natural_order(shipped_kernels()[name])
-        natural = self._natural[name]
+        natural = with_natural_order(heaviest)
         same = torch.equal(launch(heaviest, cfg), launch(natural, cfg))
         check = {"ok": same, "error": None if same else "the two launch orders give different outputs"}
         if not same:

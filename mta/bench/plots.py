@@ -65,8 +65,7 @@ def titled(fig, title: str, data: dict, bottom: float):
 
 
 def impl_grid(records: list[dict], column_keys: tuple[str, ...], column_title: Callable[..., str], rows: list[tuple],
-              tested: str, failed_label: str, *, log: bool, restyle: Optional[dict] = None,
-              ax_size: tuple = (3.4, 2.8)):
+              tested: str, failed_label: str, *, log: bool, restyle: Optional[dict] = None):
     """Panels against sequence length, a column per value of ``column_keys`` (titled ``column_title(*value)``), a
     row per ``(key, title, y label, scale)``; a line per implementation, ``tested``'s failed checks crossed out.
     Log-log (non-positive values left out), or linear y from 0 shared by the row. ``restyle``: ``{impl: style
@@ -78,7 +77,7 @@ def impl_grid(records: list[dict], column_keys: tuple[str, ...], column_title: C
     present = dict.fromkeys(r["impl"] for r in records)
     impls = [i for i in IMPL_STYLES if i in present] + [i for i in present if i not in IMPL_STYLES]
     fig, axes = plt.subplots(len(rows), len(columns), squeeze=False, sharex=True, sharey="row",
-                             figsize=(ax_size[0] * len(columns), ax_size[1] * len(rows)))
+                             figsize=(3.4 * len(columns), 2.8 * len(rows)))
     for col, value in enumerate(columns):
         where = dict(zip(column_keys, value))
         for row, (key, row_title, ylabel, scale) in enumerate(rows):
@@ -218,13 +217,9 @@ def _points(records: list[dict], key: str, scale: float = 1.0, positive: bool = 
             only_failed_checks: bool = False) -> list[tuple[int, float]]:
     """``(seq_len, value * scale)`` sorted, without missing values, with ``positive`` those a log axis cannot
     show, with ``only_failed_checks`` the records whose check passed."""
-    points = []
-    for r in records:
-        value, check = r.get(key), r.get("check")
-        if value is None or (positive and value <= 0) or (only_failed_checks and (check or {}).get("ok", True)):
-            continue
-        points.append((r["seq_len"], value * scale))
-    return sorted(points)
+    kept = [r for r in records if r.get(key) is not None and (r[key] > 0 or not positive)
+            and not (only_failed_checks and (r.get("check") or {}).get("ok", True))]
+    return sorted((r["seq_len"], r[key] * scale) for r in kept)
 
 
 def _unique_legend(axes) -> tuple[list, list[str]]:

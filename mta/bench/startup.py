@@ -1,10 +1,9 @@
 """Benchmark of the wait on the first call: every public kernel function, in a fresh process, at a new shape.
 
-Per (case, dtype, head dim), two fresh processes run :mod:`mta.bench.startup_probe`: with ``TRITON_CACHE_DIR`` a
-new empty directory (every kernel compiles, and autotunes where the package does), then with the same directory
-(compiled kernels load from disk); the environment is otherwise the user's. Each reports its import times, the
-first call's wall time (what this is about) and a second call's (steady state). A failed probe is a result: its
-stderr tail is recorded and printed, exit status 1. The cases are :data:`mta.bench.startup_probe.CASES`.
+Per (case, dtype, head dim), two fresh processes run :mod:`mta.bench.startup_probe`, with ``TRITON_CACHE_DIR`` a
+new empty directory (every kernel compiles, and autotunes where the package does), then the same one (kernels load
+from disk); the environment is otherwise the user's. A failed probe is a result: its stderr tail is recorded and
+printed, exit status 1.
 """
 
 from __future__ import annotations
@@ -68,13 +67,13 @@ def run_probe(shape: StartupShape, cache_dir, timeout: float = PROBE_TIMEOUT_S) 
         done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         return {"error": f"timed out after {timeout} s", "stderr_tail": _tail(exc.stderr)}
-    result = {"process_s": time.perf_counter() - start}
-    if done.returncode != 0:
-        return {**result, "error": f"the probe exited with status {done.returncode}", "stderr_tail": _tail(done.stderr)}
+    result, error = {"process_s": time.perf_counter() - start}, f"the probe exited with status {done.returncode}"
     try:
-        return {**result, **json.loads(done.stdout.strip().splitlines()[-1])}
+        if done.returncode == 0:
+            return {**result, **json.loads(done.stdout.strip().splitlines()[-1])}
     except (IndexError, ValueError):
-        return {**result, "error": "the probe printed no JSON line", "stderr_tail": _tail(done.stderr)}
+        error = "the probe printed no JSON line"
+    return {**result, "error": error, "stderr_tail": _tail(done.stderr)}
 
 
 def startup_check(runs: dict[str, dict]) -> dict:
@@ -104,10 +103,9 @@ class StartupBenchmark(Benchmark):
         self.runner = runner
 
     def config(self, quick, warmup, rep):
-        shapes = startup_shapes(quick)
         return {"benchmark": "startup", "quick": quick, "cases": {c.name: c.label for c in CASES},
-                "dtypes": list(dict.fromkeys(s.dtype for s in shapes)),
-                "head_dims": list(dict.fromkeys(s.head_dim for s in shapes)),
+                "dtypes": list(QUICK_DTYPES if quick else DTYPES),
+                "head_dims": list(QUICK_HEAD_DIMS if quick else HEAD_DIMS),
                 "shape": {"batch": BATCH, "heads": HEADS, "kv_heads": KV_HEADS, "seq_len": SEQ_LEN},
                 "inputs": "q, k, v, dout: torch.randn; weight [Hq, 6, 11]: 0.2 * torch.randn in float32; causal",
                 "runs": "each a fresh `python mta/bench/startup_probe.py`; empty_cache: TRITON_CACHE_DIR a new "
@@ -130,14 +128,12 @@ class StartupBenchmark(Benchmark):
     def tables(self, data):
         """Seconds per (case, dtype, head dim): imports and second call (of the warm run, else the empty one), and
         the first call with an empty and with a warm cache."""
-        def run_with_imports(r):
+        def imported(r):
             return r["warm_cache"] if "import_mta_s" in r["warm_cache"] else r["empty_cache"]
-
-        def imports(r):
-            run = run_with_imports(r)
-            return run["import_torch_s"] + run["import_mta_s"] if "import_mta_s" in run else None
-        columns = [("case", "", "case"), ("dtype", "", "dtype"), ("d", "{}", "head_dim"), ("import", "{:.2f}", imports),
+        columns = [("case", "", "case"), ("dtype", "", "dtype"), ("d", "{}", "head_dim"),
+                   ("import", "{:.2f}", lambda r: imported(r)["import_torch_s"] + imported(r)["import_mta_s"]
+                    if "import_mta_s" in imported(r) else None),
                    ("first call, empty", "{:.3f}", lambda r: r["empty_cache"].get("first_call_s")),
                    ("first call, warm", "{:.3f}", lambda r: r["warm_cache"].get("first_call_s")),
-                   ("second call", "{:.4f}", lambda r: run_with_imports(r).get("second_call_s"))]
+                   ("second call", "{:.4f}", lambda r: imported(r).get("second_call_s"))]
         return [("seconds (! = a probe failed)", columns, data["results"])]

@@ -1,13 +1,10 @@
 """The first call of one public kernel function in this fresh process: what ``python -m mta.bench startup`` runs.
 
 ``python mta/bench/startup_probe.py CASE DTYPE HEAD_DIM [--seq-len N ...]`` (a script: ``-m`` would import mta and
-torch before the clock starts; only the standard library is imported before them) times the imports, then with
-``time.perf_counter`` the first call and a synchronize (compiling, autotuning, loading kernels: what a user waits
-for) and a second call (steady state), and prints one JSON line; a failing call raises (non-zero exit).
-
-Cases with a backward first run a trivial backward (``torch_first_backward_s``): torch's first backward imports
-sympy (seconds), a cost every training script pays once, not the kernel's. The interpreter (CPU) skips the dtypes
-it cannot compute exactly (bfloat16). A new public function joins as one :class:`Case`.
+torch before the clock starts) times the imports, the first call and a synchronize (compiling, autotuning, loading
+kernels: what a user waits for) and a second call (steady state), and prints one JSON line; a failing call raises.
+Cases with a backward first run a trivial one (``torch_first_backward_s``): torch's first backward imports sympy,
+a cost every training script pays once, not the kernel's. The interpreter skips dtypes it cannot compute exactly.
 """
 
 from __future__ import annotations
@@ -59,36 +56,14 @@ CASES = (
 )
 
 
-def make_inputs(torch, device, dtype, batch: int, heads: int, kv_heads: int, seq_len: int, head_dim: int,
-                grad: bool) -> dict:
-    """Standard-normal q, dout [B, Hq, N, D], k, v [B, Hkv, N, D]; weight 0.2 * randn [Hq, 6, 11] in fp32; q_last
-    [B, Hq, 1, D], a view of q's last row."""
-    x = {"q": torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype),
-         "k": torch.randn(batch, kv_heads, seq_len, head_dim, device=device, dtype=dtype),
-         "v": torch.randn(batch, kv_heads, seq_len, head_dim, device=device, dtype=dtype),
-         "dout": torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype),
-         "weight": 0.2 * torch.randn(heads, *KERNEL_SIZE, device=device, dtype=torch.float32)}
-    x["q_last"] = x["q"][:, :, -1:]
-    if grad:
-        for name in ("q", "k", "v", "weight"):
-            x[name].requires_grad_()
-    return x
-
-
-def parse_args(argv=None) -> argparse.Namespace:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python mta/bench/startup_probe.py", description=__doc__.splitlines()[0])
     parser.add_argument("case", choices=[c.name for c in CASES])
     parser.add_argument("dtype", choices=DTYPES)
     parser.add_argument("head_dim", type=int)
-    parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
-    parser.add_argument("--batch", type=int, default=BATCH)
-    parser.add_argument("--heads", type=int, default=HEADS)
-    parser.add_argument("--kv-heads", type=int, default=KV_HEADS)
-    return parser.parse_args(argv)
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
+    for flag, default in (("--seq-len", SEQ_LEN), ("--batch", BATCH), ("--heads", HEADS), ("--kv-heads", KV_HEADS)):
+        parser.add_argument(flag, type=int, default=default)
+    args = parser.parse_args(argv)
     case = next(c for c in CASES if c.name == args.case)
     start = time.perf_counter()
     import torch
@@ -97,17 +72,23 @@ def main(argv=None) -> int:
     from mta import runtime
     result = {"import_torch_s": imported_torch - start, "import_mta_s": time.perf_counter() - imported_torch,
               "device": str(runtime.DEVICE)}
-    dtype = getattr(torch, args.dtype)
+    dtype, device = getattr(torch, args.dtype), runtime.DEVICE
     if dtype not in runtime.SAFE_DTYPES:
         result["skipped"] = f"{args.dtype} is not exact on {runtime.describe()}"
         print(json.dumps(result))
         return 0
-    sync = torch.cuda.synchronize if runtime.DEVICE.type == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.manual_seed(0)
-    x = make_inputs(torch, runtime.DEVICE, dtype, args.batch, args.heads, args.kv_heads, args.seq_len,
-                    args.head_dim, case.grad)
-    if case.grad:  # torch's one-time autograd cost, kept out of the kernel's first call (module docstring)
-        w = torch.ones(2, device=runtime.DEVICE, requires_grad=True)
+    q_shape = (args.batch, args.heads, args.seq_len, args.head_dim)
+    kv_shape = (args.batch, args.kv_heads, args.seq_len, args.head_dim)
+    x = {name: torch.randn(q_shape if name in ("q", "dout") else kv_shape, device=device, dtype=dtype)
+         for name in ("q", "k", "v", "dout")}
+    x["weight"] = 0.2 * torch.randn(args.heads, *KERNEL_SIZE, device=device, dtype=torch.float32)
+    x["q_last"] = x["q"][:, :, -1:]  # a view of q's last row
+    if case.grad:
+        for name in ("q", "k", "v", "weight"):
+            x[name].requires_grad_()
+        w = torch.ones(2, device=device, requires_grad=True)  # torch's one-time autograd cost, outside the kernel's
         sync()
         begin = time.perf_counter()
         (w * 2).backward(torch.ones_like(w))

@@ -1,10 +1,9 @@
 """GPU timing with CUDA events (the median of per-call event pairs), and peak extra memory of a call.
 
 Before each timed call, untimed: a 256 MB write evicts the inputs from L2 (50 MB on an H100), so each call reads
-them from HBM as a training step would; then the GPU spins (``torch.cuda._sleep``) while Python queues the call,
-so the events time the GPU's work, not the wrappers' launch overhead (larger than the kernels at small sizes).
-The spin lasts twice the call's host launch time, at least :data:`LAUNCH_LEAD_CYCLES`. Without CUDA everything
-here raises RuntimeError (tests take a fake timer).
+them from HBM as a training step would; then the GPU spins (``torch.cuda._sleep``) for twice the call's host launch
+time (at least :data:`LAUNCH_LEAD_CYCLES`) while Python queues the call, so the events time the GPU's work, not the
+wrappers' launch overhead. Without CUDA everything here raises RuntimeError (tests take a fake timer).
 """
 
 from __future__ import annotations
@@ -42,14 +41,6 @@ def require_cuda(what: str = "GPU timing") -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def flush_l2(device: torch.device) -> None:
-    """Overwrite L2 with a 256 MB write (the buffer allocated once per device)."""
-    buf = _flush_buffers.get(device)
-    if buf is None:
-        buf = _flush_buffers[device] = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
-    buf.zero_()
-
-
 def spin_cycles_per_ms(device: torch.device) -> float:
     """Cycles ``torch.cuda._sleep`` spins per millisecond, cached: from the fastest of three timed spins (the
     fastest gives the longest spins, erring on the safe side)."""
@@ -68,9 +59,8 @@ def spin_cycles_per_ms(device: torch.device) -> float:
 
 def launch_lead_cycles(fn: Callable[[], object], device: torch.device,
                        before_each: Optional[Callable[[], None]] = None) -> int:
-    """Cycles to spin before each timed call, so the GPU still spins when the last kernel is queued: twice the host
-    time of launching ``fn`` (second longest of :data:`LAUNCH_PROBES` calls, ``before_each`` untimed), at least
-    :data:`LAUNCH_LEAD_CYCLES`."""
+    """Cycles to spin before each timed call: twice the host time of launching ``fn`` (the second longest of
+    :data:`LAUNCH_PROBES` calls, ``before_each`` untimed), at least :data:`LAUNCH_LEAD_CYCLES`."""
     launch_ms = []
     for _ in range(LAUNCH_PROBES):
         if before_each is not None:
@@ -95,12 +85,14 @@ def time_samples_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30
         fn()
     torch.cuda.synchronize(device)
     lead = launch_lead_cycles(fn, device, before_each)
+    if device not in _flush_buffers:
+        _flush_buffers[device] = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
     for start, end in zip(starts, ends):
         if before_each is not None:
             before_each()
-        flush_l2(device)
+        _flush_buffers[device].zero_()  # evicts the inputs from L2
         torch.cuda._sleep(lead)  # the GPU waits here while Python queues start, fn, end
         start.record()
         fn()
