@@ -199,6 +199,8 @@ def test_conv_attention_of_nothing_is_empty(shape):
     B, Hq, Hkv, N, D = shape
     q, k, v = rand_qkv(B, Hq, Hkv, N, N, D)
     assert mta.conv_attention(q, k, v, rand(Hq, 3, 5)).shape == (B, Hq, N, D)
+    o, lse = mta.conv_attention_reference(q, k, v, rand(Hq, 3, 5), return_lse=True)  # as the fused kernel
+    assert o.shape == (B, Hq, N, D) and lse.shape == (B, Hq, N)
 
 
 # --- decode --------------------------------------------------------------------------------------------------
