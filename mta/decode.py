@@ -157,14 +157,13 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
                          f"got {tuple(cache_seqlens.shape)}")
     # The kernels read length b at offset b: a strided view (``lengths[::2]``, a column) is made contiguous.
     cache_seqlens = cache_seqlens.contiguous()
-    if cache_seqlens.device.type == "cpu" and cache_seqlens.numel():
-        low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
+    if cache_seqlens.device.type == "cpu":
+        low, high = (int(cache_seqlens.min()), int(cache_seqlens.max())) if batch else (n_min, n_max)
         if high > n_max:
             raise ValueError(f"cache_seqlens has a length {high} over the cache size Nmax={n_max}")
         if low < n_min:
             raise ValueError(f"cache_seqlens has a length {low} under {what}={n_min}: each sequence must hold "
                              f"its new tokens")
-    if cache_seqlens.device.type == "cpu":
         if device.type == "cuda":  # from pinned memory the copy is queued, never a synchronisation
             return cache_seqlens.pin_memory().to(device, non_blocking=True)
         return cache_seqlens.to(device)
@@ -192,16 +191,17 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     block_n, warps, stages = decode_tile(block_d, k.dtype)
     # MTA: a key window of block_n gives block_n - (ck - 1) keys' scores; keep that at least half the window.
     block_n = max(block_n, triton.next_power_of_2(2 * (ck - 1)))
+    own = block_n - (ck - 1)  # keys whose scores one key window completes
     tile_rows, block_m, stack = row_tile((Hq // Hkv) * n_new, block_d, block_n, ck)
     row_tiles = triton.cdiv((Hq // Hkv) * n_new, tile_rows)
     if num_splits is None:
-        rule = functools.partial(choose_num_splits, B * Hkv * row_tiles, n_max, block_n - (ck - 1),
+        rule = functools.partial(choose_num_splits, B * Hkv * row_tiles, n_max, own,
                                  sm_count(k.device) * (MTA_PROGRAMS_PER_SM if ck > 1 else 1))
         num_splits = rule()
         if e > 0 and n_max <= BAND_COUNTS_BELOW * num_splits:
             num_splits = rule(extra=1)
     # Splits past the key tiles of Nmax would be empty for every sequence (the same result, more states).
-    num_splits = min(num_splits, triton.cdiv(n_max, block_n - (ck - 1)))
+    num_splits = min(num_splits, triton.cdiv(n_max, own))
     programs = num_splits + (e > 0)
     block_e = max(16, triton.next_power_of_2(n_new + e - 1))
     one = programs == 1
