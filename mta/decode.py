@@ -20,8 +20,13 @@ from .launch import check_kernel_inputs, dot_precision, head_dim_block, launch
 MAX_NEW_QUERIES = 16
 #: Stand-in SM count in Triton's interpreter (no GPU to ask), small so that several splits run in the tests.
 INTERPRETER_SMS = 4
-#: A split count is kept if its wave efficiency is within this fraction of the best one (flash-attn's rule).
-SPLIT_EFFICIENCY = 0.85
+#: A split count is kept if its wave efficiency is within this fraction of the best one (flash-attn's rule, which
+#: keeps 85%). Plain decode keeps 95%: at B = 1 on an H100, 16 splits x 8 kv heads (128 programs, one wave on 132
+#: SMs) were 1-3% faster than the 14 (112 programs) that 85% picks, at 16k-128k keys
+#: (``notes/h100_remeasure_2026-11-23/decode_fill_splits_6c0f4cb.json``).
+SPLIT_EFFICIENCY = 0.95
+#: MTA decode keeps flash-attn's 85% (its counts were tuned with it; ``notes/performance.md``).
+MTA_SPLIT_EFFICIENCY = 0.85
 MAX_SPLITS = 128
 #: MTA decode counts each SM twice when it picks the split count: its key tiles carry ``ck`` products and
 #: register shifts besides the loads, so two programs per SM hide each other's latency (on an H100, twice the
@@ -93,14 +98,14 @@ def sm_count(device: torch.device) -> int:
 
 
 def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_splits: int = MAX_SPLITS,
-                      extra: int = 0) -> int:
+                      extra: int = 0, efficiency: float = SPLIT_EFFICIENCY) -> int:
     """How many splits the keys of each sequence get, from host numbers only (no device sync).
 
     ``programs`` (batch x kv heads x row tiles) already fill the GPU at 80% of its ``sms``: 1. Otherwise,
     over ``s = 1 .. min(max_splits, sms, key tiles of n_max)``, the wave efficiency of ``programs * (s + extra)``
     programs (``extra``: programs besides the splits, MTA's band) is ``w / ceil(w)``,
     ``w = programs * (s + extra) / sms``; the answer is the smallest ``s`` within
-    :data:`SPLIT_EFFICIENCY` (85%) of the best, among the ``s`` that change the key tiles per split
+    ``efficiency`` (:data:`SPLIT_EFFICIENCY`, 95%) of the best, among the ``s`` that change the key tiles per split
     (``ceil(tiles / s)``; the others only add empty splits). ``n_max`` is the cache size, not the lengths on
     the device: reading them would synchronise.
     """
@@ -110,12 +115,12 @@ def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_spl
     candidates = [s for s in range(1, min(max_splits, sms, tiles) + 1)
                   if s == 1 or triton.cdiv(tiles, s) != triton.cdiv(tiles, s - 1)]
 
-    def efficiency(s: int) -> float:
+    def wave_efficiency(s: int) -> float:
         waves = programs * (s + extra) / sms
         return waves / -(-waves // 1)
 
-    best = max(efficiency(s) for s in candidates)
-    return next(s for s in candidates if efficiency(s) >= SPLIT_EFFICIENCY * best)
+    best = max(wave_efficiency(s) for s in candidates)
+    return next(s for s in candidates if wave_efficiency(s) >= efficiency * best)
 
 
 def check_new_queries(n: int, n_max: int, what: str) -> None:
@@ -196,7 +201,8 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     row_tiles = triton.cdiv((Hq // Hkv) * n_new, tile_rows)
     if num_splits is None:
         rule = functools.partial(choose_num_splits, B * Hkv * row_tiles, n_max, own,
-                                 sm_count(k.device) * (MTA_PROGRAMS_PER_SM if ck > 1 else 1))
+                                 sm_count(k.device) * (MTA_PROGRAMS_PER_SM if ck > 1 else 1),
+                                 efficiency=SPLIT_EFFICIENCY if (cq, ck) == (1, 1) else MTA_SPLIT_EFFICIENCY)
         num_splits = rule()
         if e > 0 and n_max <= BAND_COUNTS_BELOW * num_splits:
             num_splits = rule(extra=1)

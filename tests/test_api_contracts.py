@@ -330,10 +330,10 @@ def test_decode_bad_inputs_not_covered_elsewhere():
     with pytest.raises(TypeError):
         mta.decode_attention(q, k, v, [5, 6])  # keyword-only
     for weight, error, match in [(rand(4, 3), ValueError, "3 dimensions"),
-                                 (torch.ones(4, 3, 5, dtype=torch.int32), TypeError, "floating-point"),
+                                 (torch.ones(4, 3, 5, dtype=torch.int32, device=DEVICE), TypeError, "floating-point"),
                                  (torch.ones(4, 3, 5, device="meta"), ValueError, "weight is on"),
-                                 (torch.ones(4, 0, 5), ValueError, "at least 1 x 1"),
-                                 (torch.ones(4, 3, 35), ValueError, "not supported")]:
+                                 (torch.ones(4, 0, 5, device=DEVICE), ValueError, "at least 1 x 1"),
+                                 (torch.ones(4, 3, 35, device=DEVICE), ValueError, "not supported")]:
         with pytest.raises(error, match=match):
             mta.conv_decode_attention(qc, k, v, weight)
     with pytest.raises(TypeError, match="num_queries"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -144,8 +146,13 @@ def test_split_rule():
     assert all(1 <= decode.choose_num_splits(p, 1 << 17, 64, 132) <= 128 for p in range(1, 140))
     # MTA's band counted as one more program per (sequence, kv head): 64 x (3 + 1) programs fill 97% of 264
     # slots, where 64 x (4 + 1) would spill into a second wave.
-    assert decode.choose_num_splits(programs=64, n_max=4096, block_n=118, sms=264) == 4
-    assert decode.choose_num_splits(programs=64, n_max=4096, block_n=118, sms=264, extra=1) == 3
+    mta_rule = functools.partial(decode.choose_num_splits, efficiency=decode.MTA_SPLIT_EFFICIENCY)
+    assert mta_rule(programs=64, n_max=4096, block_n=118, sms=264) == 4
+    assert mta_rule(programs=64, n_max=4096, block_n=118, sms=264, extra=1) == 3
+    # One sequence, 8 kv heads, 32k keys: plain decode fills one wave to 128 of 132 SMs (16 splits); within 85%
+    # of the best, as MTA decode keeps, 14 splits (112 programs) would do.
+    assert decode.choose_num_splits(programs=8, n_max=32768, block_n=64, sms=132) == 16
+    assert mta_rule(programs=8, n_max=32768, block_n=64, sms=132) == 14
 
 
 @pytest.mark.parametrize("n_max, counted", [(64, True), (decode.BAND_COUNTS_BELOW * decode.MAX_SPLITS * 2, False)])
