@@ -18,8 +18,8 @@ from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stre
                            held_shared_bytes, holds_queries, past_scores_kernel, query_shift_groups)
 from .flash_backward import rowsum_do_o_kernel
 from .launch import (check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous,
-                     head_dim_block, in_dry_run, launch, launch_tiled, shared_memory_limit, size_bucket,
-                     wants_gradients)
+                     head_dim_block, in_dry_run, launch, launch_tiled, shared_memory_limit, shifted_head_dim_block,
+                     size_bucket, wants_gradients)
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -153,7 +153,7 @@ def _hold_or_stream(config: dict, q: torch.Tensor, cq: int, causal: bool) -> dic
     its pipeline made shallower, then its key tiles shorter, until the program fits in shared memory
     (:func:`mta.conv_forward.held_shared_bytes`: the table's tiles are sized for ``cq`` of 4 or more, where
     d = 128 streams); else the table's streamed tile."""
-    block_d = head_dim_block(q.shape[-1])
+    block_d = shifted_head_dim_block(q.shape[-1], q.dtype)
     if not holds_queries(config["BLOCK_M"], cq, block_d, q.element_size()):
         return tuning.config_for("conv_forward_streamed", block_d, q.dtype, causal)
     if runtime.INTERPRET:
@@ -171,7 +171,7 @@ def _hold_or_stream(config: dict, q: torch.Tensor, cq: int, causal: bool) -> dic
 def conv_forward_config(q: torch.Tensor, cq: int, causal: bool) -> dict:
     """The table's tile for the fused kernel on ``q [B, Hq, N, D]``: the held-query tile where its ``cq`` shifted
     query tiles fit on chip, else the streamed tile (what :func:`launch_conv_forward` launches)."""
-    config = tuning.config_for("conv_forward", head_dim_block(q.shape[-1]), q.dtype, causal)
+    config = tuning.config_for("conv_forward", shifted_head_dim_block(q.shape[-1], q.dtype), q.dtype, causal)
     return _hold_or_stream(config, q, cq, causal)
 
 
@@ -186,7 +186,7 @@ def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool
     B, Hq, N, D = q.shape
     cq, ck = kernel_size
     e, _ = diagonal_reach(cq, ck)
-    block_d = head_dim_block(D)
+    block_d = shifted_head_dim_block(D, q.dtype)
     o = empty_contiguous(q)
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
     qd, kfd, vd = stream_descriptors(q, v, kf)
@@ -245,7 +245,7 @@ def check_backward_fits(cq: int, ck: int, head_dim: int, dtype: torch.dtype) -> 
     ``(QA + QB) * BLOCK_D`` wide (:func:`_fit_backward_tile`), over :data:`mta.conv_backward.SHARED_BYTES`.
     That leaves out, in bf16/fp16, cq > 12 at d > 128 and cq > 24 at d > 64; in fp32, cq > 6 at d > 128,
     cq > 12 at d > 64 and cq > 24 at d > 32."""
-    block_d, elem = head_dim_block(head_dim), dtype.itemsize
+    block_d, elem = shifted_head_dim_block(head_dim, dtype), dtype.itemsize
 
     def smallest(c):
         return 32 * sum(query_shift_groups(c)) * block_d * elem
@@ -275,7 +275,7 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     cq, ck = weight.shape[1:]
     e, e_past = diagonal_reach(cq, ck)
     near = causal and e > 0
-    block_d = head_dim_block(D)
+    block_d = shifted_head_dim_block(D, q.dtype)
     qa, qb = query_shift_groups(cq)
     w = weight.detach().float().contiguous()
     kf = fold_keys(k, w, Hq)

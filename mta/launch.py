@@ -73,6 +73,16 @@ def head_dim_block(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
+def shifted_head_dim_block(d: int, dtype: torch.dtype) -> int:
+    """Tile width for the MTA kernels, whose tiles hold ``cq`` shifted copies of the head dim side by side:
+    :func:`head_dim_block`, except 64 for 16-bit inputs whose head dim is padded inside a tile of 16 or 32
+    (``d`` in 1..15 or 17..31). On an H100 (Triton 3.6) those tiles gave wrong outputs (relative error
+    0.3-1.3 at d = 8, 20, 24, fp16 and bf16; fp32, d = 16 or 32 and padded tiles of 64 were exact;
+    ``notes/performance.md``)."""
+    block = head_dim_block(d)
+    return 64 if block <= 32 and d != block and dtype in (torch.float16, torch.bfloat16) else block
+
+
 def size_bucket(n: int) -> int:
     """The autotuner's key for a sequence length: its power-of-two ceiling."""
     return triton.next_power_of_2(max(n, 1))

@@ -73,6 +73,14 @@ def test_dtypes_and_noncausal(N, cq, ck, causal, dtype, poisoned_outputs):
     run_case(N, cq, ck, causal, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
+@pytest.mark.parametrize("D,causal", [(8, True), (24, True), (24, False)])
+def test_small_head_dims_padded_in_16_bits(D, causal, dtype, poisoned_outputs):
+    """Head dims padded inside a 16- or 32-wide tile (64-wide tiles in 16 bits: mta.launch.shifted_head_dim_block),
+    GQA and a batch of two for dW's sum."""
+    run_case(40, 5, 3, causal, dtype, Hq=4, Hkv=2, D=D, B=2)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the GPU's tiles: held or streamed queries, fitted to its shared memory")
 @pytest.mark.parametrize("D", [64, 96, 128, 256])
 @pytest.mark.parametrize("cq,ck", [(1, 1), (2, 9), (3, 3), (6, 11), (16, 15)], ids=str)

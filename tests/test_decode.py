@@ -56,6 +56,12 @@ def test_ragged_lengths_gqa_head_dim_96(nq, dtype, poisoned_outputs):
     run_case(nq, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
+@pytest.mark.parametrize("D", [8, 24])
+def test_small_head_dims_padded_in_16_bits(D, dtype, poisoned_outputs):
+    run_case(3, dtype, D=D)
+
+
 @pytest.mark.parametrize("num_splits", [1, 3, 12])  # 12: more splits than key tiles (300 keys, 32 a tile on CPU)
 def test_forced_split_counts(num_splits, poisoned_outputs):
     run_case(3, num_splits=num_splits, D=32)

@@ -23,6 +23,7 @@ SHAPES = [  # B, Hq, Hkv, Nq, Nk, D
     (1, 1, 1, 1, 1, 16),
     (2, 2, 1, 7, 7, 64),
     (1, 4, 2, 100, 100, 96),
+    (1, 4, 2, 40, 40, 24),  # a head dim padded inside a 32-wide tile
     (1, 2, 2, 129, 129, 128),
     (1, 2, 1, 37, 100, 64),     # Nq < Nk: decode-like, bottom-right causal
     (1, 3, 1, 100, 29, 16),     # Nq > Nk: the first queries see no key when causal
