@@ -22,7 +22,7 @@ MAX_NEW_QUERIES = 16
 INTERPRETER_SMS = 4
 #: A split count is kept if its wave efficiency is within this fraction of the best one (flash-attn's rule, which
 #: keeps 85%). Plain decode keeps 95%: at B = 1 on an H100, 16 splits x 8 kv heads (128 programs, one wave on 132
-#: SMs) were 1-3% faster than the 14 (112 programs) that 85% picks, at 16k-128k keys
+#: SMs) were 1.1-3.9% faster than the 14-15 that 85% picks, at 16k-128k keys
 #: (``notes/h100_remeasure_2026-11-23/decode_fill_splits_6c0f4cb.json``).
 SPLIT_EFFICIENCY = 0.95
 #: MTA decode keeps flash-attn's 85% (its counts were tuned with it; ``notes/performance.md``).
