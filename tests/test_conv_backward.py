@@ -81,6 +81,13 @@ def test_small_head_dims_padded_in_16_bits(D, causal, dtype, poisoned_outputs):
     run_case(40, 5, 3, causal, dtype, Hq=4, Hkv=2, D=D, B=2)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the GPU build's 16-bit code")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_short_sequences_gqa_in_16_bits_on_the_gpu(dtype, poisoned_outputs):
+    for N in (1, 8, 16, 17, 65):
+        run_case(N, 5, 3, True, dtype, Hq=4, Hkv=2, D=32, B=2)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the GPU's tiles: held or streamed queries, fitted to its shared memory")
 @pytest.mark.parametrize("D", [64, 96, 128, 256])
 @pytest.mark.parametrize("cq,ck", [(1, 1), (2, 9), (3, 3), (6, 11), (16, 15)], ids=str)
