@@ -131,6 +131,26 @@ def test_short_sequences_gqa_in_16_bits_on_the_gpu(D, dtype, poisoned_outputs):
             run_case(N, 5, 3, causal, dtype, Hq=4, Hkv=2, D=D)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
+@pytest.mark.parametrize("D,row", [(16, 24), (32, 40)])
+def test_unpadded_head_dims_with_odd_row_strides_in_16_bits(D, row, dtype, poisoned_outputs):
+    """Views whose rows are ``row`` elements apart (not a multiple of 16: no vectorised loads), forward and
+    backward. The 16-bit padded tiles that were wrong on an H100 also had such strides; these tiles are not
+    padded, and were not rerouted to 64-wide tiles."""
+    B, Hq, Hkv, N = 2, 4, 2, 40
+    q, k, v = (rand(B, h, N, row, dtype=dtype)[..., :D] for h in (Hq, Hkv, Hkv))
+    weight, do = rand(Hq, 5, 3, scale=0.2), rand(B, Hq, N, D, dtype=dtype)
+    xs = [x.detach().requires_grad_() for x in (q, k, v, weight)]
+    out = mta.conv_attention(*xs, causal=True)
+    out.backward(do)
+    ref_xs = [x.detach().cpu().double().requires_grad_() for x in (q, k, v, weight)]
+    ref = mta.conv_attention_reference(*ref_xs, causal=True)
+    ref.backward(do.cpu().double())
+    check(out, ref, TOL[dtype])
+    for x, r in zip(xs, ref_xs):
+        check(x.grad, r.grad, TOL[dtype])
+
+
 def test_shifted_head_dim_block():
     block = mta.launch.shifted_head_dim_block
     assert [block(d, torch.float16) for d in (1, 8, 16, 20, 32, 40, 96)] == [64, 64, 16, 64, 32, 64, 128]
