@@ -83,6 +83,18 @@ def shifted_head_dim_block(d: int, dtype: torch.dtype) -> int:
     return 64 if block <= 32 and d != block and dtype in (torch.float16, torch.bfloat16) else block
 
 
+def vector_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x [..., N, D]`` itself, or a contiguous copy where the MTA kernels' 16-bit tiles of 16 or 32 would read
+    it element by element (a stride that is not a multiple of 16 elements, rows not contiguous, or a start that
+    is not 16-byte aligned). The wrong 16-bit outputs seen on an H100 (:func:`shifted_head_dim_block`) all came
+    from such builds, and all had padded tiles too; which of the two causes them is not known
+    (``notes/performance.md``), so these rare layouts are copied rather than trusted."""
+    if (x.dtype in (torch.float16, torch.bfloat16) and shifted_head_dim_block(x.shape[-1], x.dtype) <= 32
+            and (x.stride(-1) != 1 or any(s % 16 for s in x.stride()[:-1]) or x.data_ptr() % 16)):
+        return x.contiguous()
+    return x
+
+
 def size_bucket(n: int) -> int:
     """The autotuner's key for a sequence length: its power-of-two ceiling."""
     return triton.next_power_of_2(max(n, 1))

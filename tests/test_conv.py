@@ -155,6 +155,14 @@ def test_shifted_head_dim_block():
     block = mta.launch.shifted_head_dim_block
     assert [block(d, torch.float16) for d in (1, 8, 16, 20, 32, 40, 96)] == [64, 64, 16, 64, 32, 64, 128]
     assert [block(d, torch.float32) for d in (8, 24, 32)] == [16, 32, 32]
+    rows = mta.launch.vector_rows
+    x = torch.zeros(2, 3, 5, 40, dtype=torch.float16)
+    assert rows(x[..., :32]).is_contiguous() and rows(x[..., 8:24]).is_contiguous()  # rows 40 apart: copied
+    assert rows(x[..., :24]).data_ptr() == x.data_ptr()  # a 64-wide tile: kept
+    z = x.float()[..., :32]
+    assert rows(x).data_ptr() == x.data_ptr() and rows(z).data_ptr() == z.data_ptr()  # contiguous; fp32: kept
+    y = torch.zeros(2, 3, 5, 48, dtype=torch.float16)[..., :32]
+    assert rows(y).data_ptr() == y.data_ptr()  # rows 48 apart: kept
 
 
 @pytest.mark.parametrize("cq,groups", [(1, (1, 0)), (2, (2, 0)), (3, (2, 1)), (6, (4, 2)), (7, (4, 4)),
