@@ -88,10 +88,11 @@ def vector_rows(x: torch.Tensor) -> torch.Tensor:
     it element by element (a stride that is not a multiple of 16 elements, rows not contiguous, or a start that
     is not 16-byte aligned). The wrong 16-bit outputs seen on an H100 (:func:`shifted_head_dim_block`) all came
     from such builds, and all had padded tiles too; which of the two causes them is not known
-    (``notes/performance.md``), so these rare layouts are copied rather than trusted."""
+    (``notes/performance.md``), so these rare layouts are copied rather than trusted (a fresh tensor: a
+    contiguous view that starts off the 16-byte grid is copied too)."""
     if (x.dtype in (torch.float16, torch.bfloat16) and shifted_head_dim_block(x.shape[-1], x.dtype) <= 32
             and (x.stride(-1) != 1 or any(s % 16 for s in x.stride()[:-1]) or x.data_ptr() % 16)):
-        return x.contiguous()
+        return x.clone(memory_format=torch.contiguous_format)
     return x
 
 

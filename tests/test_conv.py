@@ -163,6 +163,8 @@ def test_shifted_head_dim_block():
     assert rows(x).data_ptr() == x.data_ptr() and rows(z).data_ptr() == z.data_ptr()  # contiguous; fp32: kept
     y = torch.zeros(2, 3, 5, 48, dtype=torch.float16)[..., :32]
     assert rows(y).data_ptr() == y.data_ptr()  # rows 48 apart: kept
+    shifted = torch.randn(2 * 3 * 5 * 16 + 1).half()[1:].view(2, 3, 5, 16)  # contiguous, starts 2 bytes in
+    assert rows(shifted).data_ptr() % 16 == 0 and torch.equal(rows(shifted), shifted)
 
 
 @pytest.mark.parametrize("cq,groups", [(1, (1, 0)), (2, (2, 0)), (3, (2, 1)), (6, (4, 2)), (7, (4, 4)),
