@@ -155,6 +155,9 @@ def test_shifted_head_dim_block():
     block = mta.launch.shifted_head_dim_block
     assert [block(d, torch.float16) for d in (1, 8, 16, 20, 32, 40, 96)] == [64, 64, 16, 64, 32, 64, 128]
     assert [block(d, torch.float32) for d in (8, 24, 32)] == [16, 32, 32]
+
+
+def test_vector_rows_copies_only_16_bit_layouts_read_element_by_element():
     rows = mta.launch.vector_rows
     x = torch.zeros(2, 3, 5, 40, dtype=torch.float16)
     assert rows(x[..., :32]).is_contiguous() and rows(x[..., 8:24]).is_contiguous()  # rows 40 apart: copied

@@ -51,13 +51,13 @@ def test_kernels_ragged_lengths_gqa(cq, ck, n, poisoned_outputs):
     run_case(cq, ck, n)
 
 
-# Split edges: every split reads pk halo keys each side; 12 splits are more than the key tiles (32 a tile on CPU).
 @pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
 @pytest.mark.parametrize("D", [8, 24])
 def test_small_head_dims_padded_in_16_bits(D, dtype, poisoned_outputs):
     run_case(6, 11, 3, dtype, D=D)
 
 
+# Split edges: every split reads pk halo keys each side; 12 splits are more than the key tiles (32 a tile on CPU).
 @pytest.mark.parametrize("num_splits", [1, 3, 12])
 @pytest.mark.parametrize("cq,ck", [(6, 11), (11, 15)], ids=str)
 def test_forced_split_counts(cq, ck, num_splits, poisoned_outputs):
