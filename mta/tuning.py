@@ -62,6 +62,10 @@ HOPPER = {
                   (128, False): (32, 64, 8, 1), (128, True): (32, 64, 8, 1),
                   (256, False): (16, 32, 8, 1), (256, True): (16, 32, 8, 1)},
 }
+#: Tiles that replace the Hopper table's up to a number of keys, by (kernel, head-dim width, causal):
+#: ``(most keys, tile)``. The flash forward at d = 128, not causal: 128 x 64 ran 3-5% faster than 128 x 128 at
+#: N = 4k on an H100 and 2-3% slower at 8k (``notes/performance.md``, 2026-11-24).
+HOPPER_SHORT = {("flash_forward", 128, False): (4096, (128, 64, 8, 3))}
 #: Any other GPU, fp16/bf16: tiles that fit 100 KB of shared memory (consumer Ampere/Ada).
 OTHER_GPU = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)}
 #: fp32 on any GPU, by head-dim width: three TF32 products for each, so small tiles, which compile in seconds
@@ -131,6 +135,17 @@ def config_for(kernel_name: str, block_d: int, dtype: torch.dtype, causal: bool,
     else:
         tile = OTHER_GPU[width]
     return as_config(tile)
+
+
+def short_sequence_tile(kernel_name: str, block_d: int, dtype: torch.dtype, causal: bool, n_keys: int,
+                        config: dict) -> dict:
+    """``config`` (the table's tile), or :data:`HOPPER_SHORT`'s tile for this kernel, width and causality where
+    there is one and ``n_keys`` is within its reach (16-bit on Hopper only: :func:`config_for`'s other tables
+    stay)."""
+    short = HOPPER_SHORT.get((kernel_name, width_of(block_d), bool(causal)))
+    if short is None or n_keys > short[0] or dtype == torch.float32 or gpu_family() != "hopper":
+        return config
+    return as_config(short[1])
 
 
 def as_config(tile: tuple[int, int, int, int]) -> dict:

@@ -79,3 +79,17 @@ def poisoned_outputs(monkeypatch):
     """Buffers the launchers allocate start as NaN: an element never written fails the check."""
     empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+
+
+def record_hopper_tiles(monkeypatch, module) -> list:
+    """Make ``module.launch_tiled`` record the tile each launch would take on an H100 (the Hopper tables, nothing
+    timed, nothing launched); returns the list it appends to."""
+    from mta import tuning
+    monkeypatch.setattr(tuning, "gpu_family", lambda device=None: "hopper")
+    monkeypatch.setattr(tuning, "AUTOTUNE", False)
+    launched = []
+
+    def launch_tiled(name, kernel, grid, args, meta, *, dtype, config=None, fit=None, **kw):
+        launched.append(config or fit(tuning.config_for(name, meta["BLOCK_D"], dtype, meta["CAUSAL"])))
+    monkeypatch.setattr(module, "launch_tiled", launch_tiled)
+    return launched

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from conftest import record_hopper_tiles
 from mta import runtime, tuning
 from mta.launch_order import heaviest_first
 from mta.bench import launch_order as lo
@@ -85,13 +86,7 @@ def test_shipped_config_asks_the_tile_table_when_there_is_one(monkeypatch):
 def test_shipped_config_is_the_tile_the_conv_launcher_takes(head_dim, cq, monkeypatch):
     """The MTA launcher picks between two tables by a rule; the benchmark's twin must get the same tile."""
     import mta.conv
-    monkeypatch.setattr(tuning, "gpu_family", lambda device=None: "hopper")
-    monkeypatch.setattr(tuning, "AUTOTUNE", False)
-    launched = []
-
-    def launch_tiled(name, kernel, grid, args, meta, *, dtype, config=None, fit=None, **kw):  # the tile it would take
-        launched.append(config or fit(tuning.config_for(name, meta["BLOCK_D"], dtype, meta["CAUSAL"])))
-    monkeypatch.setattr(mta.conv, "launch_tiled", launch_tiled)
+    launched = record_hopper_tiles(monkeypatch, mta.conv)
     q = torch.zeros(1, 2, 64, head_dim, dtype=torch.float16, device=runtime.DEVICE)
     kf = torch.zeros(1, 2, cq, 64, head_dim, dtype=torch.float16, device=runtime.DEVICE)
     mta.conv.launch_conv_forward(q, q, kf, torch.zeros(16, device=runtime.DEVICE), (cq, 11), True, 1.0)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mta
-from conftest import DEVICE, ON_GPU, rand_qkv
+from conftest import DEVICE, ON_GPU, rand_qkv, record_hopper_tiles
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
 # ||out - ref|| <= tol * ||ref|| + ATOL * sqrt(numel); fp32 on a GPU multiplies to fp32 accuracy ("tf32x3").
@@ -132,3 +132,18 @@ def test_bf16_in_interpreter_is_refused():
     q, k, v = rand_qkv(1, 1, 1, 8, 8, 16, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="bf16 is not supported in Triton's interpreter"):
         mta.flash_attention(q, k, v)
+
+
+@pytest.mark.parametrize("n_keys,causal,dtype,want_block_n", [
+    (4096, False, torch.float16, 64),    # d = 128, not causal, up to 4096 keys: the short-sequence tile
+    (4097, False, torch.float16, 128),   # past it: the table's
+    (4096, True, torch.float16, 64),     # causal: the table's (128 x 64 already)
+    (4096, False, torch.float32, 32),    # fp32: its own table
+])
+def test_forward_tile_on_hopper_follows_the_key_count(n_keys, causal, dtype, want_block_n, monkeypatch):
+    import mta.flash
+    launched = record_hopper_tiles(monkeypatch, mta.flash)
+    q = torch.zeros(1, 1, 8, 128, dtype=dtype, device=DEVICE)
+    k = torch.zeros(1, 1, n_keys, 128, dtype=dtype, device=DEVICE)
+    mta.flash.flash_forward(q, k, k, causal, 1.0)
+    assert [c["BLOCK_N"] for c in launched] == [want_block_n]
