@@ -7,12 +7,9 @@ this module checks inputs, launches them and ties them together with
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 
-from . import tuning
 from ._checks import resolve_scale
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
@@ -38,8 +35,7 @@ def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
          Nq, Nk, Hq, Hq // Hkv, scale, size_bucket(max(Nq, Nk))),
         dict(CAUSAL=causal, D=D, BLOCK_D=head_dim_block(D), PRECISION=dot_precision(q.dtype)),
         dtype=q.dtype, config=config or None,
-        fit=functools.partial(tuning.short_sequence_tile, "flash_forward", head_dim_block(D), q.dtype, causal,
-                              max(Nq, Nk)))
+        n=max(Nq, Nk))
     return o, lse
 
 

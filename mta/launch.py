@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover - older Triton compiles at each launch
 
 from . import runtime, tuning
 from ._checks import check_qkv
+from .tuning import size_bucket  # noqa: F401  (the launchers' N_BUCKET argument)
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -96,11 +97,6 @@ def vector_rows(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def size_bucket(n: int) -> int:
-    """The autotuner's key for a sequence length: its power-of-two ceiling."""
-    return triton.next_power_of_2(max(n, 1))
-
-
 def dot_precision(dtype: torch.dtype, split_fp32: bool = True) -> str:
     """fp32 inputs get fp32-accurate products: each one as three TF32 products on the tensor cores
     (``"tf32x3"``: the high and low halves of each operand, the tiny low x low term dropped), not plain TF32
@@ -159,19 +155,21 @@ def _autotuned(kernel_name: str, kernel, key: tuple[str, ...], pre_hook):
 
 
 def launch_tiled(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dtype: torch.dtype,
-                 config: dict | None = None, fit=None, pre_hook=None, key=("N_BUCKET", "BLOCK_D", "CAUSAL")):
+                 config: dict | None = None, fit=None, pre_hook=None, key=("N_BUCKET", "BLOCK_D", "CAUSAL"),
+                 n: int | None = None):
     """``kernel[grid(tile)](*args, **meta, **tile)``, the tile being ``config`` if given, else the table's
     (:func:`mta.tuning.config_for` with ``kernel_name``, passed through ``fit(tile) -> tile`` where the kernel
     has a rule of its own), else, with ``MTA_AUTOTUNE=1`` on a GPU, the autotuner's choice among
     ``tuning.CANDIDATES[kernel_name]`` per ``key``.
 
-    ``pre_hook(named_args)`` runs before the launch with every argument by name, the tile's included
-    (the MTA forward fits its TMA boxes to the tile there).
+    ``n`` (the longer sequence) picks the table's tile where it depends on the length. ``pre_hook(named_args)``
+    runs before the launch with every argument by name, the tile's included (the MTA forward fits its TMA boxes
+    to the tile there).
     """
     if config is None and tuning.AUTOTUNE and not runtime.INTERPRET:
         return _autotuned(kernel_name, kernel, tuple(key), pre_hook)[grid](*args, **meta)
     if config is None:
-        config = tuning.config_for(kernel_name, meta["BLOCK_D"], dtype, meta.get("CAUSAL", False))
+        config = tuning.config_for(kernel_name, meta["BLOCK_D"], dtype, meta.get("CAUSAL", False), n=n)
         if fit is not None:
             config = fit(config)
     if pre_hook is not None:

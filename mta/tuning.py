@@ -62,10 +62,11 @@ HOPPER = {
                   (128, False): (32, 64, 8, 1), (128, True): (32, 64, 8, 1),
                   (256, False): (16, 32, 8, 1), (256, True): (16, 32, 8, 1)},
 }
-#: Tiles that replace the Hopper table's up to a number of keys, by (kernel, head-dim width, causal):
-#: ``(most keys, tile)``. The flash forward at d = 128, not causal: 128 x 64 ran 3-5% faster than 128 x 128 at
-#: N = 4k on an H100 and 2-3% slower at 8k (``notes/performance.md``, 2026-11-24).
-HOPPER_SHORT = {("flash_forward", 128, False): (4096, (128, 64, 8, 3))}
+#: Tiles that replace the Hopper table's at some lengths, by (kernel, head-dim width, causal), then by the
+#: power-of-two ceiling of the longer sequence (the autotuner's bucket). The flash forward at d = 128, not causal:
+#: 128 x 64 against the table's 128 x 128 on an H100 took 0.6% less time at N = 2k, 2-5% less at 4k, and 2% more
+#: at 1k, 3% more at 8k and 16k (``notes/h100_remeasure_2026-11-24/flash_fwd_d128_by_n.json``).
+HOPPER_BY_LENGTH = {("flash_forward", 128, False): {2048: (128, 64, 8, 3), 4096: (128, 64, 8, 3)}}
 #: Any other GPU, fp16/bf16: tiles that fit 100 KB of shared memory (consumer Ampere/Ada).
 OTHER_GPU = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)}
 #: fp32 on any GPU, by head-dim width: three TF32 products for each, so small tiles, which compile in seconds
@@ -119,9 +120,10 @@ def width_of(block_d: int) -> int:
 
 
 def config_for(kernel_name: str, block_d: int, dtype: torch.dtype, causal: bool,
-               family: str | None = None) -> dict:
+               family: str | None = None, n: int | None = None) -> dict:
     """The tile of ``kernel_name`` (a key of :data:`HOPPER`) as launch keywords:
-    ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}``."""
+    ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}``; ``n``, the longer sequence, where a kernel's tile
+    depends on it (:data:`HOPPER_BY_LENGTH`)."""
     family = gpu_family() if family is None else family
     width = width_of(block_d)
     if family == "interpreter":
@@ -131,21 +133,17 @@ def config_for(kernel_name: str, block_d: int, dtype: torch.dtype, causal: bool,
     elif dtype == torch.float32:
         tile = (FP32_BACKWARD if kernel_name in ("flash_dkdv", "flash_dq") else FP32)[width]
     elif family == "hopper":
-        tile = HOPPER[kernel_name][(width, bool(causal))]
+        by_length = HOPPER_BY_LENGTH.get((kernel_name, width, bool(causal)), {})
+        tile = by_length.get(size_bucket(n)) if n is not None else None
+        tile = tile or HOPPER[kernel_name][(width, bool(causal))]
     else:
         tile = OTHER_GPU[width]
     return as_config(tile)
 
 
-def short_sequence_tile(kernel_name: str, block_d: int, dtype: torch.dtype, causal: bool, n_keys: int,
-                        config: dict) -> dict:
-    """``config`` (the table's tile), or :data:`HOPPER_SHORT`'s tile for this kernel, width and causality where
-    there is one and ``n_keys`` is within its reach (16-bit on Hopper only: :func:`config_for`'s other tables
-    stay)."""
-    short = HOPPER_SHORT.get((kernel_name, width_of(block_d), bool(causal)))
-    if short is None or n_keys > short[0] or dtype == torch.float32 or gpu_family() != "hopper":
-        return config
-    return as_config(short[1])
+def size_bucket(n: int) -> int:
+    """A sequence length's bucket (the autotuner's key, the length tables'): its power-of-two ceiling."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def as_config(tile: tuple[int, int, int, int]) -> dict:

@@ -90,6 +90,7 @@ def record_hopper_tiles(monkeypatch, module) -> list:
     launched = []
 
     def launch_tiled(name, kernel, grid, args, meta, *, dtype, config=None, fit=None, **kw):
-        launched.append(config or fit(tuning.config_for(name, meta["BLOCK_D"], dtype, meta["CAUSAL"])))
+        tile = config or tuning.config_for(name, meta["BLOCK_D"], dtype, meta["CAUSAL"], n=kw.get("n"))
+        launched.append(tile if config or fit is None else fit(tile))
     monkeypatch.setattr(module, "launch_tiled", launch_tiled)
     return launched

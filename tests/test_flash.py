@@ -135,9 +135,11 @@ def test_bf16_in_interpreter_is_refused():
 
 
 @pytest.mark.parametrize("n_keys,causal,dtype,want_block_n", [
-    (4096, False, torch.float16, 64),    # d = 128, not causal, up to 4096 keys: the short-sequence tile
-    (4097, False, torch.float16, 128),   # past it: the table's
-    (4096, True, torch.float16, 64),     # causal: the table's (128 x 64 already)
+    (1024, False, torch.float16, 128),   # d = 128, not causal: the table's at 1k keys,
+    (1025, False, torch.float16, 64),    # 128 x 64 from 1025 (the 2k bucket)
+    (4096, False, torch.float16, 64),    # to 4096 keys,
+    (4097, False, torch.float16, 128),   # the table's again past them
+    (4096, True, torch.float16, 64),     # causal: the table's (128 x 64 at every length)
     (4096, False, torch.float32, 32),    # fp32: its own table
 ])
 def test_forward_tile_on_hopper_follows_the_key_count(n_keys, causal, dtype, want_block_n, monkeypatch):
