@@ -13,18 +13,29 @@ from dkdv_t import conv_dkdv_kernel_t
 
 shipped = mta.conv.conv_dkdv_kernel
 table = dict(tuning.HOPPER["conv_dkdv"])
-VARIANTS = {64: [None, (32, 64, 4, 2), (64, 64, 4, 2), (32, 64, 8, 2), (32, 128, 8, 2)],
-            128: [None, (32, 64, 8, 1), (32, 64, 8, 2), (64, 64, 8, 1)]}
+dq_table = dict(tuning.HOPPER["conv_dq"])
+#: (kernel, tile) per head dim: "s" the shipped kernel, "t" the transposed one; tile None: the table's.
+VARIANTS = {64: [("s", None), ("s", (32, 128, 8, 2)), ("t", (32, 128, 8, 2)), ("s", (16, 128, 8, 2)),
+                 ("t", (16, 128, 8, 2)), ("s", (64, 128, 8, 2)), ("t", (64, 128, 8, 2)), ("t", (32, 128, 8, 3)),
+                 ("t", (32, 128, 8, 2), (128, 32, 8, 2)), ("t", (32, 128, 8, 2), (128, 64, 8, 2)),
+                 ("t", (32, 128, 8, 2), (64, 64, 8, 2))]}  # the last three: dQ tiles too
+if len(sys.argv) > 1:  # run 1 (dkdv_transposed_run1.json): the transposed kernel at its tiles, both configurations
+    VARIANTS = {64: [("s", None), ("t", (32, 64, 4, 2)), ("t", (64, 64, 4, 2)), ("t", (32, 64, 8, 2)),
+                     ("t", (32, 128, 8, 2))],
+                128: [("s", None), ("t", (32, 64, 8, 1)), ("t", (32, 64, 8, 2)), ("t", (64, 64, 8, 1))]}
 out = {"gpu": torch.cuda.get_device_name(), "rows": []}
 for H, D in ((8, 64), (16, 128)):
+    if D not in VARIANTS:
+        continue
     torch.manual_seed(0)
     N, cq, ck = 8192, 6, 11
     q, k, v = (torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
     w = (0.2 * torch.randn(H, cq, ck, device="cuda")).requires_grad_()
     do = torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16)
     ref = None
-    for tile in VARIANTS[D]:
-        mta.conv.conv_dkdv_kernel = shipped if tile is None else conv_dkdv_kernel_t
+    for kind, tile, *dq_tile in VARIANTS[D]:
+        tuning.HOPPER["conv_dq"] = {key: dq_tile[0] for key in dq_table} if dq_tile else dq_table
+        mta.conv.conv_dkdv_kernel = shipped if kind == "s" else conv_dkdv_kernel_t
         tuning.HOPPER["conv_dkdv"] = table if tile is None else {key: tile for key in table}
         def step():
             o = mta.conv_attention(q, k, v, w, causal=True)
@@ -38,9 +49,10 @@ for H, D in ((8, 64), (16, 128)):
         if ref is None:
             ref = grads
         errs = [((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(grads, ref)]
-        print(f"H={H} D={D} {'shipped' if tile is None else tile}: fwd+bwd {ms:.3f} ms; rel diff to shipped "
+        print(f"H={H} D={D} {'shipped' if kind == 's' else 'transposed'} {tile or 'table'} dQ {dq_tile[0] if dq_tile else 'table'}: fwd+bwd {ms:.3f} ms; rel diff to shipped "
               + " ".join(f"{e:.1e}" for e in errs), flush=True)
-        out["rows"].append({"H": H, "D": D, "tile": tile, "ms": ms, "rel_diff": errs})
+        out["rows"].append({"H": H, "D": D, "kernel": kind, "tile": tile, "dq_tile": dq_tile[0] if dq_tile else None, "ms": ms, "rel_diff": errs})
     mta.conv.conv_dkdv_kernel = shipped
     tuning.HOPPER["conv_dkdv"] = table
+    tuning.HOPPER["conv_dq"] = dq_table
 json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "dkdv_transposed.json"), "w"), indent=1)
