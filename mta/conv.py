@@ -241,6 +241,19 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
     return config
 
 
+def keys_as_rows_tile(cq: int, block_d: int, dtype: torch.dtype) -> dict | None:
+    """The dK/dV side's tile when its scores are made keys as rows (:data:`mta.tuning.HOPPER_KEYS_AS_ROWS`: 16-bit
+    on Hopper, where the table has one for the head-dim width and it fits whole, its 128 owned keys'
+    accumulator included); None: the table's tile, scores with queries as rows."""
+    tile = tuning.HOPPER_KEYS_AS_ROWS.get(tuning.width_of(block_d))
+    if (tile is None or tuning.AUTOTUNE or dtype == torch.float32 or runtime.INTERPRET
+            or tuning.gpu_family() != "hopper"):
+        return None
+    config = tuning.as_config(tile)
+    fitted = _fit_backward_tile(config, "BLOCK_N", "BLOCK_M", cq, block_d, dtype.itemsize)
+    return config if fitted == config else None
+
+
 def check_backward_fits(cq: int, ck: int, head_dim: int, dtype: torch.dtype) -> None:
     """Raise where even the smallest backward tile cannot fit on chip: 16 owned and 16 streamed rows,
     ``(QA + QB) * BLOCK_D`` wide (:func:`_fit_backward_tile`), over :data:`mta.conv_backward.SHARED_BYTES`.
@@ -330,9 +343,11 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
     dv = empty_contiguous(v)
+    wide = keys_as_rows_tile(cq, block_d, q.dtype)
     launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_N"]), B * Hkv),
                  (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
-                  *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
+                  *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), {**meta, "KEYS_AS_ROWS": wide is not None},
+                 dtype=q.dtype, config=wide,
                  fit=lambda tile: _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size()),
                  key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     del kf

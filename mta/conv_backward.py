@@ -155,36 +155,97 @@ def _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, lse_bas
                       stride_qm, stride_qd, stride_dom, stride_dod, offs_k, offs_d, start, stop, n, qk_scale,
                       DIAGONAL: tl.constexpr, MASK_KEYS: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr,
                       E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+                      BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+                      KEYS_AS_ROWS: tl.constexpr):
     """Query tiles ``[start, stop)`` of one query head into ``dv`` and ``U`` (``u_hi``, ``u_lo``: shifts as in
     :func:`_dq_key_tiles`), against the program's held folded keys ``kf_hi``, ``kf_lo`` and values ``vt``.
 
     ``C`` is made as the forward makes it (the same shifted-query tiles, the same products). ``DIAGONAL``:
     rows within ``E`` of the keys (masked diagonals put in, causal mask; ``dC`` kept only where
     ``i - j >= E``). ``MASK_KEYS``: keys past ``n`` get P = 0 (not causal; causally they are in the
-    future of every row). Rows past ``n`` read lse = +inf, so P = 0."""
+    future of every row). Rows past ``n`` read lse = +inf, so P = 0. ``KEYS_AS_ROWS``: the same walk with
+    the scores made transposed (:func:`_dkdv_query_tiles_keys_as_rows`)."""
+    if KEYS_AS_ROWS:
+        dv, u_hi, u_lo = _dkdv_query_tiles_keys_as_rows(
+            dv, u_hi, u_lo, tl.trans(kf_hi), tl.trans(kf_lo), tl.trans(vt), q_base, do_base, lse_base, delta_base,
+            cd_base, stride_qm, stride_qd, stride_dom, stride_dod, offs_k, offs_d, start, stop, n, qk_scale, DIAGONAL,
+            MASK_KEYS, CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION)
+    else:
+        d_ok = offs_d < D
+        for start_m in range(start, stop, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < n
+            q_hi = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, 0, QA, CQ, D, BLOCK_D)
+            c = tl.dot(q_hi, kf_hi, input_precision=PRECISION)
+            if QB > 0:
+                q_lo = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
+                c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
+            c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
+            if MASK_KEYS:
+                c = tl.where((offs_k < n)[None, :], c, float("-inf"))
+            lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
+            p = tl.math.exp2(c - lse2[:, None])
+            do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, input_precision=PRECISION)
+            delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
+            dc = p * (tl.dot(do, vt, input_precision=PRECISION) - delta[:, None])
+            if DIAGONAL:
+                dc = tl.where(offs_m[:, None] - offs_k[None, :] >= E, dc, 0.0)
+            dct = tl.trans(dc.to(q_hi.dtype))
+            u_hi = tl.dot(dct, q_hi, u_hi, input_precision=PRECISION)
+            if QB > 0:
+                u_lo = tl.dot(dct, q_lo, u_lo, input_precision=PRECISION)
+    return dv, u_hi, u_lo
+
+
+@triton.jit
+def _put_diagonals_keys_as_rows(ct, cd_base, offs_m, offs_k, n, E: tl.constexpr, E_PAD: tl.constexpr):
+    """:func:`mta.conv_forward._put_diagonals` for a tile of scores held transposed, ``ct [keys, rows]``."""
+    row_ok = offs_m < n
+    for d in tl.static_range(E):
+        cd_d = tl.load(cd_base + offs_m * E_PAD + d, mask=row_ok, other=0.0)
+        ct = tl.where(offs_m[None, :] - offs_k[:, None] == d, cd_d[None, :], ct)
+    return ct
+
+
+@triton.jit
+def _dkdv_query_tiles_keys_as_rows(dv, u_hi, u_lo, kft_hi, kft_lo, v, q_base, do_base, lse_base, delta_base,
+                                   cd_base, stride_qm, stride_qd, stride_dom, stride_dod, offs_k, offs_d, start,
+                                   stop, n, qk_scale, DIAGONAL: tl.constexpr, MASK_KEYS: tl.constexpr,
+                                   CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr, E: tl.constexpr,
+                                   E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                                   BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`_dkdv_query_tiles` with the scores made transposed, keys as rows (``C^T = Kf Q_shift^T``, as
+    Triton's fused-attention tutorial makes its dK/dV): ``P^T`` and ``dC^T`` leave their products as the left
+    operands of ``dV += P^T dO`` and ``U += dC^T Q_shift``, and the streamed query and dO tiles are read
+    transposed instead. ``kft_hi``, ``kft_lo`` ``[BLOCK_N, QA * BLOCK_D]``, ``v [BLOCK_N, BLOCK_D]``."""
     d_ok = offs_d < D
     for start_m in range(start, stop, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n
         q_hi = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, 0, QA, CQ, D, BLOCK_D)
-        c = tl.dot(q_hi, kf_hi, input_precision=PRECISION)
+        ct = tl.dot(kft_hi, tl.trans(q_hi), input_precision=PRECISION)
         if QB > 0:
             q_lo = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
-            c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
-        c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
+            ct = tl.dot(kft_lo, tl.trans(q_lo), ct, input_precision=PRECISION)
+        if DIAGONAL:
+            ct = _put_diagonals_keys_as_rows(ct, cd_base, offs_m, offs_k, n, E, E_PAD) * qk_scale
+            ct = tl.where(offs_m[None, :] - offs_k[:, None] >= 0, ct, float("-inf"))
+        else:
+            ct = ct * qk_scale
         if MASK_KEYS:
-            c = tl.where((offs_k < n)[None, :], c, float("-inf"))
+            ct = tl.where((offs_k < n)[:, None], ct, float("-inf"))
         lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
-        p = tl.math.exp2(c - lse2[:, None])
+        pt = tl.math.exp2(ct - lse2[None, :])
         do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                      mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, input_precision=PRECISION)
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
-        dc = p * (tl.dot(do, vt, input_precision=PRECISION) - delta[:, None])
+        dct = pt * (tl.dot(v, tl.trans(do), input_precision=PRECISION) - delta[None, :])
         if DIAGONAL:
-            dc = tl.where(offs_m[:, None] - offs_k[None, :] >= E, dc, 0.0)
-        dct = tl.trans(dc.to(q_hi.dtype))
+            dct = tl.where(offs_m[None, :] - offs_k[:, None] >= E, dct, 0.0)
+        dct = dct.to(q_hi.dtype)
         u_hi = tl.dot(dct, q_hi, u_hi, input_precision=PRECISION)
         if QB > 0:
             u_lo = tl.dot(dct, q_lo, u_lo, input_precision=PRECISION)
@@ -201,10 +262,12 @@ def conv_dkdv_kernel(Q, KF, V, DO, LSE, DELTA, CD, U, DV,
                      n_q, n_k, num_kv_heads, group_size, scale, N_BUCKET,
                      CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr,
                      E_PAD: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr, D: tl.constexpr,
-                     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, KEYS_AS_ROWS: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """``dV`` and ``U[b, h, a, j] = sum_i dC_far[i, j] q[i - (cq-1) + a]`` (fp32, contiguous
     ``[B, Hq, CQ, n, D]``, per query head) for ``BLOCK_N`` keys of one kv head; the program loops over the
-    ``group_size`` query heads that read it (``dV`` sums over them).
+    ``group_size`` query heads that read it (``dV`` sums over them). ``KEYS_AS_ROWS``: the score tiles are made
+    transposed (:func:`_dkdv_query_tiles_keys_as_rows`; on an H100 it pays at 128 owned keys over 8 warps).
 
     Grid: ``(cdiv(n, BLOCK_N), B * Hkv)``, heaviest (first) key tiles first (:mod:`mta.launch_order`).
     """
@@ -237,14 +300,15 @@ def conv_dkdv_kernel(Q, KF, V, DO, LSE, DELTA, CD, U, DV,
             u_lo = tl.zeros([BLOCK_N, QB * BLOCK_D], dtype=tl.float32)
         else:
             u_lo = u_hi  # unused
+        # The diagonal tiles, then the rows past them (no mask when causal; key tail masked when not).
         dv, u_hi, u_lo = _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, LSE + bh * n,
                                            DELTA + bh * n, CD + bh * n * E_PAD, stride_qm, stride_qd, stride_dom,
                                            stride_dod, offs_k, offs_d, start, m_full, n, qk_scale, CAUSAL, False, CQ,
-                                           QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION)
+                                           QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION, KEYS_AS_ROWS)
         dv, u_hi, u_lo = _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, LSE + bh * n,
                                            DELTA + bh * n, CD + bh * n * E_PAD, stride_qm, stride_qd, stride_dom,
                                            stride_dod, offs_k, offs_d, m_full, n, n, qk_scale, False, not CAUSAL, CQ,
-                                           QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION)
+                                           QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION, KEYS_AS_ROWS)
         u_base = U + bh * CQ * n * D
         _store_shifts(u_base, n * D, D, u_hi, offs_k, n, 0, QA, CQ, D, BLOCK_D)
         if QB > 0:

@@ -67,6 +67,12 @@ HOPPER = {
 #: 128 x 64 against the table's 128 x 128 on an H100 took 0.6% less time at N = 2k, 2-5% less at 4k, and 2% more
 #: at 1k, 3% more at 8k and 16k (``notes/h100_remeasure_2026-11-24/flash_fwd_d128_by_n.json``).
 HOPPER_BY_LENGTH = {("flash_forward", 128, False): {2048: (128, 64, 8, 3), 4096: (128, 64, 8, 3)}}
+#: The MTA dK/dV side with its scores made keys as rows (``mta.conv_backward``, ``KEYS_AS_ROWS``), by head-dim
+#: width, on Hopper at 16 bits where the tile fits whole (``mta.conv.keys_as_rows_tile``; else ``conv_dkdv``'s
+#: tile, queries as rows). 6 x 11, d = 64, N = 8192, bf16, causal on an H100: forward + backward 3.84 ms
+#: against 4.45 with ``conv_dkdv``'s tile and 4.53 with this tile and the scores queries-as-rows; at d = 128
+#: (64 owned keys at most) keys as rows was slower at every tile tried (``notes/dkdv_transposed/``).
+HOPPER_KEYS_AS_ROWS = {64: (32, 128, 8, 2)}
 #: Any other GPU, fp16/bf16: tiles that fit 100 KB of shared memory (consumer Ampere/Ada).
 OTHER_GPU = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)}
 #: fp32 on any GPU, by head-dim width: three TF32 products for each, so small tiles, which compile in seconds

@@ -81,6 +81,19 @@ def test_small_head_dims_padded_in_16_bits(D, causal, dtype, poisoned_outputs):
     run_case(40, 5, 3, causal, dtype, Hq=4, Hkv=2, D=D, B=2)
 
 
+@pytest.mark.parametrize("N,cq,ck,causal,dtype,Hq,Hkv", [
+    (1, 6, 11, True, torch.float32, 2, 1), (37, 6, 11, True, torch.float32, 4, 2), (100, 2, 9, True, torch.float16, 2, 2),
+    (37, 3, 3, False, torch.float32, 2, 1), (24, 16, 15, True, torch.float16, 2, 1), (40, 1, 1, False, torch.float16, 3, 1),
+], ids=str)
+def test_dkdv_with_keys_as_rows(N, cq, ck, causal, dtype, Hq, Hkv, monkeypatch, poisoned_outputs):
+    """The dK/dV side's other form (scores made keys as rows, which a GPU takes at 128 owned keys) at the
+    interpreter's tile: the same gradients."""
+    import mta.conv
+    from mta import tuning
+    monkeypatch.setattr(mta.conv, "keys_as_rows_tile", lambda *a: tuning.as_config(tuning.INTERPRETER_TILE))
+    run_case(N, cq, ck, causal, dtype, Hq=Hq, Hkv=Hkv)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the GPU build's 16-bit code")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_short_sequences_gqa_in_16_bits_on_the_gpu(dtype, poisoned_outputs):
