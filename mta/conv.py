@@ -19,7 +19,7 @@ from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stre
 from .flash_backward import rowsum_do_o_kernel
 from .launch import (check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous,
                      head_dim_block, in_dry_run, launch, launch_tiled, shared_memory_limit, shifted_head_dim_block,
-                     size_bucket, vector_rows, wants_gradients)
+                     size_bucket, wants_gradients)
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -205,7 +205,6 @@ def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool
 def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
     """The pre-passes, then the fused kernel: ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32)."""
     compile_ahead("conv_forward", lambda *x: conv_attention_forward(*x, scale), q, k, v, weight, causal)
-    q, k, v = map(vector_rows, (q, k, v))
     kf, cd = conv_prepasses(q, k, weight, causal)
     return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), causal, scale)
 
@@ -284,7 +283,6 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     if not runtime.INTERPRET:
         check_backward_fits(*weight.shape[1:], q.shape[-1], q.dtype)
     compile_ahead("conv_backward", lambda *x: conv_attention_backward(*x, scale), do, q, k, v, o, lse, weight, causal)
-    do, q, k, v = map(vector_rows, (do, q, k, v))
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
     cq, ck = weight.shape[1:]

@@ -78,23 +78,11 @@ def shifted_head_dim_block(d: int, dtype: torch.dtype) -> int:
     """Tile width for the MTA kernels, whose tiles hold ``cq`` shifted copies of the head dim side by side:
     :func:`head_dim_block`, except 64 for 16-bit inputs whose head dim is padded inside a tile of 16 or 32
     (``d`` in 1..15 or 17..31). On an H100 (Triton 3.6) those tiles gave wrong outputs (relative error
-    0.3-1.3 at d = 8, 20, 24, fp16 and bf16; fp32, d = 16 or 32 and padded tiles of 64 were exact;
-    ``notes/performance.md``)."""
+    0.3-1.3 at d = 8, 20, 24, fp16 and bf16) where their rows were also read element by element (a row stride
+    that is not a multiple of 16); the same padded tile on rows 32 apart, unpadded tiles on rows 24 or 40 apart,
+    fp32 and padded tiles of 64 were exact (``notes/performance.md``)."""
     block = head_dim_block(d)
     return 64 if block <= 32 and d != block and dtype in (torch.float16, torch.bfloat16) else block
-
-
-def vector_rows(x: torch.Tensor) -> torch.Tensor:
-    """``x [..., N, D]`` itself, or a contiguous copy where the MTA kernels' 16-bit tiles of 16 or 32 would read
-    it element by element (a stride that is not a multiple of 16 elements, rows not contiguous, or a start that
-    is not 16-byte aligned). The wrong 16-bit outputs seen on an H100 (:func:`shifted_head_dim_block`) all came
-    from such builds, and all had padded tiles too; which of the two causes them is not known
-    (``notes/performance.md``), so these rare layouts are copied rather than trusted (a fresh tensor: a
-    contiguous view that starts off the 16-byte grid is copied too)."""
-    if (x.dtype in (torch.float16, torch.bfloat16) and shifted_head_dim_block(x.shape[-1], x.dtype) <= 32
-            and (x.stride(-1) != 1 or any(s % 16 for s in x.stride()[:-1]) or x.data_ptr() % 16)):
-        return x.clone(memory_format=torch.contiguous_format)
-    return x
 
 
 def dot_precision(dtype: torch.dtype, split_fp32: bool = True) -> str:

@@ -135,8 +135,8 @@ def test_short_sequences_gqa_in_16_bits_on_the_gpu(D, dtype, poisoned_outputs):
 @pytest.mark.parametrize("D,row", [(16, 24), (32, 40)])
 def test_unpadded_head_dims_with_odd_row_strides_in_16_bits(D, row, dtype, poisoned_outputs):
     """Views whose rows are ``row`` elements apart (not a multiple of 16: no vectorised loads), forward and
-    backward. The 16-bit padded tiles that were wrong on an H100 also had such strides; these tiles are not
-    padded, and were not rerouted to 64-wide tiles."""
+    backward. The 16-bit padded tiles that were wrong on an H100 also had such strides (padded tiles are now
+    64 wide); these are not padded, and are read as they are."""
     B, Hq, Hkv, N = 2, 4, 2, 40
     q, k, v = (rand(B, h, N, row, dtype=dtype)[..., :D] for h in (Hq, Hkv, Hkv))
     weight, do = rand(Hq, 5, 3, scale=0.2), rand(B, Hq, N, D, dtype=dtype)
@@ -155,19 +155,6 @@ def test_shifted_head_dim_block():
     block = mta.launch.shifted_head_dim_block
     assert [block(d, torch.float16) for d in (1, 8, 16, 20, 32, 40, 96)] == [64, 64, 16, 64, 32, 64, 128]
     assert [block(d, torch.float32) for d in (8, 24, 32)] == [16, 32, 32]
-
-
-def test_vector_rows_copies_only_16_bit_layouts_read_element_by_element():
-    rows = mta.launch.vector_rows
-    x = torch.zeros(2, 3, 5, 40, dtype=torch.float16)
-    assert rows(x[..., :32]).is_contiguous() and rows(x[..., 8:24]).is_contiguous()  # rows 40 apart: copied
-    assert rows(x[..., :24]).data_ptr() == x.data_ptr()  # a 64-wide tile: kept
-    z = x.float()[..., :32]
-    assert rows(x).data_ptr() == x.data_ptr() and rows(z).data_ptr() == z.data_ptr()  # contiguous; fp32: kept
-    y = torch.zeros(2, 3, 5, 48, dtype=torch.float16)[..., :32]
-    assert rows(y).data_ptr() == y.data_ptr()  # rows 48 apart: kept
-    shifted = torch.randn(2 * 3 * 5 * 16 + 1).half()[1:].view(2, 3, 5, 16)  # contiguous, starts 2 bytes in
-    assert rows(shifted).data_ptr() % 16 == 0 and torch.equal(rows(shifted), shifted)
 
 
 @pytest.mark.parametrize("cq,groups", [(1, (1, 0)), (2, (2, 0)), (3, (2, 1)), (6, (4, 2)), (7, (4, 4)),
