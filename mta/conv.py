@@ -240,13 +240,14 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
     return config
 
 
-def keys_as_rows_tile(cq: int, block_d: int, dtype: torch.dtype) -> dict | None:
+def keys_as_rows_tile(cq: int, block_d: int, dtype: torch.dtype, family: str | None = None) -> dict | None:
     """The dK/dV side's tile when its scores are made keys as rows (:data:`mta.tuning.HOPPER_KEYS_AS_ROWS`: 16-bit
     on Hopper, where the table has one for the head-dim width and it fits whole, its 128 owned keys'
-    accumulator included); None: the table's tile, scores with queries as rows."""
+    accumulator included); None: the table's tile, scores with queries as rows. ``family``: default this
+    machine's (:func:`mta.tuning.gpu_family`)."""
     tile = tuning.HOPPER_KEYS_AS_ROWS.get(tuning.width_of(block_d))
-    if (tile is None or tuning.AUTOTUNE or dtype == torch.float32 or runtime.INTERPRET
-            or tuning.gpu_family() != "hopper"):
+    family = tuning.gpu_family() if family is None else family
+    if tile is None or tuning.AUTOTUNE or dtype == torch.float32 or family != "hopper":
         return None
     config = tuning.as_config(tile)
     fitted = _fit_backward_tile(config, "BLOCK_N", "BLOCK_M", cq, block_d, dtype.itemsize)

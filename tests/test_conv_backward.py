@@ -296,3 +296,21 @@ def test_backward_tiles_shrink_to_fit(cq, block_d, elem, warps, stages):
         assert tile["BLOCK_M"] == 64
     if cq == 1 and block_d == 64:
         assert (tile["BLOCK_M"], tile["BLOCK_N"]) == (64, 128)  # small enough: left alone
+
+
+@pytest.mark.parametrize("cq,block_d,dtype,wide", [
+    (6, 64, torch.bfloat16, True),     # 128 keys x 6 shifts x 64: 192 registers a thread over 8 warps
+    (7, 64, torch.bfloat16, False),    # 8 shifts: the table's tile, queries as rows
+    (16, 16, torch.float16, True),     # 16 shifts of 16 columns
+    (1, 128, torch.bfloat16, False),   # no keys-as-rows tile for d > 64
+    (6, 64, torch.float32, False),     # fp32 keeps its own tiles
+])
+def test_keys_as_rows_only_where_its_tile_fits_whole(cq, block_d, dtype, wide):
+    from mta import tuning
+    from mta.conv import _fit_backward_tile, keys_as_rows_tile
+    tile = keys_as_rows_tile(cq, block_d, dtype, family="hopper")
+    assert (tile is not None) == wide
+    if wide:
+        assert tile == tuning.as_config(tuning.HOPPER_KEYS_AS_ROWS[64])
+        assert _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, dtype.itemsize) == tile
+    assert keys_as_rows_tile(cq, block_d, dtype, family="other") is None
