@@ -65,7 +65,7 @@ HOPPER = {
 #: Tiles that replace the Hopper table's at some lengths, by (kernel, head-dim width, causal), then by the
 #: power-of-two ceiling of the longer sequence (the autotuner's bucket). The flash forward at d = 128, not causal:
 #: 128 x 64 against the table's 128 x 128 on an H100 took 0.6% less time at N = 2k, 2-5% less at 4k, and 2% more
-#: at 1k, 3% more at 8k and 16k (``notes/h100_remeasure_2026-11-24/flash_fwd_d128_by_n.json``).
+#: at 1k, 3% more at 8k and 16k (``notes/h100_remeasure_2026-11-23/flash_fwd_d128_by_n_0a36c1b.json``).
 HOPPER_BY_LENGTH = {("flash_forward", 128, False): {2048: (128, 64, 8, 3), 4096: (128, 64, 8, 3)}}
 #: The MTA dK/dV side with its scores made keys as rows (``mta.conv_backward``, ``KEYS_AS_ROWS``), by head-dim
 #: width, on Hopper at 16 bits where the tile fits whole (``mta.conv.keys_as_rows_tile``; else ``conv_dkdv``'s

@@ -2,7 +2,7 @@
 8f93bb9, 2 splits): time the split count and the key tile around the table's, beside SDPA, as the bench times them
 (two interleaved rounds; the smaller median counts).
 
-    PYTHONPATH=. OUT=. python notes/h100_remeasure_2026-11-24/decode_b8_sweep.py
+    PYTHONPATH=. OUT=. python notes/h100_remeasure_2026-11-23/decode_b8_sweep.py
 """
 import json
 import os

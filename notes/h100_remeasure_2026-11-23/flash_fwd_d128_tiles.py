@@ -2,7 +2,7 @@
 bench's ratios moved by 3-9% between runs of the same kernel: the table's tile against its neighbours, beside SDPA's
 flash and cuDNN backends, inputs requiring grad as in the bench; three interleaved rounds, each median reported.
 
-    PYTHONPATH=. OUT=. python notes/h100_remeasure_2026-11-24/flash_fwd_d128_tiles.py
+    PYTHONPATH=. OUT=. python notes/h100_remeasure_2026-11-23/flash_fwd_d128_tiles.py
 """
 import json
 import os

@@ -3,7 +3,7 @@ pytest plugin: run the MTA kernels without ``mta.launch.vector_rows``'s copy of 
 unpadded tiles of 16 and 32 read element by element are exact on the GPU (the stride probe found only padded and
 element-by-element together wrong).
 
-    PYTHONPATH=.:notes/h100_remeasure_2026-11-24 python -m pytest -p no_vector_rows tests/test_conv.py -k odd_row
+    PYTHONPATH=.:notes/h100_remeasure_2026-11-23 python -m pytest -p no_vector_rows tests/test_conv.py -k odd_row
 """
 import mta.conv
 

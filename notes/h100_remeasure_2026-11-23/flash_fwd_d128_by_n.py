@@ -1,7 +1,7 @@
 """The flash forward at d = 128, not causal: 128 x 128 (the table's) against 128 x 64 at every bench length
 (B = 16384 / N, H = 16), fp16 and bf16, inputs requiring grad as in the bench; three interleaved rounds.
 
-    PYTHONPATH=. OUT=. python notes/h100_remeasure_2026-11-24/flash_fwd_d128_by_n.py
+    PYTHONPATH=. OUT=. python notes/h100_remeasure_2026-11-23/flash_fwd_d128_by_n.py
 """
 import json
 import os
