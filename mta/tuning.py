@@ -1,7 +1,8 @@
 """Tile tables: which ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` each kernel launches with.
 
 A kernel's tile is looked up, never timed, by (GPU family, head-dim width,
-dtype, causal), as FlagAttention and flash-attn choose theirs: the first call
+dtype, causal; a few Hopper entries also by length bucket), as FlagAttention and
+flash-attn choose theirs: the first call
 costs one compile and nothing else. The Hopper entries are the tiles Triton's
 autotuner picked on an H100 for the benchmark shapes (bf16 and fp16, N = 1k to
 16k; ``notes/performance.md``). fp32 runs three TF32 products for each product
