@@ -19,7 +19,8 @@ from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stre
 from .flash_backward import rowsum_do_o_kernel
 from .launch import (check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous,
                      head_dim_block, in_dry_run, launch, launch_tiled, shared_memory_limit, shifted_head_dim_block,
-                     size_bucket, wants_gradients)
+                     wants_gradients)
+from .tuning import size_bucket
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor

@@ -14,7 +14,8 @@ from ._checks import resolve_scale
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
 from .launch import (check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous, head_dim_block, launch,
-                     launch_tiled, size_bucket, wants_gradients)
+                     launch_tiled, wants_gradients)
+from .tuning import size_bucket
 
 
 def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
@@ -34,8 +35,7 @@ def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
         (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
          Nq, Nk, Hq, Hq // Hkv, scale, size_bucket(max(Nq, Nk))),
         dict(CAUSAL=causal, D=D, BLOCK_D=head_dim_block(D), PRECISION=dot_precision(q.dtype)),
-        dtype=q.dtype, config=config or None,
-        n=max(Nq, Nk))
+        dtype=q.dtype, config=config or None, n=max(Nq, Nk))
     return o, lse
 
 

@@ -28,7 +28,6 @@ except ImportError:  # pragma: no cover - older Triton compiles at each launch
 
 from . import runtime, tuning
 from ._checks import check_qkv
-from .tuning import size_bucket  # noqa: F401  (the launchers' N_BUCKET argument)
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
