@@ -1,5 +1,5 @@
-"""H100: MTA forward + backward at 11 x 11 (bf16, causal, N = 8192, B = 1, H = 8, d = 64) with the backward's
-table tiles (conv_dq, conv_dkdv at width 64) replaced by each pair in PAIRS; the launcher still shrinks a tile
+"""H100: MTA forward + backward at 11 x 11 (bf16, causal, N = 8192, B = 1; H = 8, d = 64 unless H, D, CQ, CK say otherwise) with the backward's
+table tiles (conv_dq, conv_dkdv, every width) replaced by each pair in PAIRS; the launcher still shrinks a tile
 that does not fit (mta.conv._fit_backward_tile), and the tile it launches is printed. The table's pair first
 and last (the spread is the noise).
 
@@ -21,9 +21,9 @@ table = {name: dict(tuning.HOPPER[name]) for name in ("conv_dq", "conv_dkdv")}
 launched = []
 fit = mta.conv._fit_backward_tile
 mta.conv._fit_backward_tile = lambda config, owned, *a: launched.append((owned, fit(config, owned, *a))) or launched[-1][1]
-out = {"gpu": torch.cuda.get_device_name(), "kernel": [CQ, CK], "rows": []}
+out = {"gpu": torch.cuda.get_device_name(), "kernel": [CQ, CK], "H": int(os.environ.get("H", 8)), "D": int(os.environ.get("D", 64)), "rows": []}
 torch.manual_seed(0)
-H, N, D = 8, 8192, 64
+H, N, D = int(os.environ.get("H", 8)), 8192, int(os.environ.get("D", 64))
 q, k, v = (torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
 w = (0.2 * torch.randn(H, CQ, CK, device="cuda")).requires_grad_()
 do = torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16)
@@ -49,4 +49,4 @@ for pair in pairs:
     print(f"{pair or 'table'} -> {tiles}: fwd+bwd {ms:.3f} ms; rel diff " + " ".join(f"{e:.1e}" for e in errs),
           flush=True)
     out["rows"].append({"pair": pair, "launched": tiles, "ms": ms, "rel_diff": errs})
-json.dump(out, open(os.path.join(os.environ.get("OUT", "."), f"conv{CQ}x{CK}_tiles.json"), "w"), indent=1)
+json.dump(out, open(os.path.join(os.environ.get("OUT", "."), f"conv{CQ}x{CK}_d{D}_tiles.json"), "w"), indent=1)
