@@ -211,31 +211,46 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
 
 
 def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d: int, elem_bytes: int) -> dict:
-    """``config`` with its owned rows ``config[owned]`` and streamed rows ``config[streamed]`` halved (down to 16)
-    until a backward program fits on chip. Its rows are ``(QA + QB) * block_d`` wide:
+    """``config`` fitted on chip for a backward program whose rows are ``(QA + QB) * block_d`` wide:
 
     * the fp32 accumulator ``[owned, cols]`` lives in registers: at most
-      :data:`conv_backward.ACC_REGISTERS` per thread, else the owned rows halve;
+      :data:`conv_backward.ACC_REGISTERS` per thread. Too wide, the program first gets more warps (up to
+      :data:`conv_backward.MAX_WARPS`, two warpgroups), then its owned rows ``config[owned]`` halve (down to 16);
     * the held 16-bit operand ``[owned, cols]`` and ``num_stages`` streamed ``[streamed, cols]`` tiles in shared
-      memory: at most :data:`conv_backward.SHARED_BYTES`, else the streamed rows halve first, then the owned
-      rows, then the pipeline loses stages (:func:`check_backward_fits` refuses what 16 x 16 x 1 cannot fit).
+      memory: at most :data:`conv_backward.SHARED_BYTES`. Too large, the streamed rows ``config[streamed]``
+      halve down to 32, then the pipeline loses stages, then the streamed rows go to 16, then the owned rows
+      halve (:func:`check_backward_fits` refuses what 16 x 16 x 1 cannot fit).
+
+    The table's tiles were chosen at 6 x 11 (``cq' = 6``); a wider kernel keeps their rows with more warps
+    rather than rows too few for the tensor cores (11 x 11 at d = 64 on an H100: forward + backward 10.2 ms
+    at 64 x 32 and 64 x 32 over 8 warps, against 40.8 ms at 32 x 32 over 4 warps, ``notes/performance.md``).
     """
     config = dict(config)
     cols = sum(query_shift_groups(cq)) * block_d
-    threads = 32 * config["num_warps"]
-    while config[owned] * cols > conv_backward.ACC_REGISTERS * threads and config[owned] > 16:
-        config[owned] //= 2
+
+    def registers():
+        return config[owned] * cols / (32 * config["num_warps"])
+
+    while registers() > conv_backward.ACC_REGISTERS:
+        if config["num_warps"] < conv_backward.MAX_WARPS:
+            config["num_warps"] *= 2
+        elif config[owned] > 16:
+            config[owned] //= 2
+        else:
+            break
 
     def shared():
         return (config[owned] + config[streamed] * max(config["num_stages"], 1)) * cols * elem_bytes
 
     while shared() > conv_backward.SHARED_BYTES:
-        if config[streamed] > 16:
+        if config[streamed] > 32:
+            config[streamed] //= 2
+        elif config["num_stages"] > 1:
+            config["num_stages"] -= 1
+        elif config[streamed] > 16:
             config[streamed] //= 2
         elif config[owned] > 16:
             config[owned] //= 2
-        elif config["num_stages"] > 1:  # tall kernels at d = 128: 16 x 16 rows, one buffer
-            config["num_stages"] -= 1
         else:
             break
     return config

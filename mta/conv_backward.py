@@ -42,6 +42,8 @@ from .launch import NO_SPECIALIZE
 #: fp32 accumulator registers per thread a tiled backward program may use (``[owned, (QA + QB) * BLOCK_D]``):
 #: on an H100 the fastest tiles sit at this bound (``notes/h100_sweep_conv_backward.txt``).
 ACC_REGISTERS = 192
+#: Most warps a tiled backward program gets when its accumulator is wide (two warpgroups).
+MAX_WARPS = 8
 #: Shared memory for the held 16-bit block and the streamed tiles, in bytes (an H100 has 227 KiB per block).
 SHARED_BYTES = 200 * 1024
 

@@ -54,8 +54,8 @@ HOPPER = {
     # accumulator) and streams [cq' * d, BLOCK_N] folded keys; the dK/dV side owns BLOCK_N keys (folded keys and
     # a [BLOCK_N, cq' * d] accumulator held) and streams shifted queries. The fastest tiles on an H100 (6 x 11,
     # N = 8192, notes/h100_sweep_conv_backward.txt) give each warp whole 16-row slices of the owned rows and fill the
-    # accumulator to ~192 registers per thread; the launcher shrinks them for larger kernels
-    # (mta.conv._fit_backward_tile), so these are upper bounds.
+    # accumulator to ~192 registers per thread; for larger kernels the launcher gives them more warps, then fewer
+    # rows (mta.conv._fit_backward_tile).
     "conv_dq": {(64, False): (64, 32, 4, 2), (64, True): (64, 32, 4, 2),
                 (128, False): (64, 32, 8, 2), (128, True): (64, 32, 8, 2),
                 (256, False): (32, 32, 8, 1), (256, True): (32, 32, 8, 1)},

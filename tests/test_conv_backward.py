@@ -276,26 +276,36 @@ def test_split_backward_in_float64(N, cq, ck, causal):
         torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12, msg=name)
 
 
-@pytest.mark.parametrize("cq,block_d,elem", [(1, 64, 2), (6, 64, 2), (6, 128, 2), (11, 128, 2), (24, 128, 2), (6, 64, 4),
-                                             (32, 256, 4)])
+@pytest.mark.parametrize("cq,block_d,elem", [(1, 64, 2), (6, 64, 2), (6, 128, 2), (11, 64, 2), (11, 128, 2),
+                                             (16, 64, 2), (24, 128, 2), (6, 64, 4), (32, 256, 4)])
 @pytest.mark.parametrize("warps,stages", [(4, 2), (8, 2), (8, 3)])
 def test_backward_tiles_shrink_to_fit(cq, block_d, elem, warps, stages):
-    """The launcher halves a backward tile's owned and streamed rows (never below 16) until its fp32 accumulator
-    fits ``ACC_REGISTERS`` per thread and its held and streamed blocks ``SHARED_BYTES``, or they are 16."""
-    tile = mta.conv._fit_backward_tile({"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": warps, "num_stages": stages},
-                                       "BLOCK_M", "BLOCK_N", cq, block_d, elem)
+    """The launcher fits a backward tile on chip: a wide fp32 accumulator first gets more warps (up to
+    ``MAX_WARPS``), then fewer owned rows, until it fits ``ACC_REGISTERS`` per thread; the held and streamed blocks
+    then fit ``SHARED_BYTES`` by fewer streamed rows (down to 32), fewer stages, then 16 rows; never below 16."""
+    from mta.conv_backward import ACC_REGISTERS, MAX_WARPS, SHARED_BYTES
+    start = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": warps, "num_stages": stages}
+    tile = mta.conv._fit_backward_tile(start, "BLOCK_M", "BLOCK_N", cq, block_d, elem)
     cols = sum(mta.conv_forward.query_shift_groups(cq)) * block_d
-    registers = tile["BLOCK_M"] * cols / (32 * warps)
+    registers = tile["BLOCK_M"] * cols / (32 * tile["num_warps"])
     shared = (tile["BLOCK_M"] + tile["BLOCK_N"] * tile["num_stages"]) * cols * elem
-    assert tile["BLOCK_M"] >= 16 and tile["BLOCK_N"] >= 16 and tile["num_warps"] == warps
-    assert 1 <= tile["num_stages"] <= stages
-    assert tile["num_stages"] == stages or tile["BLOCK_M"] == tile["BLOCK_N"] == 16  # rows go first
-    assert registers <= mta.conv_backward.ACC_REGISTERS or tile["BLOCK_M"] == 16
-    assert shared <= mta.conv_backward.SHARED_BYTES or (tile["BLOCK_M"], tile["BLOCK_N"], tile["num_stages"]) == (16, 16, 1)
+    assert tile["BLOCK_M"] >= 16 and tile["BLOCK_N"] >= 16 and 1 <= tile["num_stages"] <= stages
+    assert warps <= tile["num_warps"] <= max(warps, MAX_WARPS)
+    if tile["num_warps"] > warps:  # more warps only for an accumulator that does not fit
+        assert 64 * cols / (32 * tile["num_warps"] // 2) > ACC_REGISTERS
+    if tile["BLOCK_M"] < 64:  # fewer owned rows only once the warps are spent (or the shared memory asks)
+        assert tile["num_warps"] == max(warps, MAX_WARPS) or (64 * cols / (32 * tile["num_warps"]) <= ACC_REGISTERS
+                                                               and tile["BLOCK_N"] == 16 and tile["num_stages"] == 1)
+    if tile["num_stages"] < stages:  # stages go only once the streamed rows are down to 32
+        assert tile["BLOCK_N"] <= 32
+    assert registers <= ACC_REGISTERS or tile["BLOCK_M"] == 16
+    assert shared <= SHARED_BYTES or (tile["BLOCK_M"], tile["BLOCK_N"], tile["num_stages"]) == (16, 16, 1)
     if (cq, block_d, elem) == (6, 64, 2) and warps == 4:  # the H100's d = 64 tile: 192 registers, left alone
-        assert tile["BLOCK_M"] == 64
+        assert (tile["BLOCK_M"], tile["num_warps"]) == (64, 4)
+    if (cq, block_d, elem) == (11, 64, 2):  # 12 shifts at d = 64: 64 rows over 8 warps (as 6 x 11 at d = 128)
+        assert (tile["BLOCK_M"], tile["num_warps"]) == (64, 8)
     if cq == 1 and block_d == 64:
-        assert (tile["BLOCK_M"], tile["BLOCK_N"]) == (64, 128)  # small enough: left alone
+        assert tile == start  # small enough: left alone
 
 
 @pytest.mark.parametrize("cq,block_d,dtype,wide", [
