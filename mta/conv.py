@@ -218,8 +218,9 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
       :data:`conv_backward.MAX_WARPS`, two warpgroups), then its owned rows ``config[owned]`` halve (down to 16);
     * the held 16-bit operand ``[owned, cols]`` and ``num_stages`` streamed ``[streamed, cols]`` tiles in shared
       memory: at most :data:`conv_backward.SHARED_BYTES`. Too large, the streamed rows ``config[streamed]``
-      halve down to 32, then the pipeline loses stages, then the streamed rows go to 16, then the owned rows
-      halve (:func:`check_backward_fits` refuses what 16 x 16 x 1 cannot fit).
+      halve first, then the owned rows, then the pipeline loses stages (:func:`check_backward_fits` refuses what
+      16 x 16 x 1 cannot fit). Losing a stage before the streamed rows made 11 x 11 at d = 128 slower on an H100
+      (315 against 230 ms), and 16 x 15 at d >= 96 no longer fit.
 
     The table's tiles were chosen at 6 x 11 (``cq' = 6``); a wider kernel keeps their rows with more warps
     rather than rows too few for the tensor cores (11 x 11 at d = 64 on an H100: forward + backward 10.2 ms
@@ -243,14 +244,12 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
         return (config[owned] + config[streamed] * max(config["num_stages"], 1)) * cols * elem_bytes
 
     while shared() > conv_backward.SHARED_BYTES:
-        if config[streamed] > 32:
-            config[streamed] //= 2
-        elif config["num_stages"] > 1:
-            config["num_stages"] -= 1
-        elif config[streamed] > 16:
+        if config[streamed] > 16:
             config[streamed] //= 2
         elif config[owned] > 16:
             config[owned] //= 2
+        elif config["num_stages"] > 1:  # tall kernels at d = 128: 16 x 16 rows, one buffer
+            config["num_stages"] -= 1
         else:
             break
     return config

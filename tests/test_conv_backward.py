@@ -282,7 +282,7 @@ def test_split_backward_in_float64(N, cq, ck, causal):
 def test_backward_tiles_shrink_to_fit(cq, block_d, elem, warps, stages):
     """The launcher fits a backward tile on chip: a wide fp32 accumulator first gets more warps (up to
     ``MAX_WARPS``), then fewer owned rows, until it fits ``ACC_REGISTERS`` per thread; the held and streamed blocks
-    then fit ``SHARED_BYTES`` by fewer streamed rows (down to 32), fewer stages, then 16 rows; never below 16."""
+    then fit ``SHARED_BYTES`` by fewer streamed rows, then owned rows, then stages; never below 16 rows."""
     from mta.conv_backward import ACC_REGISTERS, MAX_WARPS, SHARED_BYTES
     start = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": warps, "num_stages": stages}
     tile = mta.conv._fit_backward_tile(start, "BLOCK_M", "BLOCK_N", cq, block_d, elem)
@@ -295,9 +295,9 @@ def test_backward_tiles_shrink_to_fit(cq, block_d, elem, warps, stages):
         assert 64 * cols / (32 * tile["num_warps"] // 2) > ACC_REGISTERS
     if tile["BLOCK_M"] < 64:  # fewer owned rows only once the warps are spent (or the shared memory asks)
         assert tile["num_warps"] == max(warps, MAX_WARPS) or (64 * cols / (32 * tile["num_warps"]) <= ACC_REGISTERS
-                                                               and tile["BLOCK_N"] == 16 and tile["num_stages"] == 1)
-    if tile["num_stages"] < stages:  # stages go only once the streamed rows are down to 32
-        assert tile["BLOCK_N"] <= 32
+                                                               and tile["BLOCK_N"] == 16)
+    if tile["num_stages"] < stages:  # stages go last
+        assert tile["BLOCK_M"] == tile["BLOCK_N"] == 16
     assert registers <= ACC_REGISTERS or tile["BLOCK_M"] == 16
     assert shared <= SHARED_BYTES or (tile["BLOCK_M"], tile["BLOCK_N"], tile["num_stages"]) == (16, 16, 1)
     if (cq, block_d, elem) == (6, 64, 2) and warps == 4:  # the H100's d = 64 tile: 192 registers, left alone
