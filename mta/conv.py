@@ -219,12 +219,10 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
     * the held 16-bit operand ``[owned, cols]`` and ``num_stages`` streamed ``[streamed, cols]`` tiles in shared
       memory: at most :data:`conv_backward.SHARED_BYTES`. Too large, the streamed rows ``config[streamed]``
       halve first, then the owned rows, then the pipeline loses stages (:func:`check_backward_fits` refuses what
-      16 x 16 x 1 cannot fit). Losing a stage before the streamed rows made 11 x 11 at d = 128 slower on an H100
-      (315 against 230 ms), and 16 x 15 at d >= 96 no longer fit.
+      16 x 16 x 1 cannot fit).
 
     The table's tiles were chosen at 6 x 11 (``cq' = 6``); a wider kernel keeps their rows with more warps
-    rather than rows too few for the tensor cores (11 x 11 at d = 64 on an H100: forward + backward 10.2 ms
-    at 64 x 32 and 64 x 32 over 8 warps, against 40.8 ms at 32 x 32 over 4 warps, ``notes/performance.md``).
+    rather than rows too few for the tensor cores (measured on an H100: ``notes/conv_backward.md``, "11 x 11").
     """
     config = dict(config)
     cols = sum(query_shift_groups(cq)) * block_d
@@ -357,11 +355,11 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
     dv = empty_contiguous(v)
-    wide = keys_as_rows_tile(cq, block_d, q.dtype)
+    keys_as_rows = keys_as_rows_tile(cq, block_d, q.dtype)
     launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_N"]), B * Hkv),
                  (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
-                  *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), {**meta, "KEYS_AS_ROWS": wide is not None},
-                 dtype=q.dtype, config=wide,
+                  *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), {**meta, "KEYS_AS_ROWS": keys_as_rows is not None},
+                 dtype=q.dtype, config=keys_as_rows,
                  fit=lambda tile: _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size()),
                  key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     del kf
