@@ -216,6 +216,8 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
     * the fp32 accumulator ``[owned, cols]`` lives in registers: at most
       :data:`conv_backward.ACC_REGISTERS` per thread. Too wide, the program first gets more warps (up to
       :data:`conv_backward.MAX_WARPS`, two warpgroups), then its owned rows ``config[owned]`` halve (down to 16);
+    * with one streamed ``[streamed, cols]`` tile beside it, at most :data:`conv_backward.TILE_REGISTERS`: else
+      the streamed rows ``config[streamed]`` halve (down to 16);
     * the held 16-bit operand ``[owned, cols]`` and ``num_stages`` streamed ``[streamed, cols]`` tiles in shared
       memory: at most :data:`conv_backward.SHARED_BYTES`. Too large, the streamed rows ``config[streamed]``
       halve first, then the owned rows, then the pipeline loses stages (:func:`check_backward_fits` refuses what
@@ -237,6 +239,12 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
             config[owned] //= 2
         else:
             break
+
+    def tile_registers():  # the accumulator and one streamed tile, 16-bit elements two to a register
+        return registers() + config[streamed] * cols * elem_bytes / (4 * 32 * config["num_warps"])
+
+    while tile_registers() > conv_backward.TILE_REGISTERS and config[streamed] > 16:
+        config[streamed] //= 2
 
     def shared():
         return (config[owned] + config[streamed] * max(config["num_stages"], 1)) * cols * elem_bytes

@@ -281,14 +281,23 @@ def test_split_backward_in_float64(N, cq, ck, causal):
 @pytest.mark.parametrize("warps,stages", [(4, 2), (8, 2), (8, 3)])
 def test_backward_tiles_shrink_to_fit(cq, block_d, elem, warps, stages):
     """The launcher fits a backward tile on chip: a wide fp32 accumulator first gets more warps (up to
-    ``MAX_WARPS``), then fewer owned rows, until it fits ``ACC_REGISTERS`` per thread; the held and streamed blocks
-    then fit ``SHARED_BYTES`` by fewer streamed rows, then owned rows, then stages; never below 16 rows."""
-    from mta.conv_backward import ACC_REGISTERS, MAX_WARPS, SHARED_BYTES
+    ``MAX_WARPS``), then fewer owned rows, until it fits ``ACC_REGISTERS`` per thread; with one streamed tile it
+    fits ``TILE_REGISTERS`` by fewer streamed rows; the held and streamed blocks then fit ``SHARED_BYTES`` by fewer
+    streamed rows, then owned rows, then stages; never below 16 rows."""
+    from mta.conv_backward import ACC_REGISTERS, MAX_WARPS, SHARED_BYTES, TILE_REGISTERS
     start = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": warps, "num_stages": stages}
     tile = mta.conv._fit_backward_tile(start, "BLOCK_M", "BLOCK_N", cq, block_d, elem)
     cols = sum(mta.conv_forward.query_shift_groups(cq)) * block_d
     registers = tile["BLOCK_M"] * cols / (32 * tile["num_warps"])
     shared = (tile["BLOCK_M"] + tile["BLOCK_N"] * tile["num_stages"]) * cols * elem
+
+    def tile_registers(streamed):
+        return registers + streamed * cols * elem / (4 * 32 * tile["num_warps"])
+
+    assert tile_registers(tile["BLOCK_N"]) <= TILE_REGISTERS or tile["BLOCK_N"] == 16
+    if tile["BLOCK_N"] < 128:  # fewer streamed rows only where twice as many would not fit
+        twice = (tile["BLOCK_M"] + 2 * tile["BLOCK_N"] * tile["num_stages"]) * cols * elem
+        assert tile_registers(2 * tile["BLOCK_N"]) > TILE_REGISTERS or twice > SHARED_BYTES
     assert tile["BLOCK_M"] >= 16 and tile["BLOCK_N"] >= 16 and 1 <= tile["num_stages"] <= stages
     assert warps <= tile["num_warps"] <= max(warps, MAX_WARPS)
     if tile["num_warps"] > warps:  # more warps only for an accumulator that does not fit
@@ -306,6 +315,20 @@ def test_backward_tiles_shrink_to_fit(cq, block_d, elem, warps, stages):
         assert (tile["BLOCK_M"], tile["num_warps"]) == (64, 8)
     if cq == 1 and block_d == 64:
         assert tile == start  # small enough: left alone
+
+
+@pytest.mark.parametrize("cq,block_d,owned,streamed,start,fitted", [
+    (6, 128, "BLOCK_N", "BLOCK_M", (32, 64, 8, 1), (32, 64, 8, 1)),   # 6 x 11 at d = 128: the table's tile
+    (11, 128, "BLOCK_N", "BLOCK_M", (32, 64, 8, 1), (16, 32, 8, 1)),  # 11 x 11: 16 queries beside 32 keys' U
+    (11, 128, "BLOCK_M", "BLOCK_N", (64, 32, 8, 2), (32, 16, 8, 2)),  # its dQ side: shared memory asks the same
+    (16, 128, "BLOCK_N", "BLOCK_M", (32, 64, 8, 1), (32, 16, 8, 1)),  # 16 x 15: 256 registers, at the bound
+    (16, 64, "BLOCK_N", "BLOCK_M", (32, 64, 4, 2), (32, 32, 8, 2)),   # 16 x 15 at d = 64
+])
+def test_backward_tiles_measured_on_an_h100(cq, block_d, owned, streamed, start, fitted):
+    """The tiles the launcher fits from the Hopper table at the kernel sizes measured on an H100
+    (``notes/conv_backward.md``): each was the fastest of those tried there."""
+    tile = mta.conv._fit_backward_tile(mta.tuning.as_config(start), owned, streamed, cq, block_d, 2)
+    assert tuple(tile.values()) == fitted
 
 
 @pytest.mark.parametrize("cq,block_d,dtype,wide", [
