@@ -430,14 +430,16 @@ def conv_dq_fold_kernel(GQ, G, K, DQ, stride_kb, stride_kh, stride_kn, stride_kd
 def conv_dk_fold_kernel(U, G, Q, K, W, DK, DWP, stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_kb, stride_kh, stride_kn, stride_kd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                         n, num_kv_heads, group_size, scale, NEAR: tl.constexpr, CQ: tl.constexpr,
-                        CK: tl.constexpr, EP: tl.constexpr, EP_PAD: tl.constexpr, D: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+                        CK: tl.constexpr, CK_PAD: tl.constexpr, EP: tl.constexpr, EP_PAD: tl.constexpr,
+                        D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
     """``dk[c] = scale * sum_{h in group} (sum_{a, b} W[h, a, b] U_{h,a}[c + pk - b] + sum_{e <= EP} G_h[c + e, e] q_h[c + e])``
     (the second sum when ``NEAR``), in dk's dtype, and the kernel's gradient from the far part, over ``scale``:
     ``DWP[tile, b, h, a, b] = sum_{c in tile} <U_{h,a}[c + pk - b], k[c]>`` (the same shifted tiles of ``U``).
 
     ``U``: contiguous ``[B, Hq, CQ, n, D]``; ``G``: ``[B, Hq, n, EP_PAD]``; ``W``: ``[Hq, CQ, CK]`` fp32.
     Grid: ``(cdiv(n, BLOCK_R), B * Hkv)``. Memory-bound, like :func:`mta.conv_forward.fold_keys_kernel`.
+    The ``DWP`` partials of kernel row ``a`` sit per row in a ``[BLOCK_R, CK_PAD]`` tile, one column per kernel
+    column, and are summed over the rows once per ``a``: a sum across warps per ``(a, b)`` is a barrier each.
     """
     PK: tl.constexpr = (CK - 1) // 2
     tile = tl.program_id(0)
@@ -452,18 +454,21 @@ def conv_dk_fold_kernel(U, G, Q, K, W, DK, DWP, stride_qb, stride_qh, stride_qm,
     k = tl.load(K + b * stride_kb + kv_h * stride_kh + offs_c[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                 mask=c_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     dk = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    cols = tl.arange(0, CK_PAD)
     for g in range(0, group_size):
         h = kv_h * group_size + g
         bh = b * num_heads + h
         dwp_base = DWP + (tile * tl.num_programs(1) * group_size + bh) * CQ * CK
         for a in range(CQ):
             u_base = U + (bh * CQ + a) * n * D
+            dw_rows = tl.zeros([BLOCK_R, CK_PAD], dtype=tl.float32)  # column t: <U_a[c + pk - t], k[c]> per row c
             for t in tl.static_range(CK):
                 rows = offs_c + PK - t
                 u = tl.load(u_base + rows[:, None] * D + offs_d[None, :],
                             mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
                 dk += tl.load(W + (h * CQ + a) * CK + t) * u
-                tl.store(dwp_base + a * CK + t, tl.sum(tl.sum(u * k, 1), 0))
+                dw_rows += tl.where(cols[None, :] == t, tl.sum(u * k, 1)[:, None], 0.0)
+            tl.store(dwp_base + a * CK + cols, tl.sum(dw_rows, 0), mask=cols < CK)
         if NEAR:
             q_base = Q + b * stride_qb + h * stride_qh
             g_base = G + bh * n * EP_PAD
