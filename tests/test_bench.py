@@ -130,6 +130,82 @@ def test_the_spin_lasts_twice_the_launch_time_and_at_least_the_minimum(monkeypat
     assert timing.timing_config(3, 4)["launch_lead"] == "max(2e6 cycles, 2 x measured launch time)"
 
 
+class FakeCuda:
+    """What the timer asks of torch.cuda, recorded in order: events (elapsed time: 1 ms per event created between
+    start and end), the spin, synchronizes, the L2 flush buffer's writes and the memory counters."""
+
+    def __init__(self, monkeypatch, timing):
+        self.log, self.events = [], 0
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                fake.events += 1
+                self.id = fake.events
+
+            def record(self):
+                fake.log.append(("record", self.id))
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return float(end.id - self.id)
+
+        class Flush:
+            def zero_(self):
+                fake.log.append(("flush",))
+
+        cuda = {"is_available": lambda: True, "current_device": lambda: 0, "Event": Event,
+                "_sleep": lambda cycles: self.log.append(("spin", cycles)),
+                "synchronize": lambda device=None: self.log.append(("sync",)),
+                "memory_allocated": lambda device=None: 100, "max_memory_allocated": lambda device=None: 175,
+                "reset_peak_memory_stats": lambda device=None: self.log.append(("reset_peak",))}
+        for name, value in cuda.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+        monkeypatch.setattr(timing, "_flush_buffers", {torch.device("cuda", 0): Flush()})
+        monkeypatch.setattr(timing, "launch_lead_cycles", lambda fn, device, before_each=None: 12345)
+
+
+def test_each_timed_call_follows_a_flush_and_a_spin_between_its_events(monkeypatch):
+    """``before_each``, the L2 flush and the spin run before the start event, the call between the events; the
+    result is the median of the events' times. Peak memory: the counters reset, then the call, then the peak."""
+    from mta.bench import timing
+    gpu = FakeCuda(monkeypatch, timing)
+    ms = timing.time_ms(lambda: gpu.log.append(("call",)), warmup=2, rep=3,
+                        before_each=lambda: gpu.log.append(("reset",)))
+    assert ms == 3.0  # each start event is 3 creations before its end event: the starts are made first
+    timed = [("reset",), ("flush",), ("spin", 12345), ("record", 1), ("call",), ("record", 4)]
+    assert gpu.log == [("reset",), ("call",)] * 2 + [("sync",)] + timed + [
+        ("reset",), ("flush",), ("spin", 12345), ("record", 2), ("call",), ("record", 5),
+        ("reset",), ("flush",), ("spin", 12345), ("record", 3), ("call",), ("record", 6), ("sync",)]
+    gpu.log.clear()
+    assert timing.peak_extra_memory_bytes(lambda: gpu.log.append(("call",))) == 75
+    assert gpu.log == [("sync",), ("reset_peak",), ("call",), ("sync",)]
+    with pytest.raises(ValueError, match="rep >= 1"):
+        timing.time_ms(lambda: None, rep=0)
+
+
+def test_the_command_line_times_on_the_current_gpu(monkeypatch):
+    """With a GPU, the run gets the CUDA event timer with the given warmup and rep, the memory probe, the current
+    device, and the output path; the benchmark's own options reach its constructor."""
+    from mta.bench import __main__ as cli
+    from mta.bench import timing
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    runs = []
+    monkeypatch.setattr(cli, "run_benchmark", lambda bench, tools, **kw: runs.append((bench, tools, kw)) or 1)
+    assert cli.main(["conv", "--quick", "--no-compile", "--warmup", "3", "--rep", "4", "--out", "x.json"]) == 1
+    bench, tools, kw = runs[0]
+    assert not bench.compile_reference and tools.device == torch.device("cuda", 0)
+    assert tools.timer.func is timing.time_ms and tools.timer.keywords == {"warmup": 3, "rep": 4}
+    assert tools.memory is timing.peak_extra_memory_bytes
+    assert kw == {"out": ROOT / "x.json", "quick": True, "warmup": 3, "rep": 4, "resume": False}
+    assert cli.main(["startup", "--resume"]) == 1  # not timed: the defaults
+    assert runs[1][2] == {"out": ROOT / "figures" / "bench_startup.json", "quick": False, "warmup": 10, "rep": 30,
+                          "resume": True}
+
+
 # --- the measuring loop, on the CPU with a fake timer -----------------------------------------
 
 FWD_MS, FWD_BWD_MS = 2.0, 5.0
@@ -375,7 +451,7 @@ def test_cli_without_cuda_exits_2_with_a_clear_message(tmp_path):
     assert not out.exists() and not out.with_suffix(".png").exists()
 
 
-@pytest.mark.parametrize("name", ["flash", "conv", "order", "startup"])
+@pytest.mark.parametrize("name", ["flash", "conv", "order", "startup", "decode"])
 def test_every_benchmark_exits_2_without_cuda(name, tmp_path, monkeypatch, capsys):
     from mta.bench.__main__ import main
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

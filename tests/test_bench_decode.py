@@ -11,6 +11,7 @@ import torch
 from conftest import DEVICE
 from mta.bench import decode as db
 from mta.bench import harness
+from mta.bench.plots import DECODE_STYLES
 from mta.reference import conv_attention_reference
 
 GIB = 2 ** 30
@@ -59,8 +60,9 @@ def test_checks_pass_and_catch_a_wrong_decoder():
 def test_reference_runs_only_where_it_fits():
     small, big = db.DecodeShape("bfloat16", 1, 8, 8, 64, 8192), db.DecodeShape("bfloat16", 1, 8, 8, 64, 16384)
     bench = db.DecodeBenchmark(free_bytes=lambda: 79 * GIB)
-    assert bench.skip("conv_reference", small, None) is None and bench.skip("mta_decode", big, None) is None
-    assert "not run" in bench.skip("conv_reference", big, None) and "GiB" in bench.skip("conv_reference", big, None)
+    assert bench.skip("conv_reference", small, None) == {} and bench.skip("mta_decode", big, None) == {}
+    (reason,) = bench.skip("conv_reference", big, None).values()
+    assert reason.startswith("not run: the reference needs") and "GiB" in reason
 
 
 class Tiny(db.DecodeBenchmark):
@@ -109,6 +111,6 @@ def test_plot_has_time_and_bandwidth_per_configuration(tiny_run):
     try:
         assert len(fig.axes) == 4 and all(ax.get_yscale() == "log" for ax in fig.axes)
         labels = {line.get_label() for ax in fig.axes for line in ax.get_lines()}
-        assert {db.STYLES[name]["label"] for name in db.IMPLS} <= labels
+        assert {DECODE_STYLES[name]["label"] for name in db.IMPLS} <= labels
     finally:
         plt.close(fig)

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import sys
 from pathlib import Path
 
-from .harness import REPO_ROOT
+import torch
+from tqdm.auto import tqdm
 
+from .conv import ConvBenchmark
+from .decode import DecodeBenchmark
+from .flash import FlashBenchmark
+from .harness import REPO_ROOT, Tools, run_benchmark
+from .launch_order import LaunchOrderBenchmark
+from .startup import StartupBenchmark
+from .timing import peak_extra_memory_bytes, time_ms
+
+BENCHMARKS = (FlashBenchmark, ConvBenchmark, LaunchOrderBenchmark, StartupBenchmark, DecodeBenchmark)
 #: Exit status when no CUDA device is present: the benchmarks only produce real GPU numbers.
 EXIT_NO_CUDA = 2
-
-
-def benchmarks() -> list:
-    from .conv import ConvBenchmark
-    from .decode import DecodeBenchmark
-    from .flash import FlashBenchmark
-    from .launch_order import LaunchOrderBenchmark
-    from .startup import StartupBenchmark
-    return [FlashBenchmark, ConvBenchmark, LaunchOrderBenchmark, StartupBenchmark, DecodeBenchmark]
 
 
 def repo_path(path: str) -> Path:
@@ -32,10 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     and the benchmark's own options."""
     parser = argparse.ArgumentParser(prog="python -m mta.bench", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    for bench in benchmarks():
+    for bench in BENCHMARKS:
         p = subparsers.add_parser(
             bench.name, help=bench.help,
-            description=f"{bench.description} Writes JSON and a PNG next to it. Exit status: 0 ok, "
+            description=f"{inspect.cleandoc(bench.__doc__)} Writes JSON and a PNG next to it. Exit status: 0 ok, "
                         f"1 {bench.exit_1}, {EXIT_NO_CUDA} no CUDA device.")
         p.add_argument("--quick", action="store_true", help=f"reduced set for development: {bench.quick_help}")
         p.add_argument("--out", default=bench.out,
@@ -53,17 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Runs the benchmark on the current CUDA GPU, timed by :mod:`mta.bench.timing`."""
     args = build_parser().parse_args(argv)
-    import torch
     if not torch.cuda.is_available():
         print(f"python -m mta.bench {args.benchmark}: no CUDA device (torch.cuda.is_available() is False). "
               "The benchmarks time GPU kernels and only run on a CUDA GPU (H100/H200); "
               "to plot committed results on this machine, use mta.bench.plots.", file=sys.stderr)
         return EXIT_NO_CUDA
-    from .harness import run
     bench = args.bench(**{kw["dest"]: getattr(args, kw["dest"]) for kw in args.bench.options.values()})
-    return run(bench, out=repo_path(args.out), quick=args.quick, resume=args.resume,
-               warmup=getattr(args, "warmup", 10), rep=getattr(args, "rep", 30))
+    warmup, rep = getattr(args, "warmup", 10), getattr(args, "rep", 30)
+    tools = Tools(timer=functools.partial(time_ms, warmup=warmup, rep=rep), memory=peak_extra_memory_bytes,
+                  device=torch.device("cuda", torch.cuda.current_device()), warn=tqdm.write)
+    return run_benchmark(bench, tools, out=repo_path(args.out), quick=args.quick, warmup=warmup, rep=rep,
+                         resume=args.resume)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,5 @@
-"""Benchmark of ``mta.conv_attention`` (the fused MTA forward and backward) against what it replaces.
-
-Two passes per shape on the same fresh inputs: the forward (no input requires grad) and the forward+backward (the
-inputs leaves requiring grad, cleared before each call, untimed). ``mta_conv`` is first checked (output and
-gradients) against :func:`mta.conv_attention_reference`, which, like its ``torch.compile``, runs each pass only where
-it fits in memory (:func:`reference_fits`). A skip, an OOM or a refusing backend is recorded and the run goes on.
-"""
+"""Benchmark of ``mta.conv_attention`` (the fused MTA forward and backward) against what it replaces:
+:class:`ConvBenchmark`; the ratios and tables that chapter 04 prints from its results."""
 
 from __future__ import annotations
 
@@ -16,10 +11,10 @@ import torch
 from mta import conv_attention
 from mta.reference import conv_attention_reference
 
-from . import flash, harness
-from .harness import (Benchmark, Pass, cuda_free_bytes, describe_error, is_oom, ratio, ratio_of, recorded_call,
-                      rel_err, release_memory, shape_rows)
-from .plots import plot_conv
+from . import flash
+from .harness import (Benchmark, Pass, cuda_free_bytes, describe_error, is_oom, measured, ratio, ratio_of,
+                      recorded_call, rel_err, release_memory, render_tables, shape_rows)
+from .plots import MIB, plot_conv
 from .timing import timing_config
 
 DTYPE = "bfloat16"
@@ -88,8 +83,7 @@ def reference_bytes_estimate(batch: int, heads: int, seq_len: int, matrices: int
     return matrices * batch * heads * seq_len * seq_len * 4
 
 
-def reference_fit(shape: ConvShape, free_bytes: int, matrices: int = REFERENCE_LIVE_MATRICES,
-                  what: str = "the reference") -> dict:
+def reference_fit(shape, free_bytes: int, matrices: int = REFERENCE_LIVE_MATRICES, what: str = "the reference") -> dict:
     """Whether ``matrices`` fp32 ``[B, H, N, N]`` take at most :data:`REFERENCE_MAX_FREE_FRACTION` of
     ``free_bytes`` (else ``reason``), and ``heads_that_fit``."""
     estimate = reference_bytes_estimate(shape.batch, shape.heads, shape.seq_len, matrices)
@@ -270,18 +264,21 @@ def format_check(check: dict) -> str:
 # --- the benchmark ---------------------------------------------------------------------------
 
 class ConvBenchmark(Benchmark):
+    """Forward and forward+backward time and peak extra memory of mta.conv_attention (MTA), the materialized
+    conv_attention_reference, torch.compile of it, mta.flash_attention and SDPA's flash and cuDNN backends, causal
+    bf16, after checking mta.conv_attention's output and gradients against the reference. Both passes run on the
+    same fresh inputs: the forward with no input requiring grad, the forward+backward on leaves requiring grad,
+    cleared before each call, untimed. The references run each pass only where it fits in memory; a skip, an OOM
+    or a refusing backend is recorded and the run goes on. Prints a table per pass and the headline ratios at
+    N=8192, kernel 6x11."""
+
     name, out = "conv", "figures/bench_conv.json"
     help = ("mta.conv_attention forward and forward+backward vs the materialized reference, torch.compile of it, "
             "mta.flash_attention, SDPA flash and cuDNN")
-    description = ("Forward and forward+backward time and peak extra memory of mta.conv_attention (MTA), the "
-                   "materialized conv_attention_reference (each pass where it fits in memory), torch.compile of it, "
-                   "mta.flash_attention and SDPA's flash and cuDNN backends, causal bf16, after checking "
-                   "mta.conv_attention's output and gradients against the reference. Prints a table per pass and "
-                   "the headline ratios at N=8192, kernel 6x11.")
     quick_help = "kernel 6x11, N in {2048, 8192}"
     options = {"--no-compile": dict(dest="compile_reference", action="store_false",
                                     help="leave out torch.compile of the reference (it recompiles for every shape)")}
-    Shape, tested, passes = ConvShape, TESTED_IMPL, PASSES
+    Shape, checked, passes = ConvShape, (TESTED_IMPL,), PASSES
     shapes, plot = staticmethod(conv_shapes), staticmethod(plot_conv)
     format_check = staticmethod(format_check)
 
@@ -305,21 +302,15 @@ class ConvBenchmark(Benchmark):
         return check_gradients(fn, q, k, v, weight, dout, shape, fits["grad"], check)
 
     def calls(self, fn, shape, inputs):
-        q, k, v, weight, dout, _ = inputs
-        leaves = [t.detach().requires_grad_() for t in (q, k, v, weight)]  # the inputs' memory, requiring grad
-
-        def clear_grads():
-            for t in leaves:
-                t.grad = None
-        return {"fwd": (lambda: fn(q, k, v, weight, causal=shape.causal), None),
-                "fwd_bwd": (lambda: fn(*leaves, causal=shape.causal).backward(dout), clear_grads)}
+        leaves = [t.detach().requires_grad_() for t in inputs[:4]]  # the inputs' memory, requiring grad
+        return flash.forward_and_backward(fn, inputs[:4], leaves, inputs[4], shape.causal)
 
     def skip(self, impl, shape, inputs):
         """The references' passes that do not fit, each with its reason."""
-        if impl not in REFERENCE_IMPLS:
-            return None
         fits = inputs[-1]
-        return {p.name: fits[p.name]["reason"] for p in PASSES if not fits[p.name]["fits"]} or None
+        if impl not in REFERENCE_IMPLS:
+            return {}
+        return {p.name: fits[p.name]["reason"] for p in PASSES if not fits[p.name]["fits"]}
 
     def summarize(self, results):
         return {"shapes": shape_ratios(results)}
@@ -383,9 +374,11 @@ PASS_RATIOS = {
 #: name -> (numerator impl, denominator impl, measured key), for both passes.
 RATIOS = {name.format(PASS_NAMES[p.name][1]): (a, b, p.time_key if m == "time" else p.memory_key)
           for p in PASSES for name, (a, b, m, _) in PASS_RATIOS.items()}
-#: The ratios :func:`headline_ratios` reports, of both passes.
+#: The ratios the headline reports, of both passes.
 HEADLINE = [name.format(suffix) for _, suffix in PASS_NAMES.values()
             for name in ("conv_over_flash{}_time", "reference_over_conv{}_time", "conv_over_reference{}_memory")]
+#: Where the headline is taken: N and the kernel (cq, ck).
+HEADLINE_AT = (8192, (6, 11))
 
 
 def _check_ok(records: dict[str, dict]) -> Optional[bool]:
@@ -401,19 +394,19 @@ def _at(data_or_results: Union[dict, list], seq_len: int, kernel: tuple[int, int
 
 def shape_ratios(results: list[dict]) -> list[dict]:
     """Per shape: its fields, every ratio of :data:`RATIOS` (None where a side is missing), and check_ok."""
-    return [{**dict(zip(SHAPE_KEYS, key)), **{name: ratio(records, a, b, m) for name, (a, b, m) in RATIOS.items()},
-             "check_ok": _check_ok(records)} for key, records in harness.by_shape(results, SHAPE_KEYS).items()]
+    return [{**{k: row[k] for k in SHAPE_KEYS}, **{name: ratio(row["records"], a, b, m) for name, (a, b, m) in
+             RATIOS.items()}, "check_ok": _check_ok(row["records"])} for row in shape_rows(results, SHAPE_KEYS)]
 
 
-def headline_ratios(data_or_results: Union[dict, list], seq_len: int = 8192,
-                    kernel: tuple[int, int] = (6, 11)) -> list[dict]:
+def headline_ratios(data_or_results: Union[dict, list], seq_len: int = HEADLINE_AT[0],
+                    kernel: tuple[int, int] = HEADLINE_AT[1]) -> list[dict]:
     """Per configuration at ``seq_len`` and ``kernel``: the :data:`HEADLINE` ratios, each with the two numbers it
     is made of (``"<impl>_<key>"``, e.g. ``mta_conv_fwd_ms``), None where a side is missing; ``check_ok``: whether
     mta_conv passed there."""
     entries = []
-    for key, records in harness.by_shape(_at(data_or_results, seq_len, kernel), SHAPE_KEYS).items():
-        shape = dict(zip(SHAPE_KEYS, key))
-        entry = {**{k: shape[k] for k in (*CONFIG_KEYS, "cq", "ck", "seq_len")}, "check_ok": _check_ok(records)}
+    for row in shape_rows(_at(data_or_results, seq_len, kernel), SHAPE_KEYS):
+        records = row["records"]
+        entry = {**{k: row[k] for k in (*CONFIG_KEYS, "cq", "ck", "seq_len")}, "check_ok": _check_ok(records)}
         for name in HEADLINE:
             a, b, m = RATIOS[name]
             entry.update({name: ratio(records, a, b, m), f"{a}_{m}": records.get(a, {}).get(m),
@@ -424,33 +417,30 @@ def headline_ratios(data_or_results: Union[dict, list], seq_len: int = 8192,
 
 SHORT_NAMES = {"mta_conv": "conv", "mta_flash": "flash", "sdpa_flash": "sdpa.fa", "sdpa_cudnn": "sdpa.cu",
                "conv_reference": "ref", "conv_reference_compiled": "ref.c"}
-MIB = 2.0 ** -20
 SHAPE_COLUMNS = [("B", "{}", "batch"), ("H", "{}", "heads"), ("Hkv", "{}", "kv_heads"), ("D", "{}", "head_dim"),
                  ("kernel", "{}", lambda row: f"{row['cq']}x{row['ck']}"), ("N", "{}", "seq_len")]
-
-
-def _max_grad_err(check: dict) -> Optional[float]:
-    errors = list((check.get("grad_rel_err") or {}).values())
-    return None if not errors or None in errors else max(errors)
-
-
-#: The check's column in each pass's table: (header, the error shown).
-CHECK_COLUMNS = {"fwd": ("rel err", lambda c: c.get("rel_err")), "fwd_bwd": ("grad err", _max_grad_err)}
 
 
 def _pass_columns(p: Pass, names: list[str], headline: bool = False) -> list:
     """Times (ms) and peak extra memory (MiB) of ``names`` in pass ``p`` (or why one is missing), the ratios the
     tables show (of :data:`HEADLINE` only for the headline) and, but in the headline, the check's error."""
     suffix = PASS_NAMES[p.name][1]
-    columns = [(f"{SHORT_NAMES.get(n, n)} ms", "{:.3f}", harness.measured(n, p.time_key, why=True)) for n in names]
-    columns += [(f"{SHORT_NAMES.get(n, n)} MiB", "{:.1f}", harness.measured(n, p.memory_key, MIB, why=True))
-                for n in names]
+    columns = [(f"{SHORT_NAMES.get(n, n)} ms", "{:.3f}", measured(n, p.time_key, why=True)) for n in names]
+    columns += [(f"{SHORT_NAMES.get(n, n)} MiB", "{:.1f}", measured(n, p.memory_key, MIB, why=True)) for n in names]
     columns += [(*column, ratio_of(*RATIOS[name.format(suffix)])) for name, (*_, column) in PASS_RATIOS.items()
                 if column and (not headline or name.format(suffix) in HEADLINE)]
     if not headline:
-        header, error_of = CHECK_COLUMNS[p.name]
-        columns.append((header, "{:.1e}", lambda row: error_of(row["records"].get(TESTED_IMPL, {}).get("check") or {})))
+        columns.append(("rel err" if p.name == "fwd" else "grad err", "{:.1e}", lambda row: _check_error(row, p)))
     return columns
+
+
+def _check_error(row: dict, p: Pass) -> Optional[float]:
+    """mta_conv's error at the row's shape: of the output (forward), else the largest of the gradients'."""
+    check = row["records"].get(TESTED_IMPL, {}).get("check") or {}
+    if p.name == "fwd":
+        return check.get("rel_err")
+    errors = list((check.get("grad_rel_err") or {}).values())
+    return None if not errors or None in errors else max(errors)
 
 
 def pass_tables(results: list[dict]) -> list[tuple]:
@@ -466,19 +456,20 @@ def pass_tables(results: list[dict]) -> list[tuple]:
              SHAPE_COLUMNS + _pass_columns(PASSES[1], names), rows)]
 
 
-def headline_tables(data_or_results: Union[dict, list], seq_len: int = 8192, kernel: tuple[int, int] = (6, 11)):
-    """The headline ratios of each pass at ``seq_len`` and ``kernel``, with the numbers they are made of."""
-    return [(f"{PASS_NAMES[p.name][0]} at N={seq_len}, kernel {kernel[0]}x{kernel[1]}",
-             SHAPE_COLUMNS[:4] + _pass_columns(p, ["mta_conv", "mta_flash", "conv_reference"], headline=True),
-             shape_rows(_at(data_or_results, seq_len, kernel), SHAPE_KEYS)) for p in PASSES]
+def headline_tables(data_or_results: Union[dict, list]) -> list[tuple]:
+    """The headline ratios of each pass at :data:`HEADLINE_AT`, with the numbers they are made of."""
+    seq_len, (cq, ck) = HEADLINE_AT
+    rows = shape_rows(_at(data_or_results, *HEADLINE_AT), SHAPE_KEYS)
+    return [(f"{PASS_NAMES[p.name][0]} at N={seq_len}, kernel {cq}x{ck}",
+             SHAPE_COLUMNS[:4] + _pass_columns(p, ["mta_conv", "mta_flash", "conv_reference"], headline=True), rows)
+            for p in PASSES]
 
 
 def format_table(results: list[dict]) -> str:
     """:func:`pass_tables` as text."""
-    return harness.render_tables(pass_tables(results), [TESTED_IMPL])
+    return render_tables(pass_tables(results), [TESTED_IMPL])
 
 
-def format_headline(data_or_results: Union[dict, list], seq_len: int = 8192,
-                    kernel: tuple[int, int] = (6, 11)) -> str:
+def format_headline(data_or_results: Union[dict, list]) -> str:
     """:func:`headline_tables` as text."""
-    return harness.render_tables(headline_tables(data_or_results, seq_len, kernel), [TESTED_IMPL])
+    return render_tables(headline_tables(data_or_results), [TESTED_IMPL])

@@ -1,9 +1,4 @@
-"""Benchmark of a decode step: one new query per sequence against a KV cache of N tokens (bf16, all valid).
-
-Microseconds and TB/s (bytes of K and V, for MTA also its ``cq - 1 + n`` query rows, over the time) of the
-implementations in :data:`STYLES`; ``sdpa`` runs unmasked (its causal mask is top-left aligned). First ``mta_decode``
-is checked against SDPA and ``mta_conv_decode`` against :func:`last_rows_reference`, in fp32, a sequence at a time.
-"""
+"""Benchmark of a decode step, one new query per sequence against a KV cache of N tokens: :class:`DecodeBenchmark`."""
 
 from __future__ import annotations
 
@@ -17,7 +12,8 @@ from mta import conv_attention_reference, conv_decode_attention, decode_attentio
 
 from . import conv
 from .flash import tflops
-from .harness import Benchmark, Pass, cuda_free_bytes, describe_error, measured, rel_err, shape_rows
+from .harness import Benchmark, Pass, cuda_free_bytes, describe_error, measured, median_ratios, rel_err, shape_rows
+from .plots import plot_decode  # chapter 06 plots the committed results through this module
 from .timing import timing_config
 
 DTYPE = "bfloat16"
@@ -41,16 +37,6 @@ SUMMARY_RATIOS = {"decode_of_read_tbps": ("mta_decode", "read", "tbps"),
                   "conv_decode_of_read_tbps": ("mta_conv_decode", "read", "tbps"),
                   "sdpa_over_decode_time": ("sdpa", "mta_decode", "ms")}
 SUMMARY_MIN_SEQ_LEN = 16384
-
-#: How the implementations are drawn.
-STYLES = {
-    "mta_decode": {"label": "mta.decode_attention", "color": "C3", "marker": "o"},
-    "mta_conv_decode": {"label": "mta.conv_decode_attention (6x11)", "color": "C1", "marker": "D"},
-    "sdpa": {"label": "SDPA (default backend)", "color": "C0", "marker": "s"},
-    "mta_flash": {"label": "mta.flash_attention", "color": "C2", "marker": "^", "linestyle": ":"},
-    "conv_reference": {"label": "MTA reference (materialized)", "color": "C4", "marker": "v"},
-    "read": {"label": "read K and V (ceiling)", "color": "k", "marker": "", "linestyle": "--"},
-}
 
 
 @dataclass(frozen=True)
@@ -146,17 +132,18 @@ def check(impl: str, fn: Callable, x: dict) -> dict:
 
 
 class DecodeBenchmark(Benchmark):
+    """Time and TB/s (bytes of K and V, for MTA also its cq - 1 + n query rows, over the time) of one decode step
+    (one new query, bf16, every position of KV caches of 1k to 128k tokens valid) for mta.decode_attention,
+    mta.conv_decode_attention (6x11), SDPA (unmasked: its causal mask is top-left aligned), mta.flash_attention, the
+    materialized MTA reference where it fits, and a plain read of K and V, after checking both mta decoders against
+    fp32 references, a sequence at a time."""
+
     name, out = "decode", "figures/bench_decode.json"
     help = "a decode step: mta.decode_attention and mta.conv_decode_attention vs SDPA, flash, a plain read"
-    description = ("Time and TB/s of one decode step (one new query, bf16, KV caches of 1k to 128k tokens) for "
-                   "mta.decode_attention, mta.conv_decode_attention (6x11), SDPA, mta.flash_attention, the "
-                   "materialized MTA reference where it fits, and a plain read of K and V, after checking both "
-                   "mta decoders against fp32 references.")
     quick_help = "N in {4k, 64k}"
-    Shape, tested, checked, passes = DecodeShape, TESTED_IMPL, CHECKED, (Pass("fwd", "ms"),)
-    summary_keys, summary_ratios, summary_min_seq_len = KEYS[:-1], SUMMARY_RATIOS, SUMMARY_MIN_SEQ_LEN
+    Shape, checked, passes = DecodeShape, CHECKED, (Pass("fwd", "ms"),)
     shapes, default_impls = staticmethod(decode_shapes), staticmethod(default_impls)
-    inputs = staticmethod(random_inputs)
+    inputs, plot = staticmethod(random_inputs), staticmethod(plot_decode)
 
     def __init__(self, impls: Optional[dict] = None, free_bytes: Callable[[], int] = cuda_free_bytes):
         super().__init__(impls)
@@ -170,7 +157,10 @@ class DecodeBenchmark(Benchmark):
 
     def skip(self, impl, shape, x):
         """The reference where it does not fit in the memory left beside the inputs (:func:`conv.reference_fit`)."""
-        return conv.reference_fit(shape, self._free_bytes())["reason"] if impl == "conv_reference" else None
+        if impl != "conv_reference":
+            return {}
+        reason = conv.reference_fit(shape, self._free_bytes())["reason"]
+        return {"fwd": reason} if reason else {}
 
     def finish(self, r):
         r["bytes"] = bytes_read(self.shape_of(r), r["impl"])
@@ -180,6 +170,9 @@ class DecodeBenchmark(Benchmark):
     @staticmethod
     def format_check(c):
         return c.get("error") or f"rel err {c['rel_err']:.1e} (tol {c['tolerance']:.0e})"
+
+    def summarize(self, results):
+        return {"summary": median_ratios(results, KEYS[:-1], SUMMARY_RATIOS, SUMMARY_MIN_SEQ_LEN)}
 
     def config(self, quick, warmup, rep):
         return {"benchmark": "decode", "quick": quick, "dtype": DTYPE, "new_queries": NEW_QUERIES,
@@ -200,19 +193,3 @@ class DecodeBenchmark(Benchmark):
                  shape_rows(data["results"], KEYS)),
                 (f"medians over N >= {SUMMARY_MIN_SEQ_LEN}: TB/s as a fraction of the plain read's; SDPA time / mta "
                  "time (> 1: mta is faster)", config + [(k, "{:.2f}", k) for k in SUMMARY_RATIOS], data["summary"])]
-
-    def plot(self, data):
-        return plot_decode(data)
-
-
-def plot_decode(source):
-    """Time (us) and TB/s against cache length, log-log: a column per (batch, configuration), a line per
-    implementation, the plain read dashed; mta_decode's failed checks crossed out."""
-    from .plots import impl_grid, load_results, titled
-
-    data = load_results(source)
-    rows = [("us", "time", "time per step (us)", 1.0), ("tbps", "bandwidth", "TB/s (K, V bytes / time)", 1.0)]
-    fig = impl_grid(data["results"], KEYS[:-1], lambda b, h, hkv, d: f"B={b} Hq={h} Hkv={hkv} D={d}", rows,
-                    TESTED_IMPL, "mta.decode_attention check failed", log=True, restyle=STYLES)
-    return titled(fig, f"Decode step, {data['config']['dtype']}, one new query; missing points: reference skipped",
-                  data, bottom=0.08)

@@ -1,10 +1,4 @@
-"""Benchmark of ``mta.flash_attention`` against PyTorch SDPA's flash and cuDNN backends.
-
-Per shape, the forward and forward+backward times of each implementation on the same fresh random inputs (the
-backward's is their difference, so the forward runs on inputs requiring grad, as in training), after checking
-``mta.flash_attention``'s output and gradients against SDPA. As in the FlashAttention-2 paper, the work per token
-is fixed: 16384 tokens (batch ``16384 // N``), model width 2048 (``2048 // d`` heads).
-"""
+"""Benchmark of ``mta.flash_attention`` against PyTorch SDPA's flash and cuDNN backends: :class:`FlashBenchmark`."""
 
 from __future__ import annotations
 
@@ -17,7 +11,9 @@ import torch.nn.functional as F
 
 from mta import flash_attention
 
-from .harness import Benchmark, Pass, describe_error, measured, ratio_of, recorded_call, rel_err, shape_rows
+from .harness import (Benchmark, Pass, describe_error, measured, median_ratios, ratio_of, recorded_call, rel_err,
+                      shape_rows)
+from .plots import plot_flash
 from .timing import timing_config
 
 TOTAL_TOKENS = 16384
@@ -136,25 +132,29 @@ def check_against_reference(fn: Attention, q, k, v, dout, causal: bool, dtype: s
     return check
 
 
-def format_check(check: dict) -> str:
-    if check["error"]:
-        return check["error"]
-    grads = ", ".join(f"{k}={v:.1e}" for k, v in (check["grad_rel_err"] or {}).items())
-    return (f"out rel err {check['out_rel_err']:.1e} (tol {check['tolerance']['out']:.0e}); "
-            f"grad rel err {grads} (tol {check['tolerance']['grad']:.0e}) vs {check['reference']}")
+def forward_and_backward(fn: Callable, args: tuple, leaves: tuple, dout, causal: bool) -> dict:
+    """The calls of the two passes: ``fn(*args)``, and ``fn(*leaves).backward(dout)`` with the leaves' gradients
+    cleared before each call (untimed)."""
+    def clear_grads():
+        for t in leaves:
+            t.grad = None
+    return {"fwd": (lambda: fn(*args, causal=causal), None),
+            "fwd_bwd": (lambda: fn(*leaves, causal=causal).backward(dout), clear_grads)}
 
 
 class FlashBenchmark(Benchmark):
+    """Forward and backward TFLOPS of mta.flash_attention, SDPA's flash backend and SDPA's cuDNN backend, after
+    checking mta's output and gradients against SDPA. Per shape, every implementation runs the forward and the
+    forward+backward on the same fresh inputs (the backward's time is their difference, so the forward runs on
+    inputs requiring grad, as in training). As in the FlashAttention-2 paper, the work per token is fixed: 16384
+    tokens (batch 16384 // N), model width 2048 (2048 // d heads)."""
+
     name, out = "flash", "figures/bench_flash.json"
     help = "mta.flash_attention vs SDPA flash and cuDNN backends"
-    description = ("Forward and backward TFLOPS of mta.flash_attention, SDPA's flash backend and SDPA's cuDNN "
-                   "backend, after checking mta against SDPA.")
     quick_help = "bf16, N in {2048, 8192}"
-    Shape, tested = FlashShape, TESTED_IMPL
-    summary_keys, summary_ratios, summary_min_seq_len = GROUP_KEYS, RATIOS, SUMMARY_MIN_SEQ_LEN
+    Shape, checked = FlashShape, (TESTED_IMPL,)
     passes = (Pass("fwd", "fwd_ms"), Pass("fwd_bwd", "fwd_bwd_ms", error_key="bwd_error"))
     shapes, default_impls = staticmethod(flash_shapes), staticmethod(default_impls)
-    format_check = staticmethod(format_check)
 
     def inputs(self, shape, device):
         """Fresh standard-normal ``q, k, v`` (requiring grad) and ``dout``."""
@@ -167,12 +167,7 @@ class FlashBenchmark(Benchmark):
         return check_against_reference(fn, *inputs, shape.causal, shape.dtype)
 
     def calls(self, fn, shape, inputs):
-        q, k, v, dout = inputs
-
-        def clear_grads():
-            q.grad = k.grad = v.grad = None
-        return {"fwd": (lambda: fn(q, k, v, causal=shape.causal), None),
-                "fwd_bwd": (lambda: fn(q, k, v, causal=shape.causal).backward(dout), clear_grads)}
+        return forward_and_backward(fn, inputs[:3], inputs[:3], inputs[3], shape.causal)
 
     def finish(self, r):
         size = (r["batch"], r["heads"], r["seq_len"], r["head_dim"], r["causal"])
@@ -181,6 +176,17 @@ class FlashBenchmark(Benchmark):
         r["fwd_tflops"] = tflops(r["fwd_flops"], r["fwd_ms"])
         r["bwd_tflops"] = tflops(r["bwd_flops"], r["bwd_ms"])
         r["fwd_bwd_tflops"] = tflops(r["fwd_flops"] + r["bwd_flops"], r["fwd_bwd_ms"])
+
+    @staticmethod
+    def format_check(check):
+        if check["error"]:
+            return check["error"]
+        grads = ", ".join(f"{k}={v:.1e}" for k, v in (check["grad_rel_err"] or {}).items())
+        return (f"out rel err {check['out_rel_err']:.1e} (tol {check['tolerance']['out']:.0e}); "
+                f"grad rel err {grads} (tol {check['tolerance']['grad']:.0e}) vs {check['reference']}")
+
+    def summarize(self, results):
+        return {"summary": median_ratios(results, GROUP_KEYS, RATIOS, SUMMARY_MIN_SEQ_LEN)}
 
     def config(self, quick, warmup, rep):
         return {
@@ -207,5 +213,4 @@ class FlashBenchmark(Benchmark):
                  groups + [(name, "{:.2f}", name) for name in RATIOS], data["summary"])]
 
     def plot(self, data):
-        from .plots import plot_flash
         return plot_flash(data, dtype=data["results"][0]["dtype"])

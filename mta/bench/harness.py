@@ -1,13 +1,11 @@
-"""The skeleton every benchmark shares: a :class:`Benchmark` declares shapes, implementations, check, tables and
-plot; :func:`run_benchmark` checks (a failure is printed at once and at the end, exit status 1), times, writes the
-JSON after every shape (for ``--resume``) and the PNG, and prints the tables. Records are flat dicts: the shape's
-fields, the measurements and, where checked, ``"check"`` (``"ok"``: passed).
+"""The harness every benchmark shares: a :class:`Benchmark` declares shapes, implementations, check, tables and
+plot; :func:`run_benchmark` checks, times, rewrites the JSON (with provenance) after every shape, draws the PNG and
+prints the tables. A record is a flat dict: the shape's fields, the measurements and, where checked, ``"check"``.
 """
 
 from __future__ import annotations
 
 import datetime
-import functools
 import gc
 import hashlib
 import importlib.metadata
@@ -26,13 +24,13 @@ from typing import Callable, Optional, Union
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-#: Provenance fields that must match for a run to go on from another's partial results.
+#: Provenance that must match for a run to go on from another's partial results.
 RESUME_KEYS = ("gpu", "torch", "triton", "git_commit", "mta_source_sha256")
 
 
 @dataclass(frozen=True)
 class Pass:
-    """A measured pass (e.g. forward) and the record keys of its time, peak extra memory (None: not measured), error."""
+    """A measured pass and the record keys of its time, peak extra memory (None: not measured) and error."""
 
     name: str
     time_key: str
@@ -42,58 +40,50 @@ class Pass:
 
 @dataclass
 class Tools:
-    """What measuring needs (tests pass fakes); ``warn(line)`` prints without breaking the progress bar."""
+    """``timer(call, before_each=reset) -> ms`` and ``memory(call) -> bytes`` (tests pass fakes), the device, and
+    ``warn(line)``, which prints without breaking the progress bar."""
 
     timer: Callable[..., float]
-    memory: Callable[[Callable], int]
+    memory: Optional[Callable[[Callable], int]] = None
     device: object = "cuda"
     warn: Callable[[str], None] = print
 
 
 class Benchmark:
-    """What a benchmark declares: the attributes below; ``shapes(quick)`` (frozen ``Shape`` dataclasses with
-    ``label()``), ``config(quick, warmup, rep)``, ``tables(data) -> [(title, columns, rows)]`` (:func:`format_table`),
-    ``plot(data)``; and either ``measure_shape(shape, tools) -> records``, or for the default one, which compares
-    implementations: ``default_impls() -> {name: fn}``, ``inputs(shape, device)``, ``check(name, fn, shape, inputs)
-    -> {"ok", "error", ...}`` (for each of :attr:`checked`) and ``calls(fn, shape, inputs) -> {pass: (call,
-    reset)}``, ``reset`` (or None) running before each call and after the last, untimed.
-    """
+    """Declares the attributes below, ``shapes(quick)`` (frozen ``Shape`` dataclasses with ``label()``),
+    ``config(quick, warmup, rep)``, ``tables(data)`` (:func:`render_tables`) and ``plot(data)``; and either
+    ``measure_shape(shape, tools) -> records`` or, to compare implementations, ``default_impls() -> {name: fn}``,
+    ``inputs(shape, device)``, ``check(name, fn, shape, inputs) -> {"ok", "error", ...}`` for each of ``checked``
+    and ``calls(fn, shape, inputs) -> {pass name: (call, reset)}``, ``reset`` (or None) run untimed before each
+    call and after the last."""
 
-    name = out = help = description = quick_help = ""  # subcommand, default JSON path, --help texts
+    name = out = help = quick_help = ""  # subcommand, default JSON path, --help texts (the docstring describes it)
     exit_1 = "a correctness check failed"  # what exit status 1 means, for --help
     timed = True  # takes --warmup and --rep
-    options: dict[str, dict] = {}  # its own flags: {flag: add_argument's keywords}, each dest a constructor argument
+    options: dict[str, dict] = {}  # own flags: {flag: add_argument's keywords}, each dest a constructor argument
     Shape: type = object
-    tested: Optional[str] = None  # the implementation under test (its failed checks are crossed out in plots)
+    checked: tuple[str, ...] = ()  # the implementations checked before anything is timed
     passes: tuple[Pass, ...] = ()
-    #: The JSON's "summary": per group of shapes equal in ``summary_keys``, the median over N >=
-    #: ``summary_min_seq_len`` of each ratio ``{name: (impl a, impl b, key)}`` (:func:`median_ratios`).
-    summary_keys: tuple[str, ...] = ()
-    summary_ratios: dict[str, tuple[str, str, str]] = {}
-    summary_min_seq_len = 0
-
-    @property
-    def checked(self) -> tuple[str, ...]:  # the implementations checked before anything is timed
-        return (self.tested,) if self.tested else ()
 
     def __init__(self, impls: Optional[dict[str, Callable]] = None):
         self._impls = impls  # tests give their own; None: default_impls()
 
-    def skip(self, impl: str, shape, inputs) -> Union[None, str, dict[str, str]]:
-        """Why ``impl`` is not run at ``shape``: a reason (no pass runs), ``{pass name: reason}`` or None."""
-        return None
+    def skip(self, impl: str, shape, inputs) -> dict[str, str]:
+        """``{pass name: why impl does not run it at shape}``."""
+        return {}
 
-    def finish(self, record: dict) -> None:  # adds derived fields (rates) to a measured record
-        pass
+    def finish(self, record: dict) -> None:
+        """Adds derived fields (rates) to a measured record."""
 
-    def summarize(self, results: list[dict]) -> dict:  # extra top-level JSON entries
-        if not self.summary_ratios:
-            return {}
-        return {"summary": median_ratios(results, self.summary_keys, self.summary_ratios, self.summary_min_seq_len)}
+    def summarize(self, results: list[dict]) -> dict:
+        """Extra top-level entries of the JSON."""
+        return {}
 
-    @staticmethod
-    def format_check(check: dict) -> str:
+    def format_check(self, check: dict) -> str:
         return check.get("error") or "failed"
+
+    def failure(self, impl: Optional[str], shape, check: dict) -> str:
+        return f"!!! {impl or self.name} FAILS ITS CHECK at {shape.label()}: {self.format_check(check)}"
 
     def shape_of(self, record: dict):
         return self.Shape(**{f.name: record[f.name] for f in fields(self.Shape)})
@@ -108,18 +98,15 @@ class Benchmark:
         checks = {name: self.check(name, impls[name], shape, inputs) for name in self.checked if name in impls}
         for name, check in checks.items():
             if not check["ok"]:
-                tools.warn(failure_line(self, name, shape, check))
+                tools.warn(self.failure(name, shape, check))
         records = []
         for name, fn in impls.items():
-            record = {"impl": name, **asdict(shape)}
-            reason = self.skip(name, shape, inputs)
-            skipped = reason if isinstance(reason, dict) else {p.name: reason for p in self.passes} if reason else {}
+            skipped = self.skip(name, shape, inputs)
             calls = self.calls(fn, shape, inputs) if len(skipped) < len(self.passes) else {}
-            record.update(measure(calls, self.passes, tools, skipped))
+            records.append({"impl": name, **asdict(shape), **measure(calls, self.passes, tools, skipped)})
             if name in checks:
-                record["check"] = checks[name]
-            self.finish(record)
-            records.append(record)
+                records[-1]["check"] = checks[name]
+            self.finish(records[-1])
         del inputs
         release_memory()
         return records
@@ -131,7 +118,7 @@ def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Option
     in ``skipped`` (``{name: reason}``) has the reason as its error; the status is then "skipped" if nothing failed.
     """
     keys = [k for p in passes for k in (p.time_key, p.memory_key, p.error_key) if k]
-    m, skipped = {**dict.fromkeys(keys), "status": "ok"}, skipped or {}  # every key the passes fill
+    m, skipped = {**dict.fromkeys(keys), "status": "ok"}, skipped or {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for p in passes:
@@ -207,23 +194,16 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def failure_line(bench: Benchmark, impl: Optional[str], shape, check: dict) -> str:
-    return f"!!! {impl or bench.name} FAILS ITS CHECK at {shape.label()}: {bench.format_check(check)}"
-
-
 # --- results and tables ----------------------------------------------------------------------
 
-def by_shape(results: list[dict], keys: tuple[str, ...]) -> dict[tuple, dict[str, dict]]:
-    """``{(record[k] for k in keys): {impl: record}}`` in the order of the results."""
-    table: dict[tuple, dict[str, dict]] = {}
-    for r in results:
-        table.setdefault(tuple(r[k] for k in keys), {})[r["impl"]] = r
-    return table
-
-
 def shape_rows(results: list[dict], keys: tuple[str, ...]) -> list[dict]:
-    """A table row per shape (records equal in ``keys``): its fields and ``"records"``, ``{impl: record}``."""
-    return [{**dict(zip(keys, key)), "records": records} for key, records in by_shape(results, keys).items()]
+    """A row per shape (records equal in ``keys``), in the results' order: its fields and ``"records"``,
+    ``{impl: record}``."""
+    rows: dict[tuple, dict] = {}
+    for r in results:
+        key = tuple(r[k] for k in keys)
+        rows.setdefault(key, {**dict(zip(keys, key)), "records": {}})["records"][r["impl"]] = r
+    return list(rows.values())
 
 
 def ratio(records: dict[str, dict], a: str, b: str, key: str) -> Optional[float]:
@@ -253,9 +233,9 @@ def median_ratios(results: list[dict], keys: tuple[str, ...], ratios: dict[str, 
     """Per group of shapes equal in ``keys`` (all but ``seq_len``): its fields, ``min_seq_len`` and the median over
     its N >= ``min_seq_len`` of each ratio ``{name: (a, b, key)}`` (:func:`ratio`; None if there is none)."""
     groups: dict[tuple, list[dict[str, dict]]] = {}
-    for key, records in by_shape(results, (*keys, "seq_len")).items():
-        if key[-1] >= min_seq_len:
-            groups.setdefault(key[:-1], []).append(records)
+    for row in shape_rows(results, (*keys, "seq_len")):
+        if row["seq_len"] >= min_seq_len:
+            groups.setdefault(tuple(row[k] for k in keys), []).append(row["records"])
     summary = []
     for group, rows in groups.items():
         entry = {**dict(zip(keys, group)), "min_seq_len": min_seq_len}
@@ -302,17 +282,6 @@ def json_safe(x):
     if isinstance(x, (list, tuple)):
         return [json_safe(v) for v in x]
     return x
-
-
-def save_png(fig, path: Path) -> Path:
-    """Write ``fig`` as :func:`mta.figures.save_figure` does (no timestamp, so reruns diff cleanly); close it."""
-    import matplotlib.pyplot as plt
-
-    try:
-        fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
-    finally:
-        plt.close(fig)
-    return path
 
 
 # --- provenance: which code on which machine produced a result (None where a tool is absent) ----
@@ -419,26 +388,21 @@ def run_benchmark(bench: Benchmark, tools: Tools, *, out: Path, quick: bool = Fa
     results = run_shapes(bench, bench.shapes(quick), tools, done=done, progress=progress,
                          after_each=lambda r: write_results(out, bench, prov, cfg, r, complete=False))
     data = write_results(out, bench, prov, cfg, results, complete=True)
+    png = out.with_suffix(".png")
     try:
-        wrote = f"wrote {out} and {save_png(bench.plot(data), out.with_suffix('.png'))}"
+        import matplotlib.pyplot as plt
+
+        fig = bench.plot(data)
+        try:  # as mta.figures.save_figure writes (no timestamp, so reruns diff cleanly)
+            fig.savefig(png, dpi=110, bbox_inches="tight", metadata={"Software": None})
+        finally:
+            plt.close(fig)
+        wrote = f"wrote {out} and {png}"
     except Exception as exc:  # noqa: BLE001  (the numbers are safe in the JSON; the figure can be redrawn)
         wrote = f"wrote {out}; the figure failed ({describe_error(exc)}), redraw it with mta.bench.plots"
     print(bench.report(data))
     print(f"\n{wrote}")
     failed = [r for r in data["results"] if "check" in r and not r["check"]["ok"]]
     for r in failed:
-        print(failure_line(bench, r.get("impl"), bench.shape_of(r), r["check"]))
+        print(bench.failure(r.get("impl"), bench.shape_of(r), r["check"]))
     return 1 if failed else 0
-
-
-def run(bench: Benchmark, *, out: Path, quick: bool = False, warmup: int = 10, rep: int = 30,
-        resume: bool = False) -> int:
-    """:func:`run_benchmark` on the current CUDA GPU, timed by :mod:`mta.bench.timing`."""
-    from tqdm.auto import tqdm
-
-    from .timing import peak_extra_memory_bytes, require_cuda, time_ms
-
-    device = require_cuda(f"the {bench.name} benchmark")
-    tools = Tools(timer=functools.partial(time_ms, warmup=warmup, rep=rep), memory=peak_extra_memory_bytes,
-                  device=device, warn=tqdm.write)
-    return run_benchmark(bench, tools, out=out, quick=quick, warmup=warmup, rep=rep, resume=resume)

@@ -1,9 +1,7 @@
 """Benchmark of the launch order: causal kernels with their tiles numbered heaviest first, or the natural way.
 
 The kernels take their tile from :func:`mta.launch_order.heaviest_first`; the twin is built from the *same* Python
-functions with that name bound to :func:`natural_order`. Both run the shipped tile config on the same inputs, and
-their outputs must first agree to the last bit. Measured: the causal forward of :func:`mta.flash_attention` and
-the kernel of :func:`mta.conv_attention` (6 x 11, without its pre-passes), bf16, B=1, N = 1k to 16k.
+functions with that name bound to :func:`natural_order` (:func:`with_natural_order`).
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from mta import tuning
 from mta.launch import NO_SPECIALIZE
 from mta.launch_order import heaviest_first
 
-from .harness import Benchmark, Tools, failure_line
+from .harness import Benchmark, Tools
 from .plots import plot_launch_order
 from .timing import timing_config
 
@@ -110,7 +108,9 @@ def conv_launcher(q, k, v, weight):
 
 @dataclass(frozen=True)
 class OrderShape:
-    kernel: str  # "flash" or "conv"
+    """``q, k, v [1, heads, seq_len, head_dim]``, ``kernel`` "flash" or "conv"."""
+
+    kernel: str
     heads: int
     head_dim: int
     seq_len: int
@@ -120,11 +120,12 @@ class OrderShape:
 
 
 class LaunchOrderBenchmark(Benchmark):
+    """Times the causal forward of mta.flash_attention and the kernel of mta.conv_attention (6x11, without its
+    pre-passes) with their tiles numbered heaviest first (as shipped) and in the natural order, the shipped tile
+    config, the same inputs (bf16, B=1, N = 1k to 16k), after checking both give the same output to the last bit."""
+
     name, out = "order", "figures/bench_launch_order.json"
     help = "causal kernels with tiles launched heaviest first vs in the natural order"
-    description = ("Times the causal flash forward and the MTA forward kernel with their tiles numbered "
-                   "heaviest first (as shipped) and in the natural order, same tile config, same inputs, "
-                   "after checking both give the same output.")
     quick_help = "N in {2048, 8192}"
     exit_1 = "the outputs of the two orders differ"
     Shape, plot = OrderShape, staticmethod(plot_launch_order)
@@ -159,7 +160,7 @@ class LaunchOrderBenchmark(Benchmark):
         same = torch.equal(launch(heaviest, cfg), launch(natural, cfg))
         check = {"ok": same, "error": None if same else "the two launch orders give different outputs"}
         if not same:
-            tools.warn(failure_line(self, None, shape, check))
+            tools.warn(self.failure(None, shape, check))
         rec = {**asdict(shape), "config": cfg, "natural_ms": tools.timer(lambda: launch(natural, cfg)),
                "heaviest_first_ms": tools.timer(lambda: launch(heaviest, cfg)), "same_output": same, "check": check}
         rec["speedup"] = rec["natural_ms"] / rec["heaviest_first_ms"]

@@ -1,5 +1,5 @@
 """Figures from benchmark JSON, no GPU needed: the benchmarks draw their PNGs with these and notebooks plot the
-committed results. Flash, conv and decode (:func:`mta.bench.decode.plot_decode`) share :func:`impl_grid`.
+committed results. Flash, conv and decode share :func:`impl_grid`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,15 @@ IMPL_STYLES = {
     "sdpa_flash": {"label": "SDPA flash", "color": "C0", "marker": "s"},
     "sdpa_cudnn": {"label": "SDPA cuDNN", "color": "C2", "marker": "^"},
     "sdpa": {"label": "SDPA (no conv)", "color": "C0", "marker": "s", "linestyle": ":"},  # decode restyles it
+}
+#: The decode figure's styles, replacing those of :data:`IMPL_STYLES`.
+DECODE_STYLES = {
+    "mta_decode": {"label": "mta.decode_attention", "color": "C3", "marker": "o"},
+    "mta_conv_decode": {"label": "mta.conv_decode_attention (6x11)", "color": "C1", "marker": "D"},
+    "sdpa": {"label": "SDPA (default backend)", "color": "C0", "marker": "s"},
+    "mta_flash": {"label": "mta.flash_attention", "color": "C2", "marker": "^", "linestyle": ":"},
+    "conv_reference": {"label": "MTA reference (materialized)", "color": "C4", "marker": "v"},
+    "read": {"label": "read K and V (ceiling)", "color": "k", "marker": "", "linestyle": "--"},
 }
 MIB = 2.0 ** -20
 
@@ -145,6 +154,18 @@ def plot_conv(source: Union[str, Path, dict]):
     return titled(fig, f"MTA conv attention forward and forward+backward, {cfg['dtype']}"
                        f"{', causal' if cfg['causal'] else ''}; missing points: reference skipped or out of memory",
                   data, bottom=0.16 / len(rows))
+
+
+def plot_decode(source: Union[str, Path, dict]):
+    """Time (us) and TB/s against cache length, log-log: a column per (batch, configuration), a line per
+    implementation, the plain read dashed; mta_decode's failed checks crossed out."""
+    data = load_results(source)
+    rows = [("us", "time", "time per step (us)", 1.0), ("tbps", "bandwidth", "TB/s (K, V bytes / time)", 1.0)]
+    fig = impl_grid(data["results"], ("batch", "heads", "kv_heads", "head_dim"),
+                    lambda b, h, hkv, d: f"B={b} Hq={h} Hkv={hkv} D={d}", rows, "mta_decode",
+                    "mta.decode_attention check failed", log=True, restyle=DECODE_STYLES)
+    return titled(fig, f"Decode step, {data['config']['dtype']}, one new query; missing points: reference skipped",
+                  data, bottom=0.08)
 
 
 def plot_launch_order(source: Union[str, Path, dict]):

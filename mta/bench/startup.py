@@ -1,10 +1,5 @@
-"""Benchmark of the wait on the first call: every public kernel function, in a fresh process, at a new shape.
-
-Per (case, dtype, head dim), two fresh processes run :mod:`mta.bench.startup_probe`, with ``TRITON_CACHE_DIR`` a
-new empty directory (every kernel compiles, and autotunes where the package does), then the same one (kernels load
-from disk); the environment is otherwise the user's. A failed probe is a result: its stderr tail is recorded and
-printed, exit status 1.
-"""
+"""Benchmark of the wait on the first call of every public kernel function in a fresh process, at a new shape:
+:class:`StartupBenchmark`, each call timed by :mod:`mta.bench.startup_probe`."""
 
 from __future__ import annotations
 
@@ -18,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from . import startup_probe
-from .harness import REPO_ROOT, Benchmark, Tools, failure_line
+from .harness import REPO_ROOT, Benchmark, Tools
 from .plots import plot_startup
 from .startup_probe import BATCH, CASES, DTYPES, HEADS, KV_HEADS, SEQ_LEN
 
@@ -32,6 +27,8 @@ RUNS = ("empty_cache", "warm_cache")
 
 @dataclass(frozen=True)
 class StartupShape:
+    """``q [batch, heads, seq_len, head_dim]``, ``k, v [batch, kv_heads, seq_len, head_dim]``."""
+
     case: str
     dtype: str
     head_dim: int
@@ -88,12 +85,15 @@ def startup_check(runs: dict[str, dict]) -> dict:
 
 
 class StartupBenchmark(Benchmark):
+    """Seconds a user waits on the first call of mta.flash_attention (forward; forward+backward),
+    mta.conv_attention (forward; forward+backward), mta.decode_attention and mta.conv_decode_attention (one decode
+    step) in a fresh Python process at a new shape (B=1, Hq=8, Hkv=2, N=1536): per (case, dtype, head dim), a
+    process with TRITON_CACHE_DIR a new empty directory (every kernel compiles, and autotunes where the package
+    does), then one with the same directory (kernels load from disk); the environment is otherwise the user's. A
+    failed probe is a result: its stderr tail is recorded and printed."""
+
     name, out = "startup", "figures/bench_startup.json"
     help = "wall time of the first call of every public kernel function in a fresh process"
-    description = ("Seconds a user waits on the first call of mta.flash_attention (forward; forward+backward), "
-                   "mta.conv_attention (forward; forward+backward), mta.decode_attention and "
-                   "mta.conv_decode_attention (one decode step) in a fresh Python process at a new shape (B=1, "
-                   "Hq=8, Hkv=2, N=1536), with an empty and with a warm Triton cache.")
     quick_help = "bf16 and fp32, d=128"
     exit_1 = "a probe failed or gave a non-finite output"
     timed = False
@@ -122,7 +122,7 @@ class StartupBenchmark(Benchmark):
             runs = {which: self.runner(shape, cache) for which in RUNS}
         check = startup_check(runs)
         if not check["ok"]:
-            tools.warn(failure_line(self, None, shape, check))
+            tools.warn(self.failure(None, shape, check))
         return [{**asdict(shape), **runs, "check": check}]
 
     def tables(self, data):
