@@ -240,7 +240,7 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
         else:
             break
 
-    def tile_registers():  # the accumulator and one streamed tile, 16-bit elements two to a register
+    def tile_registers():  # the accumulator and one streamed tile (a register holds 4 bytes of it)
         return registers() + config[streamed] * cols * elem_bytes / (4 * 32 * config["num_warps"])
 
     while tile_registers() > conv_backward.TILE_REGISTERS and config[streamed] > 16:
@@ -374,8 +374,8 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     dk = empty_contiguous(k)
     dwf = torch.empty((tiles, B, Hq, cq, ck), device=dev, dtype=torch.float32)
     launch(conv_dk_fold_kernel, (tiles, B * Hkv), u, g, q, k, w, dk, dwf, *q.stride(), *k.stride(), *dk.stride(),
-           N, Hkv, Hq // Hkv, scale, NEAR=near, CQ=cq, CK=ck, CK_PAD=triton.next_power_of_2(ck), EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d,
-           BLOCK_R=block_r, num_warps=4)
+           N, Hkv, Hq // Hkv, scale, NEAR=near, CQ=cq, CK=ck, CK_PAD=triton.next_power_of_2(ck), EP=e_past,
+           EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4)
     dw_parts.append(dwf)
     if in_dry_run():
         return dq, dk, dv, None

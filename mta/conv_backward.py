@@ -44,10 +44,9 @@ from .launch import NO_SPECIALIZE
 ACC_REGISTERS = 192
 #: Most warps a tiled backward program gets when its accumulator is wide (two warpgroups).
 MAX_WARPS = 8
-#: Registers per thread for the accumulator plus one streamed 16-bit ``[streamed, (QA + QB) * BLOCK_D]`` tile (the
-#: operand of the score product): over it, the streamed rows halve. On an H100, 11 x 11 at d = 128 ran its dK/dV
-#: side 16 queries x 32 keys instead of 32 x 32 (288 registers) and forward + backward took 104 ms instead of 231;
-#: 16 x 15 at d = 128 sits at exactly 256 and was 4% slower with 16 streamed rows (``notes/conv_backward.md``).
+#: Registers per thread for the accumulator plus one streamed ``[streamed, (QA + QB) * BLOCK_D]`` tile (the
+#: operand of the score product): over it, the streamed rows halve. On an H100 the tiles over it ran faster with
+#: fewer streamed rows and those at or under it slower (``notes/conv_backward.md``, "11 x 11").
 TILE_REGISTERS = 256
 #: Shared memory for the held 16-bit block and the streamed tiles, in bytes (an H100 has 227 KiB per block).
 SHARED_BYTES = 200 * 1024
