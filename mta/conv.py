@@ -210,8 +210,7 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
     return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), causal, scale)
 
 
-def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d: int, elem_bytes: int,
-                       acc_shifts: int | None = None) -> dict:
+def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d: int, elem_bytes: int) -> dict:
     """``config`` fitted on chip for a backward program whose rows are ``(QA + QB) * block_d`` wide:
 
     * the fp32 accumulator ``[owned, cols]`` lives in registers: at most
@@ -226,14 +225,12 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
 
     The table's tiles were chosen at 6 x 11 (``cq' = 6``); a wider kernel keeps their rows with more warps
     rather than rows too few for the tensor cores (measured on an H100: ``notes/conv_backward.md``, "11 x 11").
-    ``acc_shifts``: the accumulator's shifts when a program makes one shift group (default: all ``QA + QB``).
     """
     config = dict(config)
     cols = sum(query_shift_groups(cq)) * block_d
-    acc_cols = cols if acc_shifts is None else acc_shifts * block_d  # a program of one shift group
 
     def registers():
-        return config[owned] * acc_cols / (32 * config["num_warps"])
+        return config[owned] * cols / (32 * config["num_warps"])
 
     while registers() > conv_backward.ACC_REGISTERS:
         if config["num_warps"] < conv_backward.MAX_WARPS:
@@ -264,19 +261,7 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
     return config
 
 
-def backward_shift_groups(cq: int, block_d: int, dtype: torch.dtype) -> list[tuple[int, int]]:
-    """``[(ACC, shifts)]``: one launch of each tiled backward kernel per entry. One launch accumulates every
-    shift; where the accumulator ``(QA + QB) * block_d`` is wider than :data:`conv_backward.SPLIT_COLUMNS`,
-    one launch per shift group (``ACC`` 1: ``QA`` shifts, 2: ``QB``), each remaking ``C``:
-    more products, a narrower accumulator."""
-    qa, qb = query_shift_groups(cq)
-    if qb and (qa + qb) * block_d > conv_backward.SPLIT_COLUMNS:
-        return [(1, qa), (2, qb)]
-    return [(3, qa + qb)]
-
-
-def keys_as_rows_tile(cq: int, block_d: int, dtype: torch.dtype, family: str | None = None,
-                      acc_shifts: int | None = None) -> dict | None:
+def keys_as_rows_tile(cq: int, block_d: int, dtype: torch.dtype, family: str | None = None) -> dict | None:
     """The dK/dV side's tile when its scores are made keys as rows (:data:`mta.tuning.HOPPER_KEYS_AS_ROWS`: 16-bit
     on Hopper, where the table has one for the head-dim width and it fits whole, its 128 owned keys'
     accumulator included); None: the table's tile, scores with queries as rows. ``family``: default this
@@ -286,7 +271,7 @@ def keys_as_rows_tile(cq: int, block_d: int, dtype: torch.dtype, family: str | N
     if tile is None or tuning.AUTOTUNE or dtype == torch.float32 or family != "hopper":
         return None
     config = tuning.as_config(tile)
-    fitted = _fit_backward_tile(config, "BLOCK_N", "BLOCK_M", cq, block_d, dtype.itemsize, acc_shifts)
+    fitted = _fit_backward_tile(config, "BLOCK_N", "BLOCK_M", cq, block_d, dtype.itemsize)
     return config if fitted == config else None
 
 
@@ -366,13 +351,11 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
 
     # dQ side, then dK/dV side: the two cq-fold fp32 buffers (Gq, U) are never alive together.
     gq = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
-    for acc, shifts in backward_shift_groups(cq, block_d, q.dtype):
-        launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
-                     (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
-                      N, N, Hq, Hq // Hkv, scale, bucket), {**meta, "ACC": acc}, dtype=q.dtype,
-                     fit=lambda tile: _fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size(),
-                                                         shifts),
-                     key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK", "ACC"))
+    launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
+                 (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
+                  N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
+                 fit=lambda tile: _fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
+                 key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     dq = empty_contiguous(q)
     launch(conv_dq_fold_kernel, (tiles, B * Hq), gq, g, k, dq, *k.stride(), *dq.stride(), N, Hq, Hq // Hkv, scale,
            NEAR=near, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4)
@@ -380,15 +363,13 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
     dv = empty_contiguous(v)
-    for acc, shifts in backward_shift_groups(cq, block_d, q.dtype):
-        keys_as_rows = keys_as_rows_tile(cq, block_d, q.dtype, acc_shifts=shifts)
-        launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_N"]), B * Hkv),
-                     (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
-                      *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket),
-                     {**meta, "KEYS_AS_ROWS": keys_as_rows is not None, "ACC": acc}, dtype=q.dtype, config=keys_as_rows,
-                     fit=lambda tile: _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size(),
-                                                         shifts),
-                     key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK", "ACC"))
+    keys_as_rows = keys_as_rows_tile(cq, block_d, q.dtype)
+    launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_N"]), B * Hkv),
+                 (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
+                  *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), {**meta, "KEYS_AS_ROWS": keys_as_rows is not None},
+                 dtype=q.dtype, config=keys_as_rows,
+                 fit=lambda tile: _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size()),
+                 key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     del kf
     dk = empty_contiguous(k)
     dwf = torch.empty((tiles, B, Hq, cq, ck), device=dev, dtype=torch.float32)

@@ -48,9 +48,6 @@ MAX_WARPS = 8
 #: operand of the score product): over it, the streamed rows halve. On an H100 the tiles over it ran faster with
 #: fewer streamed rows and those at or under it slower (``notes/conv_backward.md``, "11 x 11").
 TILE_REGISTERS = 256
-#: Accumulators wider than this many fp32 columns (``(QA + QB) * BLOCK_D``) are made one shift group per launch
-#: (:func:`mta.conv.backward_shift_groups`).
-SPLIT_COLUMNS = 1 << 30
 #: Shared memory for the held 16-bit block and the streamed tiles, in bytes (an H100 has 227 KiB per block).
 SHARED_BYTES = 200 * 1024
 
@@ -72,14 +69,13 @@ def _dq_key_tiles(gq_hi, gq_lo, q_hi, q_lo, do, lse2, delta, kf_base, v_base, st
                   stride_vn, stride_vd, cd_base, offs_m, offs_d, start, stop, n, qk_scale,
                   MASKED: tl.constexpr, DIAGONAL: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr,
                   QB: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
+                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Key tiles ``[start, stop)`` into ``Gq`` (``gq_hi``: shifts ``[0, QA)``, ``gq_lo``: ``[QA, QA + QB)``).
 
     Per tile: ``C`` as the forward's held-query path makes it (one or two products against the folded keys,
     the masked diagonals put in), ``P``, ``dP``, ``dC``; on the diagonal tiles ``dC`` keeps only the far
     entries ``i - j >= E`` (the near ones go through :func:`conv_near_kernel`); then ``Gq += dC_far Kf``
-    with the same folded-key tiles, transposed, for the shift groups in ``ACC`` (1: ``gq_hi``, 2: ``gq_lo``,
-    3: both)."""
+    with the same folded-key tiles, transposed."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         offs_k = start_n + offs_n
@@ -98,9 +94,8 @@ def _dq_key_tiles(gq_hi, gq_lo, q_hi, q_lo, do, lse2, delta, kf_base, v_base, st
         if DIAGONAL:
             dc = tl.where(offs_m[:, None] - offs_k[None, :] >= E, dc, 0.0)
         dc = dc.to(kf_hi.dtype)
-        if ACC & 1:
-            gq_hi = tl.dot(dc, tl.trans(kf_hi), gq_hi, input_precision=PRECISION)
-        if QB > 0 and ACC & 2:
+        gq_hi = tl.dot(dc, tl.trans(kf_hi), gq_hi, input_precision=PRECISION)
+        if QB > 0:
             gq_lo = tl.dot(dc, tl.trans(kf_lo), gq_lo, input_precision=PRECISION)
     return gq_hi, gq_lo
 
@@ -114,11 +109,9 @@ def conv_dq_kernel(Q, KF, V, DO, LSE, DELTA, CD, GQ,
                    n_q, n_k, num_heads, group_size, scale, N_BUCKET,
                    CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
                    QA: tl.constexpr, QB: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                   PRECISION: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """``GQ[b, h, a, i] = sum_j dC_far[i, j] Kf_a[j]`` (fp32, contiguous ``[B, Hq, CQ, n, D]``) for ``BLOCK_M``
-    queries of one head, for the shifts of the groups in ``ACC`` (1: ``[0, QA)``, 2: ``[QA, QA + QB)``, 3: both;
-    a program that makes one group still makes all of ``C``). ``KF``, ``CD``: the forward's folded keys and
-    diagonal scores.
+    queries of one head. ``KF``, ``CD``: the forward's folded keys and diagonal scores.
 
     Grid: ``(cdiv(n, BLOCK_M), B * Hq)``, heaviest (last) query tiles first (:mod:`mta.launch_order`).
     """
@@ -141,11 +134,8 @@ def conv_dq_kernel(Q, KF, V, DO, LSE, DELTA, CD, GQ,
     kf_base = KF + b * stride_kfb + h * stride_kfh
     v_base = V + b * stride_vb + kv_h * stride_vh
     cd_base = CD + pid_bh * n * E_PAD
-    if ACC & 1:
-        gq_hi = tl.zeros([BLOCK_M, QA * BLOCK_D], dtype=tl.float32)
-    else:
-        gq_hi = tl.zeros([16, 16], dtype=tl.float32)  # unused
-    if QB > 0 and ACC & 2:
+    gq_hi = tl.zeros([BLOCK_M, QA * BLOCK_D], dtype=tl.float32)
+    if QB > 0:
         gq_lo = tl.zeros([BLOCK_M, QB * BLOCK_D], dtype=tl.float32)
     else:
         gq_lo = gq_hi  # unused
@@ -155,15 +145,14 @@ def conv_dq_kernel(Q, KF, V, DO, LSE, DELTA, CD, GQ,
     gq_hi, gq_lo = _dq_key_tiles(gq_hi, gq_lo, q_hi, q_lo, do, lse2, delta, kf_base, v_base, stride_kfa,
                                  stride_kfn, stride_kfd, stride_vn, stride_vd, cd_base, offs_m, offs_d, 0,
                                  clean_stop, n, qk_scale, False, False, CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_N,
-                                 PRECISION, ACC)
+                                 PRECISION)
     gq_hi, gq_lo = _dq_key_tiles(gq_hi, gq_lo, q_hi, q_lo, do, lse2, delta, kf_base, v_base, stride_kfa,
                                  stride_kfn, stride_kfd, stride_vn, stride_vd, cd_base, offs_m, offs_d, clean_stop,
                                  stop, n, qk_scale, not CAUSAL, CAUSAL, CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_N,
-                                 PRECISION, ACC)
+                                 PRECISION)
     gq_base = GQ + pid_bh * CQ * n * D
-    if ACC & 1:
-        _store_shifts(gq_base, n * D, D, gq_hi, offs_m, n, 0, QA, CQ, D, BLOCK_D)
-    if QB > 0 and ACC & 2:
+    _store_shifts(gq_base, n * D, D, gq_hi, offs_m, n, 0, QA, CQ, D, BLOCK_D)
+    if QB > 0:
         _store_shifts(gq_base, n * D, D, gq_lo, offs_m, n, QA, QB, CQ, D, BLOCK_D)
 
 
@@ -173,7 +162,7 @@ def _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, lse_bas
                       DIAGONAL: tl.constexpr, MASK_KEYS: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr,
                       E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
-                      KEYS_AS_ROWS: tl.constexpr, ACC: tl.constexpr):
+                      KEYS_AS_ROWS: tl.constexpr):
     """Query tiles ``[start, stop)`` of one query head into ``dv`` and ``U`` (``u_hi``, ``u_lo``: shifts as in
     :func:`_dq_key_tiles`), against the program's held folded keys ``kf_hi``, ``kf_lo`` and values ``vt``.
 
@@ -181,13 +170,12 @@ def _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, lse_bas
     rows within ``E`` of the keys (masked diagonals put in, causal mask; ``dC`` kept only where
     ``i - j >= E``). ``MASK_KEYS``: keys past ``n`` get P = 0 (not causal; causally they are in the
     future of every row). Rows past ``n`` read lse = +inf, so P = 0. ``KEYS_AS_ROWS``: the same walk with
-    the scores made transposed (:func:`_dkdv_query_tiles_keys_as_rows`). ``ACC``: the shift groups of ``U``
-    made (as in :func:`conv_dq_kernel`); ``dv`` is made with the first."""
+    the scores made transposed (:func:`_dkdv_query_tiles_keys_as_rows`)."""
     if KEYS_AS_ROWS:
         dv, u_hi, u_lo = _dkdv_query_tiles_keys_as_rows(
             dv, u_hi, u_lo, tl.trans(kf_hi), tl.trans(kf_lo), tl.trans(vt), q_base, do_base, lse_base, delta_base,
             cd_base, stride_qm, stride_qd, stride_dom, stride_dod, offs_k, offs_d, start, stop, n, qk_scale, DIAGONAL,
-            MASK_KEYS, CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION, ACC)
+            MASK_KEYS, CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION)
     else:
         d_ok = offs_d < D
         for start_m in range(start, stop, BLOCK_M):
@@ -205,16 +193,14 @@ def _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, lse_bas
             p = tl.math.exp2(c - lse2[:, None])
             do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                          mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-            if ACC & 1:
-                dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, input_precision=PRECISION)
+            dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, input_precision=PRECISION)
             delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
             dc = p * (tl.dot(do, vt, input_precision=PRECISION) - delta[:, None])
             if DIAGONAL:
                 dc = tl.where(offs_m[:, None] - offs_k[None, :] >= E, dc, 0.0)
             dct = tl.trans(dc.to(q_hi.dtype))
-            if ACC & 1:
-                u_hi = tl.dot(dct, q_hi, u_hi, input_precision=PRECISION)
-            if QB > 0 and ACC & 2:
+            u_hi = tl.dot(dct, q_hi, u_hi, input_precision=PRECISION)
+            if QB > 0:
                 u_lo = tl.dot(dct, q_lo, u_lo, input_precision=PRECISION)
     return dv, u_hi, u_lo
 
@@ -235,7 +221,7 @@ def _dkdv_query_tiles_keys_as_rows(dv, u_hi, u_lo, kft_hi, kft_lo, v, q_base, do
                                    stop, n, qk_scale, DIAGONAL: tl.constexpr, MASK_KEYS: tl.constexpr,
                                    CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr, E: tl.constexpr,
                                    E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                                   BLOCK_M: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
+                                   BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
     """:func:`_dkdv_query_tiles` with the scores made transposed, keys as rows (``C^T = Kf Q_shift^T``, as
     Triton's fused-attention tutorial makes its dK/dV): ``P^T`` and ``dC^T`` leave their products as the left
     operands of ``dV += P^T dO`` and ``U += dC^T Q_shift``, and the streamed query and dO tiles are read
@@ -260,16 +246,14 @@ def _dkdv_query_tiles_keys_as_rows(dv, u_hi, u_lo, kft_hi, kft_lo, v, q_base, do
         pt = tl.math.exp2(ct - lse2[None, :])
         do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                      mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        if ACC & 1:
-            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
         dct = pt * (tl.dot(v, tl.trans(do), input_precision=PRECISION) - delta[None, :])
         if DIAGONAL:
             dct = tl.where(offs_m[None, :] - offs_k[:, None] >= E, dct, 0.0)
         dct = dct.to(q_hi.dtype)
-        if ACC & 1:
-            u_hi = tl.dot(dct, q_hi, u_hi, input_precision=PRECISION)
-        if QB > 0 and ACC & 2:
+        u_hi = tl.dot(dct, q_hi, u_hi, input_precision=PRECISION)
+        if QB > 0:
             u_lo = tl.dot(dct, q_lo, u_lo, input_precision=PRECISION)
     return dv, u_hi, u_lo
 
@@ -285,13 +269,11 @@ def conv_dkdv_kernel(Q, KF, V, DO, LSE, DELTA, CD, U, DV,
                      CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr,
                      E_PAD: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr, D: tl.constexpr,
                      BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, KEYS_AS_ROWS: tl.constexpr,
-                     ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """``dV`` and ``U[b, h, a, j] = sum_i dC_far[i, j] q[i - (cq-1) + a]`` (fp32, contiguous
     ``[B, Hq, CQ, n, D]``, per query head) for ``BLOCK_N`` keys of one kv head; the program loops over the
     ``group_size`` query heads that read it (``dV`` sums over them). ``KEYS_AS_ROWS``: the score tiles are made
     transposed (:func:`_dkdv_query_tiles_keys_as_rows`; on an H100 it pays at 128 owned keys over 8 warps).
-    ``ACC``: the shift groups of ``U`` made, as in :func:`conv_dq_kernel`; ``dV`` is made (and stored) with
-    the first.
 
     Grid: ``(cdiv(n, BLOCK_N), B * Hkv)``, heaviest (first) key tiles first (:mod:`mta.launch_order`).
     """
@@ -319,11 +301,8 @@ def conv_dkdv_kernel(Q, KF, V, DO, LSE, DELTA, CD, U, DV,
             kf_lo = kf_hi
         q_base = Q + b * stride_qb + h * stride_qh
         do_base = DO + b * stride_dob + h * stride_doh
-        if ACC & 1:
-            u_hi = tl.zeros([BLOCK_N, QA * BLOCK_D], dtype=tl.float32)
-        else:
-            u_hi = tl.zeros([16, 16], dtype=tl.float32)  # unused
-        if QB > 0 and ACC & 2:
+        u_hi = tl.zeros([BLOCK_N, QA * BLOCK_D], dtype=tl.float32)
+        if QB > 0:
             u_lo = tl.zeros([BLOCK_N, QB * BLOCK_D], dtype=tl.float32)
         else:
             u_lo = u_hi  # unused
@@ -331,19 +310,17 @@ def conv_dkdv_kernel(Q, KF, V, DO, LSE, DELTA, CD, U, DV,
         dv, u_hi, u_lo = _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, LSE + bh * n,
                                            DELTA + bh * n, CD + bh * n * E_PAD, stride_qm, stride_qd, stride_dom,
                                            stride_dod, offs_k, offs_d, start, m_full, n, qk_scale, CAUSAL, False, CQ,
-                                           QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION, KEYS_AS_ROWS, ACC)
+                                           QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION, KEYS_AS_ROWS)
         dv, u_hi, u_lo = _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, LSE + bh * n,
                                            DELTA + bh * n, CD + bh * n * E_PAD, stride_qm, stride_qd, stride_dom,
                                            stride_dod, offs_k, offs_d, m_full, n, n, qk_scale, False, not CAUSAL, CQ,
-                                           QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION, KEYS_AS_ROWS, ACC)
+                                           QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION, KEYS_AS_ROWS)
         u_base = U + bh * CQ * n * D
-        if ACC & 1:
-            _store_shifts(u_base, n * D, D, u_hi, offs_k, n, 0, QA, CQ, D, BLOCK_D)
-        if QB > 0 and ACC & 2:
+        _store_shifts(u_base, n * D, D, u_hi, offs_k, n, 0, QA, CQ, D, BLOCK_D)
+        if QB > 0:
             _store_shifts(u_base, n * D, D, u_lo, offs_k, n, QA, QB, CQ, D, BLOCK_D)
-    if ACC & 1:
-        tl.store(DV + b * stride_dvb + kv_h * stride_dvh + offs_k[:, None] * stride_dvn
-                 + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), mask=(offs_k < n)[:, None] & d_ok[None, :])
+    tl.store(DV + b * stride_dvb + kv_h * stride_dvh + offs_k[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+             dv.to(DV.dtype.element_ty), mask=(offs_k < n)[:, None] & d_ok[None, :])
 
 
 @triton.jit
