@@ -156,6 +156,107 @@ def conv_dq_kernel(Q, KF, V, DO, LSE, DELTA, CD, GQ,
         _store_shifts(gq_base, n * D, D, gq_lo, offs_m, n, QA, QB, CQ, D, BLOCK_D)
 
 
+#: Halo rows of :func:`conv_dq_rows_kernel`: the ``dC`` rows below a program's own (``cq - 1`` of them are read).
+DQ_HALO = 16
+#: Make the far ``dq`` with :func:`conv_dq_rows_kernel` (probe switch).
+DQ_ROWS = False
+
+
+@triton.jit
+def _dq_rows_key_tiles(dq, q_hi, q_lo, do, lse2, delta, kf_base, v_base, stride_kfa, stride_kfn, stride_kfd,
+                       stride_vn, stride_vd, cd_base, scr, offs_r, offs_m, offs_d, start, stop, n, qk_scale,
+                       MASKED: tl.constexpr, DIAGONAL: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr,
+                       QB: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Key tiles ``[start, stop)`` of :func:`conv_dq_rows_kernel`: ``dC`` as :func:`_dq_key_tiles` makes it, then
+    through the scratch ``scr`` into ``dq``, one product per query shift."""
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < D
+    scr_tile = scr + offs_r[:, None] * BLOCK_N + offs_n[None, :]
+    for start_n in range(start, stop, BLOCK_N):
+        offs_k = start_n + offs_n
+        kf_hi = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, 0, QA, CQ, D, BLOCK_D)
+        c = tl.dot(q_hi, kf_hi, input_precision=PRECISION)
+        if QB > 0:
+            kf_lo = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
+            c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
+        c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
+        if MASKED:
+            c = tl.where((offs_k < n)[None, :], c, float("-inf"))
+        p = tl.math.exp2(c - lse2[:, None])
+        vt = tl.load(v_base + offs_k[None, :] * stride_vn + offs_d[:, None] * stride_vd,
+                     mask=d_ok[:, None] & (offs_k < n)[None, :], other=0.0)
+        dc = p * (tl.dot(do, vt, input_precision=PRECISION) - delta[:, None])
+        if DIAGONAL:
+            dc = tl.where(offs_m[:, None] - offs_k[None, :] >= E, dc, 0.0)
+        tl.store(scr_tile, dc.to(kf_hi.dtype))
+        tl.debug_barrier()
+        for a in tl.static_range(CQ):
+            rows = offs_r + (CQ - 1 - a)
+            dc_a = tl.load(scr + rows[:, None] * BLOCK_N + offs_n[None, :], mask=(rows < BLOCK_M)[:, None],
+                           other=0.0, volatile=True)
+            kf_a = tl.load(kf_base + a * stride_kfa + offs_k[:, None] * stride_kfn + offs_d[None, :] * stride_kfd,
+                           mask=(offs_k < n)[:, None] & d_ok[None, :], other=0.0)
+            dq = tl.dot(dc_a, kf_a, dq, input_precision=PRECISION)
+        tl.debug_barrier()
+    return dq
+
+
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
+def conv_dq_rows_kernel(Q, KF, V, DO, LSE, DELTA, CD, DQF, SCR,
+                        stride_qb, stride_qh, stride_qm, stride_qd,
+                        stride_vb, stride_vh, stride_vn, stride_vd,
+                        stride_kfb, stride_kfh, stride_kfa, stride_kfn, stride_kfd,
+                        stride_dob, stride_doh, stride_dom, stride_dod,
+                        n_q, n_k, num_heads, group_size, scale, N_BUCKET,
+                        CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr,
+                        E_PAD: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr, D: tl.constexpr,
+                        BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, HALO: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``DQF[b, h, r] = sum_a sum_j dC_far[r + (cq-1) - a, j] Kf_a[j]`` (fp32, contiguous ``[B, Hq, n, D]``) for
+    the ``BLOCK_M - HALO`` rows a program owns: it makes ``dC`` on ``BLOCK_M`` rows (its own and ``HALO >= cq - 1``
+    below them), stores each ``dC`` tile 16-bit to its scratch ``SCR[program] [BLOCK_M, BLOCK_N]`` and reads it back
+    shifted by ``(cq-1) - a`` rows for each shift ``a``: ``cq`` products into a ``[BLOCK_M, D]`` accumulator.
+
+    Grid: ``(cdiv(n, BLOCK_M - HALO), B * Hq)``, heaviest (last) query tiles first.
+    """
+    OWNED: tl.constexpr = BLOCK_M - HALO
+    n = n_q
+    pid_m, pid_bh, b, h, kv_h = program_coordinates(num_heads, group_size, HEAVY_LAST=True)
+    i0 = pid_m * OWNED
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_m = i0 + offs_r
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < D
+    row_ok = offs_m < n
+    q_base = Q + b * stride_qb + h * stride_qh
+    q_hi = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, 0, QA, CQ, D, BLOCK_D)
+    if QB > 0:
+        q_lo = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
+    else:
+        q_lo = q_hi
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    lse2 = tl.load(LSE + pid_bh * n + offs_m, mask=row_ok, other=float("inf")) * LOG2E
+    delta = tl.load(DELTA + pid_bh * n + offs_m, mask=row_ok, other=0.0)
+    kf_base = KF + b * stride_kfb + h * stride_kfh
+    v_base = V + b * stride_vb + kv_h * stride_vh
+    cd_base = CD + pid_bh * n * E_PAD
+    scr = SCR + (tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)) * BLOCK_M * BLOCK_N
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    qk_scale = scale * LOG2E
+    clean_stop, stop = key_tile_bounds(i0, n, 0, E, CAUSAL, BLOCK_M, BLOCK_N)
+    dq = _dq_rows_key_tiles(dq, q_hi, q_lo, do, lse2, delta, kf_base, v_base, stride_kfa, stride_kfn, stride_kfd,
+                            stride_vn, stride_vd, cd_base, scr, offs_r, offs_m, offs_d, 0, clean_stop, n, qk_scale,
+                            False, False, CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+    dq = _dq_rows_key_tiles(dq, q_hi, q_lo, do, lse2, delta, kf_base, v_base, stride_kfa, stride_kfn, stride_kfd,
+                            stride_vn, stride_vd, cd_base, scr, offs_r, offs_m, offs_d, clean_stop, stop, n, qk_scale,
+                            not CAUSAL, CAUSAL, CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+    own = (offs_r < OWNED) & row_ok
+    tl.store(DQF + pid_bh * n * D + offs_m[:, None] * D + offs_d[None, :], dq, mask=own[:, None] & d_ok[None, :])
+
+
 @triton.jit
 def _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, lse_base, delta_base, cd_base,
                       stride_qm, stride_qd, stride_dom, stride_dod, offs_k, offs_d, start, stop, n, qk_scale,
