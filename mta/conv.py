@@ -12,7 +12,7 @@ import triton
 
 from . import conv_backward, conv_forward, runtime, tuning
 from ._checks import check_weight, resolve_scale
-from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_kernel, conv_dq_kernel, conv_dq_rows_kernel,
+from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_kernel, conv_dq_kernel,
                             conv_near_kernel)
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
                            held_shared_bytes, holds_queries, past_scores_kernel, query_shift_groups)
@@ -261,16 +261,6 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
     return config
 
 
-#: :func:`conv_dq_rows_kernel`'s tile (probe: BLOCK_M computed rows, BLOCK_N keys, warps, stages).
-DQ_ROWS_TILE = {64: (128, 64, 8, 2), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)}
-
-
-def conv_backward_dq_rows_tile(dtype, block_d: int) -> dict:
-    if runtime.INTERPRET:
-        return tuning.as_config((32, 16, 4, 1))
-    return tuning.as_config(DQ_ROWS_TILE[tuning.width_of(block_d)])
-
-
 def keys_as_rows_tile(cq: int, block_d: int, dtype: torch.dtype, family: str | None = None) -> dict | None:
     """The dK/dV side's tile when its scores are made keys as rows (:data:`mta.tuning.HOPPER_KEYS_AS_ROWS`: 16-bit
     on Hopper, where the table has one for the head-dim width and it fits whole, its 128 owned keys'
@@ -360,26 +350,15 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
         g = torch.zeros(16, device=dev, dtype=torch.float32)
 
     # dQ side, then dK/dV side: the two cq-fold fp32 buffers (Gq, U) are never alive together.
-    rows_direct = conv_backward.DQ_ROWS and cq - 1 <= conv_backward.DQ_HALO
-    if rows_direct:
-        tile = conv_backward_dq_rows_tile(q.dtype, block_d)
-        grid = (triton.cdiv(N, tile["BLOCK_M"] - conv_backward.DQ_HALO), B * Hq)
-        gq = torch.empty((B, Hq, 1, N, D), device=dev, dtype=torch.float32)
-        scr = torch.empty((grid[0] * grid[1], tile["BLOCK_M"], tile["BLOCK_N"]), device=dev, dtype=q.dtype)
-        launch(conv_dq_rows_kernel, grid, q, kf, v, do, lse, delta, cd, gq, scr, *q.stride(), *v.stride(),
-               *kf.stride(), *do.stride(), N, N, Hq, Hq // Hkv, scale, bucket, **meta, HALO=conv_backward.DQ_HALO,
-               **tile)
-    else:
-        gq = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
-        launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
-                     (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
-                      N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
-                     fit=lambda tile: _fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
-                     key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
+    gq = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
+    launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
+                 (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
+                  N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
+                 fit=lambda tile: _fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
+                 key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     dq = empty_contiguous(q)
     launch(conv_dq_fold_kernel, (tiles, B * Hq), gq, g, k, dq, *k.stride(), *dq.stride(), N, Hq, Hq // Hkv, scale,
-           NEAR=near, CQ=1 if rows_direct else cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d,
-           BLOCK_R=block_r, num_warps=4)
+           NEAR=near, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4)
     del gq
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
