@@ -12,6 +12,7 @@ import triton
 
 from . import conv_backward, conv_forward, runtime, tuning
 from ._checks import check_weight, resolve_scale
+from .conv_chunked import conv_attention_backward_chunked
 from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_kernel, conv_dq_kernel,
                             conv_near_kernel)
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
@@ -220,7 +221,7 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
       the streamed rows ``config[streamed]`` halve (down to 16);
     * the held 16-bit operand ``[owned, cols]`` and ``num_stages`` streamed ``[streamed, cols]`` tiles in shared
       memory: at most :data:`conv_backward.SHARED_BYTES`. Too large, the streamed rows ``config[streamed]``
-      halve first, then the owned rows, then the pipeline loses stages (:func:`check_backward_fits` refuses what
+      halve first, then the owned rows, then the pipeline loses stages (:func:`backward_fits` says what
       16 x 16 x 1 cannot fit).
 
     The table's tiles were chosen at 6 x 11 (``cq' = 6``); a wider kernel keeps their rows with more warps
@@ -275,21 +276,19 @@ def keys_as_rows_tile(cq: int, block_d: int, dtype: torch.dtype, family: str | N
     return config if fitted == config else None
 
 
-def check_backward_fits(cq: int, ck: int, head_dim: int, dtype: torch.dtype) -> None:
-    """Raise where even the smallest backward tile cannot fit on chip: 16 owned and 16 streamed rows,
-    ``(QA + QB) * BLOCK_D`` wide (:func:`_fit_backward_tile`), over :data:`mta.conv_backward.SHARED_BYTES`.
-    That leaves out, in bf16/fp16, cq > 12 at d > 128 and cq > 24 at d > 64; in fp32, cq > 6 at d > 128,
-    cq > 12 at d > 64 and cq > 24 at d > 32."""
-    block_d, elem = shifted_head_dim_block(head_dim, dtype), dtype.itemsize
+def backward_fits(cq: int, head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether the fused backward's smallest tile fits on chip: 16 owned and 16 streamed rows,
+    ``(QA + QB) * BLOCK_D`` wide (:func:`_fit_backward_tile`), within :data:`mta.conv_backward.SHARED_BYTES`.
+    It does not, in bf16/fp16, for cq > 12 at d > 128 and cq > 24 at d > 64; in fp32, for cq > 6 at d > 128,
+    cq > 12 at d > 64 and cq > 24 at d > 32 (those run :mod:`mta.conv_chunked`)."""
+    smallest = 32 * sum(query_shift_groups(cq)) * shifted_head_dim_block(head_dim, dtype) * dtype.itemsize
+    return smallest <= conv_backward.SHARED_BYTES
 
-    def smallest(c):
-        return 32 * sum(query_shift_groups(c)) * block_d * elem
-    if smallest(cq) > conv_backward.SHARED_BYTES:
-        most = max((c for c in range(1, cq) if smallest(c) <= conv_backward.SHARED_BYTES), default=0)
-        raise ValueError(
-            f"the MTA backward of a {cq} x {ck} kernel at head dim {head_dim} in {str(dtype).replace('torch.', '')} "
-            f"does not fit in a GPU program's shared memory (it holds {sum(query_shift_groups(cq))} shifted copies "
-            f"of {block_d}-wide rows); at this head dim and dtype it supports cq <= {most}")
+
+def runs_chunked(cq: int, head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether the backward runs :mod:`mta.conv_chunked`: on a GPU, where the fused one does not fit
+    (Triton's interpreter has no shared memory to run out of)."""
+    return not runtime.INTERPRET and not backward_fits(cq, head_dim, dtype)
 
 
 def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
@@ -302,8 +301,10 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     (causal), the dQ-side tiled kernel and its fold, then the dK/dV-side tiled kernel and its fold: the two
     ``cq``-fold fp32 buffers ``Gq`` and ``U`` are never alive at the same time.
     """
-    if not runtime.INTERPRET:
-        check_backward_fits(*weight.shape[1:], q.shape[-1], q.dtype)
+    if runs_chunked(weight.shape[1], q.shape[-1], q.dtype):
+        if in_dry_run():  # nothing of Triton's to compile
+            return None, None, None, None
+        return conv_attention_backward_chunked(do, q, k, v, weight, causal, scale)
     compile_ahead("conv_backward", lambda *x: conv_attention_backward(*x, scale), do, q, k, v, o, lse, weight, causal)
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
@@ -432,9 +433,10 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
         return_lse: also return the fp32 log-sum-exp of each row of the convolved scores (not differentiable).
 
     Differentiable in ``q``, ``k``, ``v`` and ``weight`` (fused backward, :mod:`mta.conv_backward`): the
-    gradients come in the dtypes of their inputs, the weight's summed over the batch. On a GPU the backward of
-    the tallest kernels at the widest head dims does not fit in shared memory and raises a ``ValueError``
-    that says which ``cq`` fits (:func:`check_backward_fits`; e.g. ``cq <= 12`` at d = 256 in bf16).
+    gradients come in the dtypes of their inputs, the weight's summed over the batch. On a GPU the fused
+    backward of the tallest kernels at the widest head dims does not fit in shared memory (:func:`backward_fits`;
+    e.g. ``cq > 12`` at d = 256 in bf16): their gradients come from :mod:`mta.conv_chunked`, exact and
+    deterministic but unfused (blocks of query rows in PyTorch, much slower).
     """
     _, Hq, _, Nq, Nk, D = check_kernel_inputs(q, k, v)
     if Nq != Nk:

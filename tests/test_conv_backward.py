@@ -107,12 +107,8 @@ def test_short_sequences_gqa_in_16_bits_on_the_gpu(dtype, poisoned_outputs):
 def test_every_head_dim_width_and_kernel_in_16_bits(D, cq, ck, poisoned_outputs):
     """Small kernels hold their shifted queries (d = 128 with cq = 2 once asked for 352 KB of shared memory),
     larger ones stream them; forward and backward, bf16, each head-dim width. 16 x 15 at d = 256 is too big for
-    the backward: a clear error."""
-    if (D, cq) == (256, 16):
-        with pytest.raises(ValueError, match="shared memory.*supports cq <= 12"):
-            run_case(70, cq, ck, True, torch.bfloat16, Hq=2, Hkv=1, D=D)
-    else:
-        run_case(70, cq, ck, True, torch.bfloat16, Hq=2, Hkv=1, D=D)
+    the fused backward: on a GPU it runs in row chunks (:mod:`mta.conv_chunked`)."""
+    run_case(70, cq, ck, True, torch.bfloat16, Hq=2, Hkv=1, D=D)
 
 
 @pytest.mark.parametrize("cq,head_dim,dtype,fits", [
@@ -120,13 +116,11 @@ def test_every_head_dim_width_and_kernel_in_16_bits(D, cq, ck, poisoned_outputs)
     (16, 128, torch.bfloat16, True), (6, 256, torch.float32, True), (7, 256, torch.float32, False),
     (12, 128, torch.float32, True), (13, 128, torch.float32, False), (24, 64, torch.float32, True),
     (25, 64, torch.float32, False), (24, 128, torch.bfloat16, True), (25, 128, torch.bfloat16, False)])
-def test_backward_refuses_kernels_too_wide_for_shared_memory(cq, head_dim, dtype, fits):
-    """The bound behind the error (sm_90 builds: 16 x 15 at d = 256 in bf16 needs 296 KB, 11 x 15 fits in 208 KB)."""
-    if fits:
-        mta.conv.check_backward_fits(cq, 3, head_dim, dtype)
-    else:
-        with pytest.raises(ValueError, match=f"{cq} x 3 kernel at head dim {head_dim}.*does not fit"):
-            mta.conv.check_backward_fits(cq, 3, head_dim, dtype)
+def test_fused_backward_fits_up_to_the_shared_memory_bound(cq, head_dim, dtype, fits):
+    """The bound past which the backward runs in row chunks (sm_90 builds: 16 x 15 at d = 256 in bf16 needs
+    296 KB, 11 x 15 fits in 208 KB)."""
+    assert mta.conv.backward_fits(cq, head_dim, dtype) is fits
+    assert mta.conv.runs_chunked(cq, head_dim, dtype) is (not fits and not mta.runtime.INTERPRET)
 
 
 @pytest.mark.parametrize("N,causal", [(26, True), (20, False)])

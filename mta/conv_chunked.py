@@ -1,0 +1,81 @@
+"""The MTA backward in row chunks, in plain PyTorch: for kernels too tall for the fused backward's tiles.
+
+The fused backward (:mod:`mta.conv_backward`) holds ``cq`` shifted copies of a tile's rows on chip; past
+:func:`mta.conv.backward_fits` (e.g. ``cq > 12`` at d = 256 in bf16, ``cq > 12`` at d = 96 in fp32) they do not
+fit in a GPU program's shared memory. There, :func:`conv_attention_backward_chunked` gives the same gradients a
+block of query rows at a time: the rows' convolved scores against every key they see (their ``cq - 1`` rows of
+halo above included), the softmax, the output, and autograd back to ``q``, ``k``, ``v`` and the weight. A row's
+softmax needs only its own row of scores, so each chunk is exact; the gradients of the chunks are summed in
+their fixed order (deterministic, cuDNN in its deterministic mode). Memory: a few fp32 ``[B, Hq, rows, N]``
+blocks, with ``rows`` chosen to keep them near :data:`CHUNK_BYTES`, so O(N) for a fixed budget; time O(N^2) with
+no fusion: much slower than the fused kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .reference import expand_kv
+
+#: About this many bytes of fp32 ``[B, Hq, rows, N]`` blocks live at once (eight of them: scores, padded
+#: scores, convolved scores, probabilities and their gradients).
+CHUNK_BYTES = 256 * 2 ** 20
+LIVE_BLOCKS = 8
+
+
+def chunk_rows(batch: int, heads: int, n: int, budget: int = CHUNK_BYTES) -> int:
+    """Query rows per chunk: :data:`LIVE_BLOCKS` fp32 ``[batch, heads, rows, n]`` blocks within ``budget``."""
+    return max(1, min(n, budget // max(1, LIVE_BLOCKS * 4 * batch * heads * n)))
+
+
+def _chunk_output(q_rows, k, v, weight, r0: int, halo: int, causal: bool, scale: float) -> torch.Tensor:
+    """``o`` of the query rows ``[r0, r0 + rows)`` in fp32: ``q_rows [B, Hq, halo + rows, D]`` holds them with the
+    ``halo`` rows above (``cq - 1``, fewer at the top, where the convolution's zero padding stands in); ``k, v``
+    all keys the rows see (causal: ``[0, r0 + rows)``; the keys after are in every row's future)."""
+    cq, ck = weight.shape[1:]
+    hq = q_rows.shape[1]
+    rows = q_rows.shape[2] - halo
+    n_keys = k.shape[2]
+    s = scale * (q_rows.float() @ expand_kv(k, hq).float().transpose(-1, -2))  # [B, Hq, halo + rows, keys]
+    if causal:  # zero the future before the convolution, -inf after it
+        s = s.masked_fill(_future(r0 - halo, halo + rows, n_keys, s.device), 0.0)
+    pad_k = (ck - 1) // 2
+    c = F.conv2d(F.pad(s, (pad_k, pad_k, cq - 1 - halo, 0)), weight.float()[:, None], groups=hq)
+    if causal:
+        c = c.masked_fill(_future(r0, rows, n_keys, c.device), float("-inf"))
+    return torch.softmax(c, dim=-1) @ expand_kv(v, hq).float()
+
+
+def _future(first_row: int, rows: int, n_keys: int, device) -> torch.Tensor:
+    """``[rows, n_keys]``, True where key ``j`` is after query ``first_row + i``."""
+    i = torch.arange(first_row, first_row + rows, device=device)[:, None]
+    return torch.arange(n_keys, device=device)[None, :] > i
+
+
+def conv_attention_backward_chunked(do, q, k, v, weight, causal: bool, scale: float, rows: int | None = None):
+    """``dq, dk, dv, dweight`` of :func:`mta.conv_attention` (``dq, dk, dv`` in the dtypes of ``q, k, v``;
+    ``dweight [Hq, cq, ck]`` fp32, summed over the batch), ``rows`` query rows at a time (default
+    :func:`chunk_rows`). ``do, q [B, Hq, N, D]``, ``k, v [B, Hkv, N, D]``, ``weight [Hq, cq, ck]``."""
+    B, Hq, N, _ = q.shape
+    cq = weight.shape[1]
+    rows = rows or chunk_rows(B, Hq, N)
+    dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    dk = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
+    dv = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
+    dweight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
+    w = weight.detach().float()
+    with torch.enable_grad(), torch.backends.cudnn.flags(enabled=True, deterministic=True, benchmark=False):
+        for r0 in range(0, N, rows):
+            r1 = min(N, r0 + rows)
+            halo = min(cq - 1, r0)
+            n_keys = r1 if causal else N
+            leaves = [t.detach().requires_grad_() for t in (q[:, :, r0 - halo:r1], k[:, :, :n_keys],
+                                                           v[:, :, :n_keys], w)]
+            o = _chunk_output(*leaves, r0, halo, causal, scale)
+            gq, gk, gv, gw = torch.autograd.grad(o, leaves, do[:, :, r0:r1].float())
+            dq[:, :, r0 - halo:r1] += gq
+            dk[:, :, :n_keys] += gk
+            dv[:, :, :n_keys] += gv
+            dweight += gw
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dweight

@@ -1,0 +1,79 @@
+"""The MTA backward in row chunks (:mod:`mta.conv_chunked`): what a GPU runs where the fused backward's smallest
+tile does not fit in shared memory. Checked against autograd through the float64 reference, through
+``mta.conv_attention`` with the dispatch forced, for determinism and for causality."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mta
+import mta.conv
+from conftest import rand, rand_qkv
+from mta.conv_chunked import LIVE_BLOCKS, chunk_rows, conv_attention_backward_chunked
+from test_conv_backward import NAMES, TOL, check, grads, reference_grads
+
+
+# N = 1; N < cq (5 rows, 16 x 15); chunks of 3 rows under a 31-row halo (32 x 33); chunk sizes that do not divide
+# N; GQA with a padded head dim; a batch of two (dweight sums over it); not causal.
+@pytest.mark.parametrize("N,cq,ck,causal,rows,Hq,Hkv,D,B", [
+    (1, 6, 11, True, None, 2, 1, 16, 1), (5, 16, 15, True, 2, 2, 1, 16, 1), (37, 32, 33, True, 3, 2, 2, 8, 1),
+    (40, 16, 15, False, 7, 2, 1, 16, 1), (33, 6, 11, True, 8, 4, 2, 24, 2), (20, 1, 1, True, 6, 2, 2, 16, 1),
+    (26, 3, 3, False, None, 4, 2, 24, 2)], ids=str)
+def test_chunks_against_the_float64_reference(N, cq, ck, causal, rows, Hq, Hkv, D, B):
+    q, k, v = rand_qkv(B, Hq, Hkv, N, N, D)
+    weight, do = rand(Hq, cq, ck, scale=0.2), rand(B, Hq, N, D)
+    out = conv_attention_backward_chunked(do, q, k, v, weight, causal, D ** -0.5, rows)
+    ref = reference_grads(q, k, v, weight, do, causal)
+    for name, x, y, like in zip(NAMES, out, ref, (q, k, v, weight)):
+        assert x.dtype == like.dtype and x.shape == like.shape, name
+        check(name, x, y, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_conv_attention_takes_the_chunks_where_the_fused_backward_does_not_fit(dtype, monkeypatch):
+    """The forward stays fused; the backward is the chunked one (a spy counts its calls) and matches the
+    reference in the inputs' dtypes."""
+    calls = []
+    chunked = mta.conv.conv_attention_backward_chunked
+    monkeypatch.setattr(mta.conv, "runs_chunked", lambda *a: True)
+    monkeypatch.setattr(mta.conv, "conv_attention_backward_chunked", lambda *a: calls.append(1) or chunked(*a))
+    q, k, v = rand_qkv(2, 4, 2, 30, 30, 16, dtype=dtype)
+    weight, do = rand(4, 5, 7, scale=0.2), rand(2, 4, 30, 16, dtype=dtype)
+    out = grads(mta.conv_attention, q, k, v, weight, do)
+    assert calls == [1]
+    for name, x, y, like in zip(NAMES, out, reference_grads(q, k, v, weight, do, True), (q, k, v, weight)):
+        assert x.dtype == like.dtype, name
+        check(name, x, y, TOL[dtype])
+
+
+def test_chunks_are_bitwise_deterministic_and_causal():
+    """Two calls give equal bits; a loss on the outputs before t gives exactly zero gradient to q, k and v at
+    t and after (future rows set to 1e3, so a leak would show)."""
+    q, k, v = rand_qkv(1, 2, 1, 29, 29, 16)
+    weight, do = rand(2, 6, 11, scale=0.2), rand(1, 2, 29, 16)
+    first = conv_attention_backward_chunked(do, q, k, v, weight, True, 0.25, 4)
+    second = conv_attention_backward_chunked(do, q, k, v, weight, True, 0.25, 4)
+    for name, x, y in zip(NAMES, first, second):
+        assert torch.equal(x, y), name
+    t = 17
+    q, k, v = (x.clone() for x in (q, k, v))
+    for x in (q, k, v):
+        x[:, :, t:] = 1e3
+    do = do.clone()
+    do[:, :, t:] = 0
+    dq, dk, dv, dw = conv_attention_backward_chunked(do, q, k, v, weight, True, 0.25, 5)
+    for name, g in zip(NAMES, (dq, dk, dv)):
+        assert torch.isfinite(g).all(), name
+        assert torch.equal(g[:, :, t:], torch.zeros_like(g[:, :, t:])), f"{name} leaks into rows >= {t}"
+        assert g[:, :, :t].abs().amax() > 0, name
+    assert torch.isfinite(dw).all()
+
+
+@pytest.mark.parametrize("B,H,N,budget", [(1, 8, 8192, 256 * 2 ** 20), (4, 32, 131072, 256 * 2 ** 20),
+                                          (1, 1, 10, 2 ** 30), (2, 2, 100, 1)])
+def test_chunk_rows_keep_the_blocks_within_the_budget(B, H, N, budget):
+    rows = chunk_rows(B, H, N, budget)
+    assert 1 <= rows <= N
+    assert rows == 1 or LIVE_BLOCKS * 4 * B * H * N * rows <= budget
+    assert rows == N or LIVE_BLOCKS * 4 * B * H * N * (rows + 1) > budget
