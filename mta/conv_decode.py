@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from triton.runtime.errors import OutOfResources
+
 from . import conv_forward
 from ._checks import check_weight, resolve_scale
+from .conv_decode_rows import conv_decode_rows
 from .decode import check_new_queries, check_num_splits, check_seqlens, launch_decode
 from .decode_kernels import fold_queries_kernel
 from .launch import check_kernel_inputs, head_dim_block, launch
@@ -61,7 +64,9 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
         num_splits: key splits per sequence besides the band; default :func:`mta.decode.choose_num_splits`.
 
     Returns:
-        ``[B, Hq, num_queries, D]`` in q_cache's dtype.
+        ``[B, Hq, num_queries, D]`` in q_cache's dtype. Where the split kernel does not fit in the GPU's shared
+        memory (fp32 with wide key-axis kernels at head dims over 64), the same rows from
+        :func:`mta.conv_decode_rows.conv_decode_rows` (PyTorch, unfused, one pass over the cache).
     """
     B, Hq, Hkv, n_q, n_max, D = check_kernel_inputs(q_cache, k_cache, v_cache)
     if n_q != n_max:
@@ -80,5 +85,9 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
     lens = check_seqlens(cache_seqlens, B, n_max, num_queries, q_cache.device, what="num_queries")
     scale = resolve_scale(scale, D)
     w = weight.detach().float().contiguous()
-    return launch_decode(q_cache, k_cache, v_cache, lens, num_queries, scale, check_num_splits(num_splits),
-                         weight=w, kernel_size=(cq, ck))
+    num_splits = check_num_splits(num_splits)
+    try:
+        return launch_decode(q_cache, k_cache, v_cache, lens, num_queries, scale, num_splits, weight=w,
+                             kernel_size=(cq, ck))
+    except OutOfResources:  # the split kernel's tiles do not fit on this GPU: the same rows, unfused
+        return conv_decode_rows(q_cache, k_cache, v_cache, w, lens, num_queries, scale)

@@ -1,0 +1,54 @@
+"""MTA decode rows in PyTorch (:mod:`mta.conv_decode_rows`): what ``mta.conv_decode_attention`` returns where its
+split kernel does not fit in shared memory. Against the float64 reference rows, with caches poisoned past each
+length, and through ``conv_decode_attention`` when the launch is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton.runtime.errors import OutOfResources
+
+import mta
+import mta.conv_decode
+from conftest import close_in_norm, rand
+from mta.conv_decode_rows import conv_decode_rows
+from test_conv_decode import TOL, caches, reference
+
+
+# The widest kernel (32 x 33, more rows of reach than the shortest sequence), N < cq, GQA, 1 x 1, and the head
+# blocks: a tiny budget makes every head a block of its own.
+@pytest.mark.parametrize("cq,ck,n,lengths,budget", [
+    (32, 33, 2, (1, 40, 75), None), (6, 11, 3, (3, 37, 100), None), (1, 1, 1, (1, 37, 300), None),
+    (11, 15, 4, (5, 9, 60), 1), (2, 9, 1, (80, 80), None)], ids=str)
+def test_rows_against_the_float64_reference(cq, ck, n, lengths, budget, monkeypatch):
+    if budget is not None:
+        monkeypatch.setattr(mta.conv_decode_rows, "ROWS_BYTES", budget)
+    lengths = [max(L, n) for L in lengths]
+    q, k, v = caches(len(lengths), 4, 2, max(lengths), 24, lengths, torch.float32)
+    weight = rand(4, cq, ck, scale=0.2)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    out = conv_decode_rows(q, k, v, weight, lens, n, 24 ** -0.5)
+    assert out.shape == (len(lengths), 4, n, 24) and torch.isfinite(out).all()
+    assert close_in_norm(out, reference(q, k, v, weight, lengths, n), TOL[torch.float32])
+
+
+def test_every_sequence_full_when_no_lengths():
+    q, k, v = caches(2, 2, 1, 30, 16, (30, 30), torch.float16)
+    weight = rand(2, 5, 7, scale=0.2)
+    out = conv_decode_rows(q, k, v, weight, None, 3, 0.25)
+    assert out.dtype == torch.float16
+    ref = torch.cat([mta.conv_attention_reference(*(x[b:b + 1].double() for x in (q, k, v)), weight.double(),
+                                                  scale=0.25)[:, :, -3:] for b in range(2)])
+    assert close_in_norm(out, ref, TOL[torch.float16])
+
+
+def test_conv_decode_attention_falls_back_when_the_launch_is_refused(monkeypatch):
+    def refused(*args, **kwargs):
+        raise OutOfResources(524288, 232448, "shared memory")
+    monkeypatch.setattr(mta.conv_decode, "launch_decode", refused)
+    lengths = [40, 75]
+    q, k, v = caches(2, 4, 2, 75, 24, lengths, torch.float32)
+    weight = rand(4, 32, 33, scale=0.2)
+    out = mta.conv_decode_attention(q, k, v, weight, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
+                                    num_queries=2)
+    assert close_in_norm(out, reference(q, k, v, weight, lengths, 2), TOL[torch.float32])
