@@ -6,7 +6,7 @@ fit in a GPU program's shared memory. There, :func:`conv_attention_backward_chun
 block of query rows at a time: the rows' convolved scores against every key they see (their ``cq - 1`` rows of
 halo above included), the softmax, the output, and autograd back to ``q``, ``k``, ``v`` and the weight. A row's
 softmax needs only its own row of scores, so each chunk is exact; the gradients of the chunks are summed in
-their fixed order (deterministic, cuDNN in its deterministic mode). Memory: a few fp32 ``[B, Hq, rows, N]``
+their fixed order (deterministic: cuDNN in its deterministic mode, without TF32). Memory: a few fp32 ``[B, Hq, rows, N]``
 blocks, with ``rows`` chosen to keep them near :data:`CHUNK_BYTES`, so O(N) for a fixed budget; time O(N^2) with
 no fusion: much slower than the fused kernels.
 """
@@ -65,7 +65,8 @@ def conv_attention_backward_chunked(do, q, k, v, weight, causal: bool, scale: fl
     dv = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
     dweight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
     w = weight.detach().float()
-    with torch.enable_grad(), torch.backends.cudnn.flags(enabled=True, deterministic=True, benchmark=False):
+    exact = torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False)
+    with torch.enable_grad(), exact:
         for r0 in range(0, N, rows):
             r1 = min(N, r0 + rows)
             halo = min(cq - 1, r0)

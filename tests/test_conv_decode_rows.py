@@ -26,7 +26,7 @@ def test_rows_against_the_float64_reference(cq, ck, n, lengths, budget, monkeypa
     lengths = [max(L, n) for L in lengths]
     q, k, v = caches(len(lengths), 4, 2, max(lengths), 24, lengths, torch.float32)
     weight = rand(4, cq, ck, scale=0.2)
-    lens = torch.tensor(lengths, dtype=torch.int32)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=q.device)  # as conv_decode_attention passes them
     out = conv_decode_rows(q, k, v, weight, lens, n, 24 ** -0.5)
     assert out.shape == (len(lengths), 4, n, 24) and torch.isfinite(out).all()
     assert close_in_norm(out, reference(q, k, v, weight, lengths, n), TOL[torch.float32])
