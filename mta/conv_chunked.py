@@ -1,4 +1,5 @@
-"""The MTA backward in row chunks, in plain PyTorch: for kernels too tall for the fused backward's tiles.
+"""MTA in row chunks, in plain PyTorch: for kernels too tall for the fused backward's tiles (and any fused
+launch that the GPU refuses for its shared memory).
 
 The fused backward (:mod:`mta.conv_backward`) holds ``cq`` shifted copies of a tile's rows on chip; past
 :func:`mta.conv.backward_fits` (e.g. ``cq > 12`` at d = 256 in bf16, ``cq > 12`` at d = 96 in fp32) they do not
@@ -29,10 +30,11 @@ def chunk_rows(batch: int, heads: int, n: int, budget: int = CHUNK_BYTES) -> int
     return max(1, min(n, budget // max(1, LIVE_BLOCKS * 4 * batch * heads * n)))
 
 
-def _chunk_output(q_rows, k, v, weight, r0: int, halo: int, causal: bool, scale: float) -> torch.Tensor:
-    """``o`` of the query rows ``[r0, r0 + rows)`` in fp32: ``q_rows [B, Hq, halo + rows, D]`` holds them with the
-    ``halo`` rows above (``cq - 1``, fewer at the top, where the convolution's zero padding stands in); ``k, v``
-    all keys the rows see (causal: ``[0, r0 + rows)``; the keys after are in every row's future)."""
+def _chunk_scores(q_rows, k, weight, r0: int, halo: int, causal: bool, scale: float) -> torch.Tensor:
+    """The convolved scores ``[B, Hq, rows, keys]`` (fp32, ``-inf`` in the future) of the query rows
+    ``[r0, r0 + rows)``: ``q_rows [B, Hq, halo + rows, D]`` holds them with the ``halo`` rows above (``cq - 1``,
+    fewer at the top, where the convolution's zero padding stands in); ``k`` all keys the rows see (causal:
+    ``[0, r0 + rows)``; the keys after are in every row's future)."""
     cq, ck = weight.shape[1:]
     hq = q_rows.shape[1]
     rows = q_rows.shape[2] - halo
@@ -44,7 +46,13 @@ def _chunk_output(q_rows, k, v, weight, r0: int, halo: int, causal: bool, scale:
     c = F.conv2d(F.pad(s, (pad_k, pad_k, cq - 1 - halo, 0)), weight.float()[:, None], groups=hq)
     if causal:
         c = c.masked_fill(_future(r0, rows, n_keys, c.device), float("-inf"))
-    return torch.softmax(c, dim=-1) @ expand_kv(v, hq).float()
+    return c
+
+
+def _chunk_output(q_rows, k, v, weight, r0: int, halo: int, causal: bool, scale: float) -> torch.Tensor:
+    """``o`` of the rows of :func:`_chunk_scores` in fp32."""
+    c = _chunk_scores(q_rows, k, weight, r0, halo, causal, scale)
+    return torch.softmax(c, dim=-1) @ expand_kv(v, q_rows.shape[1]).float()
 
 
 def _future(first_row: int, rows: int, n_keys: int, device) -> torch.Tensor:
@@ -80,3 +88,23 @@ def conv_attention_backward_chunked(do, q, k, v, weight, causal: bool, scale: fl
             dv[:, :, :n_keys] += gv
             dweight += gw
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dweight
+
+
+def conv_attention_forward_chunked(q, k, v, weight, causal: bool, scale: float, rows: int | None = None):
+    """``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32) of :func:`mta.conv_attention`, ``rows`` query
+    rows at a time (default :func:`chunk_rows`): where the fused forward's tiles do not fit on the GPU."""
+    B, Hq, N, _ = q.shape
+    cq = weight.shape[1]
+    rows = rows or chunk_rows(B, Hq, N)
+    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
+    exact = torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False)
+    with torch.no_grad(), exact:
+        for r0 in range(0, N, rows):
+            r1 = min(N, r0 + rows)
+            halo = min(cq - 1, r0)
+            n_keys = r1 if causal else N
+            c = _chunk_scores(q[:, :, r0 - halo:r1], k[:, :, :n_keys], weight, r0, halo, causal, scale)
+            lse[:, :, r0:r1] = torch.logsumexp(c, dim=-1)
+            o[:, :, r0:r1] = (torch.softmax(c, dim=-1) @ expand_kv(v[:, :, :n_keys], Hq).float()).to(q.dtype)
+    return o, lse

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from triton.runtime.errors import OutOfResources
 
 import mta
 import mta.conv
 from conftest import rand, rand_qkv
-from mta.conv_chunked import LIVE_BLOCKS, chunk_rows, conv_attention_backward_chunked
+from mta.conv_chunked import LIVE_BLOCKS, chunk_rows, conv_attention_backward_chunked, conv_attention_forward_chunked
 from test_conv_backward import NAMES, TOL, check, grads, reference_grads
 
 
@@ -77,3 +78,37 @@ def test_chunk_rows_keep_the_blocks_within_the_budget(B, H, N, budget):
     assert 1 <= rows <= N
     assert rows == 1 or LIVE_BLOCKS * 4 * B * H * N * rows <= budget
     assert rows == N or LIVE_BLOCKS * 4 * B * H * N * (rows + 1) > budget
+
+
+@pytest.mark.parametrize("N,cq,ck,causal,rows", [(1, 6, 11, True, None), (37, 32, 33, True, 3), (40, 16, 15, False, 7)],
+                         ids=str)
+def test_chunked_forward_against_the_float64_reference(N, cq, ck, causal, rows):
+    q, k, v = rand_qkv(2, 4, 2, N, N, 16)
+    weight = rand(4, cq, ck, scale=0.2)
+    o, lse = conv_attention_forward_chunked(q, k, v, weight, causal, 0.25, rows)
+    ref_o, ref_lse = mta.conv_attention_reference(*(x.double() for x in (q, k, v, weight)), causal=causal,
+                                                  scale=0.25, return_lse=True)
+    check("o", o, ref_o, TOL[torch.float32])
+    check("lse", lse, ref_lse, TOL[torch.float32])
+
+
+def test_refused_launches_fall_back_to_the_chunks(monkeypatch):
+    """A fused forward or backward launch that the GPU refuses for its shared memory (Triton's OutOfResources,
+    which the shared-memory model can miss) gives the chunks' results instead of the error."""
+    def refused(*args, **kwargs):
+        raise OutOfResources(237568, 232448, "shared memory")
+    monkeypatch.setattr(mta.conv, "launch_conv_forward", refused)
+    monkeypatch.setattr(mta.conv, "_fused_backward", refused)
+    q, k, v = rand_qkv(1, 4, 2, 30, 30, 16)
+    weight, do = rand(4, 8, 17, scale=0.2), rand(1, 4, 30, 16)
+    out = mta.conv_attention(q, k, v, weight)
+    check("o", out, mta.conv_attention_reference(*(x.double() for x in (q, k, v, weight))), TOL[torch.float32])
+    for name, x, y in zip(NAMES, grads(mta.conv_attention, q, k, v, weight, do),
+                          reference_grads(q, k, v, weight, do, True)):
+        check(name, x, y, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("group_size,stages", [(1, 2), (2, 1), (4, 1)])
+def test_gqa_groups_walk_their_query_tiles_in_one_stage(group_size, stages):
+    config = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
+    assert mta.conv._one_stage_for_groups(config, group_size) == {**config, "num_stages": stages}
