@@ -55,6 +55,18 @@ def _chunk_output(q_rows, k, v, weight, r0: int, halo: int, causal: bool, scale:
     return torch.softmax(c, dim=-1) @ expand_kv(v, q_rows.shape[1]).float()
 
 
+def _chunks(n: int, rows: int, cq: int, causal: bool):
+    """``(r0, r1, halo, keys)`` per block of query rows ``[r0, r1)``: its halo of rows above and the keys it sees."""
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        yield r0, r1, min(cq - 1, r0), r1 if causal else n
+
+
+def exact_convolutions():
+    """cuDNN deterministic and without TF32 (fp32 convolutions as exact as the rest)."""
+    return torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False)
+
+
 def _future(first_row: int, rows: int, n_keys: int, device) -> torch.Tensor:
     """``[rows, n_keys]``, True where key ``j`` is after query ``first_row + i``."""
     i = torch.arange(first_row, first_row + rows, device=device)[:, None]
@@ -67,18 +79,13 @@ def conv_attention_backward_chunked(do, q, k, v, weight, causal: bool, scale: fl
     :func:`chunk_rows`). ``do, q [B, Hq, N, D]``, ``k, v [B, Hkv, N, D]``, ``weight [Hq, cq, ck]``."""
     B, Hq, N, _ = q.shape
     cq = weight.shape[1]
-    rows = rows or chunk_rows(B, Hq, N)
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     dk = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
     dv = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
     dweight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
     w = weight.detach().float()
-    exact = torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False)
-    with torch.enable_grad(), exact:
-        for r0 in range(0, N, rows):
-            r1 = min(N, r0 + rows)
-            halo = min(cq - 1, r0)
-            n_keys = r1 if causal else N
+    with torch.enable_grad(), exact_convolutions():
+        for r0, r1, halo, n_keys in _chunks(N, rows or chunk_rows(B, Hq, N), cq, causal):
             leaves = [t.detach().requires_grad_() for t in (q[:, :, r0 - halo:r1], k[:, :, :n_keys],
                                                            v[:, :, :n_keys], w)]
             o = _chunk_output(*leaves, r0, halo, causal, scale)
@@ -95,15 +102,10 @@ def conv_attention_forward_chunked(q, k, v, weight, causal: bool, scale: float, 
     rows at a time (default :func:`chunk_rows`): where the fused forward's tiles do not fit on the GPU."""
     B, Hq, N, _ = q.shape
     cq = weight.shape[1]
-    rows = rows or chunk_rows(B, Hq, N)
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
-    exact = torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False)
-    with torch.no_grad(), exact:
-        for r0 in range(0, N, rows):
-            r1 = min(N, r0 + rows)
-            halo = min(cq - 1, r0)
-            n_keys = r1 if causal else N
+    with torch.no_grad(), exact_convolutions():
+        for r0, r1, halo, n_keys in _chunks(N, rows or chunk_rows(B, Hq, N), cq, causal):
             c = _chunk_scores(q[:, :, r0 - halo:r1], k[:, :, :n_keys], weight, r0, halo, causal, scale)
             lse[:, :, r0:r1] = torch.logsumexp(c, dim=-1)
             o[:, :, r0:r1] = (torch.softmax(c, dim=-1) @ expand_kv(v[:, :, :n_keys], Hq).float()).to(q.dtype)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .conv_chunked import exact_convolutions
+
 #: About this many bytes of fp32 work per block of heads: ``[B, heads, n + cq - 1, Nmax]`` scores (three live at
 #: once) and the heads' keys and values.
 ROWS_BYTES = 256 * 2 ** 20
@@ -38,7 +40,7 @@ def conv_decode_rows(q_cache, k_cache, v_cache, weight, lens, n_new: int, scale:
     per_head = 4 * B * n_max * (3 * rows + 2 * D)  # scores, convolved, probabilities; K and V in fp32
     heads = max(1, min(Hq, ROWS_BYTES // max(1, per_head)))
     pad_k = (ck - 1) // 2
-    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False):
+    with exact_convolutions():
         for h0 in range(0, Hq, heads):
             h1 = min(Hq, h0 + heads)
             kv_heads = torch.arange(h0, h1, device=dev) // group  # query head h reads kv head h // group
