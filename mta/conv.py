@@ -266,11 +266,11 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
     return config
 
 
-def _one_stage_for_groups(config: dict, group_size: int) -> dict:
-    """The dK/dV side's tile with queries as rows loops over a GQA group's query heads around its pipelined walk;
-    with two stages there, Triton 3.6 on an H100 gave wrong dK and dweight at some tiles (fp16, d = 16, 29 x 3,
-    4 heads a group: 10% off; ``notes/conv_backward.md``), with one stage exact. Groups get one stage."""
-    return {**config, "num_stages": 1} if group_size > 1 else config
+def _one_stage_for_groups(config: dict) -> dict:
+    """The dK/dV side's tile with queries as rows, for GQA: its program loops over a group's query heads around
+    its pipelined walk, and with two stages there Triton 3.6 on an H100 gave wrong dK and dweight at some tiles
+    (fp16, d = 16, 29 x 3, 4 heads a group: 10% off; ``notes/conv_backward.md``), with one stage exact."""
+    return {**config, "num_stages": 1}
 
 
 def keys_as_rows_tile(cq: int, block_d: int, dtype: torch.dtype, family: str | None = None) -> dict | None:
@@ -384,13 +384,16 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
     dv = empty_contiguous(v)
     keys_as_rows = keys_as_rows_tile(cq, block_d, q.dtype)
+
+    def fit_dkdv(tile):
+        return _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size())
+    dkdv_tile = keys_as_rows
+    if dkdv_tile is None and Hq > Hkv:  # the table's tile in one stage, never an autotuned pick with two
+        dkdv_tile = _one_stage_for_groups(fit_dkdv(tuning.config_for("conv_dkdv", block_d, q.dtype, causal)))
     launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_N"]), B * Hkv),
                  (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
                   *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), {**meta, "KEYS_AS_ROWS": keys_as_rows is not None},
-                 dtype=q.dtype, config=keys_as_rows,
-                 fit=lambda tile: _one_stage_for_groups(
-                     _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size()), Hq // Hkv),
-                 key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
+                 dtype=q.dtype, config=dkdv_tile, fit=fit_dkdv, key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     del kf
     dk = empty_contiguous(k)
     dwf = torch.empty((tiles, B, Hq, cq, ck), device=dev, dtype=torch.float32)

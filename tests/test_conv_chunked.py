@@ -108,7 +108,18 @@ def test_refused_launches_fall_back_to_the_chunks(monkeypatch):
         check(name, x, y, TOL[torch.float32])
 
 
-@pytest.mark.parametrize("group_size,stages", [(1, 2), (2, 1), (4, 1)])
-def test_gqa_groups_walk_their_query_tiles_in_one_stage(group_size, stages):
-    config = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
-    assert mta.conv._one_stage_for_groups(config, group_size) == {**config, "num_stages": stages}
+@pytest.mark.parametrize("Hq,Hkv,autotune,stages", [(4, 4, False, None), (4, 2, False, 1), (8, 2, True, 1)])
+def test_gqa_groups_walk_their_query_tiles_in_one_stage(Hq, Hkv, autotune, stages, monkeypatch):
+    """The dK/dV side's tile with queries as rows gets one stage for GQA groups, autotuned or not (the tile is then
+    given, never picked by the autotuner); without GQA the table's tile and the fit stand."""
+    launches = []
+    real = mta.conv.launch_tiled
+    monkeypatch.setattr(mta.tuning, "AUTOTUNE", autotune)
+    monkeypatch.setattr(mta.conv, "keys_as_rows_tile", lambda *a, **k: None)
+    monkeypatch.setattr(mta.conv, "launch_tiled", lambda name, *a, **k: launches.append((name, k.get("config")))
+                        or real(name, *a, **{**k, "config": k.get("config") or mta.tuning.as_config((16, 16, 4, 1))}))
+    q, k, v = rand_qkv(1, Hq, Hkv, 20, 20, 16)
+    weight, do = rand(Hq, 3, 3, scale=0.2), rand(1, Hq, 20, 16)
+    grads(mta.conv_attention, q, k, v, weight, do)
+    (config,) = [c for name, c in launches if name == "conv_dkdv"]
+    assert (config is None) if stages is None else config["num_stages"] == stages
