@@ -305,12 +305,8 @@ def runs_chunked(cq: int, head_dim: int, dtype: torch.dtype) -> bool:
 def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     """``dq, dk, dv, dweight`` of :func:`conv_attention` (the split into far and near parts:
     :mod:`mta.conv_backward`). ``dq, dk, dv`` in the dtypes of ``q, k, v``; ``dweight`` ``[Hq, cq, ck]`` fp32,
-    summed over the batch.
-
-    Order: the pre-passes again (folded keys, past and diagonal scores: recomputed, cheaper than keeping
-    ``cq`` folded copies of K alive between forward and backward), ``Delta``, the near-diagonal kernel
-    (causal), the dQ-side tiled kernel and its fold, then the dK/dV-side tiled kernel and its fold: the two
-    ``cq``-fold fp32 buffers ``Gq`` and ``U`` are never alive at the same time.
+    summed over the batch. The fused kernels (:func:`_fused_backward`), or the row chunks of
+    :mod:`mta.conv_chunked` where their tiles do not fit on this GPU.
     """
     if runs_chunked(weight.shape[1], q.shape[-1], q.dtype):
         if in_dry_run():  # nothing of Triton's to compile
@@ -323,7 +319,11 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
 
 
 def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
-    """:func:`conv_attention_backward`'s fused kernels."""
+    """:func:`conv_attention_backward`'s fused kernels. Order: the pre-passes again (folded keys, past and
+    diagonal scores: recomputed, cheaper than keeping ``cq`` folded copies of K alive between forward and
+    backward), ``Delta``, the near-diagonal kernel (causal), the dQ-side tiled kernel and its fold, then the
+    dK/dV-side tiled kernel and its fold: the two ``cq``-fold fp32 buffers ``Gq`` and ``U`` are never alive at
+    the same time."""
     compile_ahead("conv_backward", lambda *x: conv_attention_backward(*x, scale), do, q, k, v, o, lse, weight, causal)
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]

@@ -7,9 +7,9 @@ fit in a GPU program's shared memory. There, :func:`conv_attention_backward_chun
 block of query rows at a time: the rows' convolved scores against every key they see (their ``cq - 1`` rows of
 halo above included), the softmax, the output, and autograd back to ``q``, ``k``, ``v`` and the weight. A row's
 softmax needs only its own row of scores, so each chunk is exact; the gradients of the chunks are summed in
-their fixed order (deterministic: cuDNN in its deterministic mode, without TF32). Memory: a few fp32 ``[B, Hq, rows, N]``
-blocks, with ``rows`` chosen to keep them near :data:`CHUNK_BYTES`, so O(N) for a fixed budget; time O(N^2) with
-no fusion: much slower than the fused kernels.
+their fixed order (deterministic: cuDNN in its deterministic mode, without TF32). Memory: a few fp32
+``[B, Hq, rows, N]`` blocks, with ``rows`` chosen to keep them near :data:`CHUNK_BYTES`, so O(N) for a fixed
+budget; time O(N^2) with no fusion: much slower than the fused kernels.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .reference import expand_kv
+from .reference import causal_future, expand_kv
 
 #: About this many bytes of fp32 ``[B, Hq, rows, N]`` blocks live at once (eight of them: scores, padded
 #: scores, convolved scores, probabilities and their gradients).
@@ -30,28 +30,28 @@ def chunk_rows(batch: int, heads: int, n: int, budget: int = CHUNK_BYTES) -> int
     return max(1, min(n, budget // max(1, LIVE_BLOCKS * 4 * batch * heads * n)))
 
 
-def _chunk_scores(q_rows, k, weight, r0: int, halo: int, causal: bool, scale: float) -> torch.Tensor:
-    """The convolved scores ``[B, Hq, rows, keys]`` (fp32, ``-inf`` in the future) of the query rows
-    ``[r0, r0 + rows)``: ``q_rows [B, Hq, halo + rows, D]`` holds them with the ``halo`` rows above (``cq - 1``,
-    fewer at the top, where the convolution's zero padding stands in); ``k`` all keys the rows see (causal:
-    ``[0, r0 + rows)``; the keys after are in every row's future)."""
+def _chunk_scores(q_rows, k, weight, halo: int, causal: bool, scale: float) -> torch.Tensor:
+    """The convolved scores ``[B, Hq, rows, keys]`` (fp32, ``-inf`` in the future) of a block of query rows:
+    ``q_rows [B, Hq, halo + rows, D]`` holds them with the ``halo`` rows above (``cq - 1``,
+    fewer at the top, where the convolution's zero padding stands in); ``k`` all keys the rows see (causal: up to
+    the last row's own key; the keys after are in every row's future)."""
     cq, ck = weight.shape[1:]
     hq = q_rows.shape[1]
     rows = q_rows.shape[2] - halo
     n_keys = k.shape[2]
     s = scale * (q_rows.float() @ expand_kv(k, hq).float().transpose(-1, -2))  # [B, Hq, halo + rows, keys]
-    if causal:  # zero the future before the convolution, -inf after it
-        s = s.masked_fill(_future(r0 - halo, halo + rows, n_keys, s.device), 0.0)
+    if causal:  # zero the future before the convolution, -inf after it (the keys end where the rows end)
+        s = s.masked_fill(causal_future(halo + rows, n_keys, s.device), 0.0)
     pad_k = (ck - 1) // 2
     c = F.conv2d(F.pad(s, (pad_k, pad_k, cq - 1 - halo, 0)), weight.float()[:, None], groups=hq)
     if causal:
-        c = c.masked_fill(_future(r0, rows, n_keys, c.device), float("-inf"))
+        c = c.masked_fill(causal_future(rows, n_keys, c.device), float("-inf"))
     return c
 
 
-def _chunk_output(q_rows, k, v, weight, r0: int, halo: int, causal: bool, scale: float) -> torch.Tensor:
+def _chunk_output(q_rows, k, v, weight, halo: int, causal: bool, scale: float) -> torch.Tensor:
     """``o`` of the rows of :func:`_chunk_scores` in fp32."""
-    c = _chunk_scores(q_rows, k, weight, r0, halo, causal, scale)
+    c = _chunk_scores(q_rows, k, weight, halo, causal, scale)
     return torch.softmax(c, dim=-1) @ expand_kv(v, q_rows.shape[1]).float()
 
 
@@ -65,12 +65,6 @@ def _chunks(n: int, rows: int, cq: int, causal: bool):
 def exact_convolutions():
     """cuDNN deterministic and without TF32 (fp32 convolutions as exact as the rest)."""
     return torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False)
-
-
-def _future(first_row: int, rows: int, n_keys: int, device) -> torch.Tensor:
-    """``[rows, n_keys]``, True where key ``j`` is after query ``first_row + i``."""
-    i = torch.arange(first_row, first_row + rows, device=device)[:, None]
-    return torch.arange(n_keys, device=device)[None, :] > i
 
 
 def conv_attention_backward_chunked(do, q, k, v, weight, causal: bool, scale: float, rows: int | None = None):
@@ -88,7 +82,7 @@ def conv_attention_backward_chunked(do, q, k, v, weight, causal: bool, scale: fl
         for r0, r1, halo, n_keys in _chunks(N, rows or chunk_rows(B, Hq, N), cq, causal):
             leaves = [t.detach().requires_grad_() for t in (q[:, :, r0 - halo:r1], k[:, :, :n_keys],
                                                            v[:, :, :n_keys], w)]
-            o = _chunk_output(*leaves, r0, halo, causal, scale)
+            o = _chunk_output(*leaves, halo, causal, scale)
             gq, gk, gv, gw = torch.autograd.grad(o, leaves, do[:, :, r0:r1].float())
             dq[:, :, r0 - halo:r1] += gq
             dk[:, :, :n_keys] += gk
@@ -106,7 +100,7 @@ def conv_attention_forward_chunked(q, k, v, weight, causal: bool, scale: float, 
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
     with torch.no_grad(), exact_convolutions():
         for r0, r1, halo, n_keys in _chunks(N, rows or chunk_rows(B, Hq, N), cq, causal):
-            c = _chunk_scores(q[:, :, r0 - halo:r1], k[:, :, :n_keys], weight, r0, halo, causal, scale)
+            c = _chunk_scores(q[:, :, r0 - halo:r1], k[:, :, :n_keys], weight, halo, causal, scale)
             lse[:, :, r0:r1] = torch.logsumexp(c, dim=-1)
             o[:, :, r0:r1] = (torch.softmax(c, dim=-1) @ expand_kv(v[:, :, :n_keys], Hq).float()).to(q.dtype)
     return o, lse

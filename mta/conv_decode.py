@@ -8,7 +8,6 @@ the band of ``E`` keys next to each diagonal, computed exactly), and the merge o
 from __future__ import annotations
 
 import torch
-
 from triton.runtime.errors import OutOfResources
 
 from . import conv_forward
