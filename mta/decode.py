@@ -37,8 +37,6 @@ MTA_PROGRAMS_PER_SM = 2
 #: out. On an H100 at B = 8, 4k-8k keys, that took 3 splits instead of 4 and a step 5-21% less time; at 16k-64k
 #: keys the band is short beside a split, and counting it cost up to 21% (``notes/performance.md``).
 BAND_COUNTS_BELOW = 2048
-#: Plain decode reads its whole key tiles through TMA where it can (probe: notes/h100_2026-11-24b/decode_tma.py).
-USE_TMA = True
 #: Splits of the merge kernel read per step.
 COMBINE_BLOCK_S = 16
 
@@ -179,16 +177,6 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
     return cache_seqlens
 
 
-def cache_descriptors(k, v, block_n: int, block_d: int):
-    """``(KD, VD)``: TMA descriptors over the caches ``[B, Hkv, Nmax, D]``, boxes of one key tile, or Nones."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    from .conv import _tma_ready
-    if not (USE_TMA and k.dtype in (torch.float16, torch.bfloat16) and _tma_ready(k) and _tma_ready(v)
-            and (runtime.INTERPRET or torch.cuda.get_device_capability(None if k.device.type == "meta" else k.device)[0] >= 9)):
-        return None, None
-    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_n, block_d]) for t in (k, v))
-
-
 def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | None, *, weight=None,
                   kernel_size: tuple[int, int] = (1, 1), out_dtype=None) -> torch.Tensor:
     """Split kernel, then (with more than one split) the merge: ``o [B, Hq, n_new, D]``.
@@ -229,13 +217,12 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         torch.empty((programs, rows), device=k.device, dtype=torch.float32),
         torch.empty((programs, rows, D), device=k.device, dtype=torch.float32))
     pdl = not one and dependent_launch(k.device)
-    kd, vd = cache_descriptors(k, v, block_n, block_d) if weight is None else (None, None)
     launch(decode_split_kernel, (programs, B * Hkv, row_tiles),
-        q, weight, k, v, kd, vd, lens, o, *parts, *q.stride(), *k.stride(), *v.stride(),
+        q, weight, k, v, lens, o, *parts, *q.stride(), *k.stride(), *v.stride(),
         *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
         HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D,
         BLOCK_D=block_d, ROWS=tile_rows, BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e,
-        BLOCK_W=triton.next_power_of_2(block_e + ck - 1), TMA=kd is not None, PDL=pdl, PRECISION=dot_precision(k.dtype),
+        BLOCK_W=triton.next_power_of_2(block_e + ck - 1), PDL=pdl, PRECISION=dot_precision(k.dtype),
         num_warps=warps, num_stages=stages)
     if not one:
         launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,

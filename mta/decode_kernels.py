@@ -79,25 +79,6 @@ def merge_states(m, l, acc, m_s, l_s, acc_s):
 
 
 @triton.jit
-def _whole_tiles(acc, m, l, q, KD, VD, b, kv_h, i, start, stop, qk_scale, BLOCK_N: tl.constexpr,
-                 PRECISION: tl.constexpr):
-    """Plain attention through the copy engine: fold the whole key tiles of ``[start, stop)`` (``stop <= len``,
-    so every key read is valid) into ``(acc, m, l)``, K and V through the TMA descriptors ``KD``, ``VD`` (views of
-    the caches ``[B, Hkv, Nmax, D]``, boxes ``[1, 1, BLOCK_N, BLOCK_D]``, columns past ``D`` zero-filled).
-    Returns the state and where the tail (fewer than ``BLOCK_N`` keys) starts."""
-    BLOCK_D: tl.constexpr = q.shape[1]
-    whole_stop = start + (stop - start) // BLOCK_N * BLOCK_N
-    offs_n = tl.arange(0, BLOCK_N)
-    for start_n in range(start, whole_stop, BLOCK_N):
-        k = KD.load([b, kv_h, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        c = tl.dot(q, k.T, input_precision=PRECISION)
-        s = tl.where((start_n + offs_n)[None, :] <= i[:, None], c * qk_scale, float("-inf"))
-        v = VD.load([b, kv_h, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        acc, m, l = online_softmax_step(acc, m, l, s, v, True, PRECISION)
-    return acc, m, l, whole_stop
-
-
-@triton.jit
 def _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                i, offs_d, start, stop, seq_len, qk_scale, CK: tl.constexpr, E: tl.constexpr, D: tl.constexpr,
                ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
@@ -177,7 +158,7 @@ def _band_state(acc, m, l, q_rows, stride_qm, stride_qd, w_rows, k_base, v_base,
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
-def decode_split_kernel(Q, W, K, V, KD, VD, LENS, O, M_PART, L_PART, ACC_PART,
+def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -187,7 +168,7 @@ def decode_split_kernel(Q, W, K, V, KD, VD, LENS, O, M_PART, L_PART, ACC_PART,
                         CQ: tl.constexpr, CK: tl.constexpr,
                         E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
                         BLOCK_M: tl.constexpr, STACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
-                        BLOCK_W: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr):
+                        BLOCK_W: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr):
     """The state of one split for the ``G * n`` rows of a (batch, kv head) pair.
 
     Plain attention: ``Q [B, Hq, n, D]``, the new queries. MTA (``FOLD``): ``Q [B, Hq, n_max, D]``, the query
@@ -236,8 +217,6 @@ def decode_split_kernel(Q, W, K, V, KD, VD, LENS, O, M_PART, L_PART, ACC_PART,
     else:
         q = tl.load(Q + b64 * stride_qb + h_s[:, None] * stride_qh + t_s[:, None] * stride_qm
                     + offs_d[None, :] * stride_qd, mask=q_ok[:, None] & (offs_d < D)[None, :], other=0.0)
-    if TMA:  # plain attention, 16-bit aligned caches: whole tiles through the copy engine, the tail below
-        acc, m, l, start = _whole_tiles(acc, m, l, q, KD, VD, b, kv_h, i, start, stop, qk_scale, BLOCK_N, PRECISION)
     acc, m, l = _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride_vn,
                            stride_vd, i, offs_d, start, stop, seq_len, qk_scale, CK, E, D, ROWS, BLOCK_N,
                            PRECISION)
