@@ -121,5 +121,5 @@ def test_gqa_groups_walk_their_query_tiles_in_one_stage(Hq, Hkv, autotune, stage
     q, k, v = rand_qkv(1, Hq, Hkv, 20, 20, 16)
     weight, do = rand(Hq, 3, 3, scale=0.2), rand(1, Hq, 20, 16)
     grads(mta.conv_attention, q, k, v, weight, do)
-    (config,) = [c for name, c in launches if name == "conv_dkdv"]
-    assert (config is None) if stages is None else config["num_stages"] == stages
+    configs = [c for name, c in launches if name == "conv_dkdv"]  # on a GPU, compile_ahead's dry run launches too
+    assert configs and all((c is None) if stages is None else c["num_stages"] == stages for c in configs)
