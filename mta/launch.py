@@ -12,6 +12,7 @@ after the other.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -154,7 +155,8 @@ def launch_tiled(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dty
     to the tile there).
     """
     if config is None and tuning.AUTOTUNE and not runtime.INTERPRET:
-        return _autotuned(kernel_name, kernel, tuple(key), pre_hook)[grid](*args, **meta)
+        with on_device_of(args):
+            return _autotuned(kernel_name, kernel, tuple(key), pre_hook)[grid](*args, **meta)
     if config is None:
         config = tuning.config_for(kernel_name, meta["BLOCK_D"], dtype, meta.get("CAUSAL", False), n=n)
         if fit is not None:
@@ -194,11 +196,25 @@ def wants_gradients(*tensors: torch.Tensor) -> bool:
             and any(t.requires_grad for t in tensors))
 
 
+def on_device_of(args):
+    """A context in which the current CUDA device is that of the first tensor in ``args``. Triton launches on the
+    current device, not on its arguments' (tensors on ``cuda:1`` while ``cuda:0`` is current would be read from
+    the wrong GPU), so every launch runs inside this, as torch's own operators run inside a device guard."""
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "cuda" and x.device.index != torch.cuda.current_device():
+                return torch.cuda.device(x.device)
+            break
+    return contextlib.nullcontext()
+
+
 def launch(kernel, grid: tuple, *args, **meta):
-    """``kernel[grid](*args, **meta)``; inside :func:`compile_ahead`'s dry run, only its compile, queued."""
+    """``kernel[grid](*args, **meta)`` on the device of its first tensor argument (:func:`on_device_of`); inside
+    :func:`compile_ahead`'s dry run, only its compile, queued."""
     if in_dry_run():
         return kernel.warmup(*args, grid=grid, **meta)
-    return kernel[grid](*args, **meta)
+    with on_device_of(args):
+        return kernel[grid](*args, **meta)
 
 
 @functools.cache
@@ -256,7 +272,7 @@ def compile_ahead(name: str, launches, *args) -> None:
     _COMPILED_AHEAD.add(key)
     token = _DRY_RUN.set(True)
     try:
-        with AsyncCompileMode(pool) as mode, torch.no_grad():
+        with on_device_of(args), AsyncCompileMode(pool) as mode, torch.no_grad():  # compiled for args' GPU
             launches(*ghosts)
             # Queued after every compile, so a thread that takes one of these finds its compile already started.
             launchers = [pool.submit(_build_launcher, compiling) for compiling in mode.raw_futures]

@@ -381,3 +381,37 @@ def test_num_splits_past_the_key_tiles_are_dropped():
                        mta.decode_attention(q, k, v, cache_seqlens=lengths, num_splits=tiles))
     out = mta.conv_decode_attention(qc, k, v, w, cache_seqlens=lengths, num_splits=10 ** 9)
     assert close(out, mta.conv_decode_attention(qc, k, v, w, cache_seqlens=lengths, num_splits=1), 1e-5)
+
+
+# --- the device of the inputs, not the current one ---------------------------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_inputs_on_another_gpu_than_the_current_one():
+    """Tensors on ``cuda:1`` while ``cuda:0`` is current: every public function runs on their GPU and gives exactly
+    what it gives on ``cuda:0`` (Triton launches on the current device unless the launcher guards it)."""
+    torch.cuda.set_device(0)
+    q, k, v = rand_qkv(2, 4, 2, 70, 70, 64, dtype=torch.bfloat16, device="cuda:0")
+    weight, do = rand(4, 3, 5, scale=0.2, device="cuda:0"), rand(2, 4, 70, 64, dtype=torch.bfloat16, device="cuda:0")
+    lens = torch.tensor([30, 70], dtype=torch.int32)
+
+    def everything(q, k, v, weight, do):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, weight)]
+        flash = mta.flash_attention(*leaves[:3], causal=True)
+        conv = mta.conv_attention(*leaves)
+        torch.autograd.backward([flash, conv], [do, do])
+        return [flash, conv, *(x.grad for x in leaves),
+                mta.decode_attention(q[:, :, -2:], k, v, cache_seqlens=lens),
+                mta.conv_decode_attention(q, k, v, weight, cache_seqlens=lens, num_queries=2)]
+
+    on_0 = everything(q, k, v, weight, do)
+    inputs_1 = [x.to("cuda:1") for x in (q, k, v, weight, do)]
+    everything(*inputs_1)  # compiles for cuda:1 outside the profile
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        on_1 = everything(*inputs_1)
+        torch.cuda.synchronize("cuda:1")
+    assert torch.cuda.current_device() == 0
+    kernels = [e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA and "_kernel" in e.name]
+    assert kernels and {e.device_index for e in kernels} == {1}, {(e.name, e.device_index) for e in kernels}
+    for a, b in zip(on_0, on_1):
+        assert b.device == torch.device("cuda:1") and torch.equal(a, b.to("cuda:0"))
