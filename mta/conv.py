@@ -8,7 +8,6 @@ launches them and ties them together with ``torch.autograd.Function``.
 from __future__ import annotations
 
 import torch
-import triton
 from triton.runtime.errors import OutOfResources
 
 from . import conv_backward, conv_forward, runtime, tuning
@@ -19,9 +18,9 @@ from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
                            held_shared_bytes, holds_queries, past_scores_kernel, query_shift_groups)
 from .flash_backward import rowsum_do_o_kernel
-from .launch import (check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous,
-                     head_dim_block, in_dry_run, launch, launch_tiled, shared_memory_limit, shifted_head_dim_block,
-                     wants_gradients)
+from .launch import (cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous,
+                     head_dim_block, in_dry_run, launch, launch_tiled, next_power_of_2, shared_memory_limit,
+                     shifted_head_dim_block, wants_gradients)
 from .tuning import size_bucket
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
@@ -51,7 +50,7 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int) -> torch.
     # The interpreter pays per operation, not per element. On a GPU short tiles keep the ck shifted
     # loads of a tile in L1 across the cq kernel rows (8 rows, 2 warps: fastest on an H200 at d = 128).
     block_n, warps = (128, 4) if runtime.INTERPRET else (8, 2)
-    launch(fold_keys_kernel, (triton.cdiv(N, block_n), B * num_q_heads),
+    launch(fold_keys_kernel, (cdiv(N, block_n), B * num_q_heads),
         k, w, kf, *k.stride(), *kf.stride(), N, num_q_heads, num_q_heads // Hkv,
         CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=warps)
     return kf
@@ -65,7 +64,7 @@ def diagonal_reach(cq: int, ck: int) -> tuple[int, int]:
 
 
 def _pad16(x: int) -> int:
-    return max(16, triton.next_power_of_2(x))
+    return max(16, next_power_of_2(x))
 
 
 def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
@@ -85,7 +84,7 @@ def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
     p = torch.empty((B, Hq, N, width), device=q.device, dtype=torch.float32)
     # On an H200, 16 rows per program is fastest at d = 64 and 128; the interpreter pays per operation.
     block_r = 128 if runtime.INTERPRET else 16
-    launch(past_scores_kernel, (triton.cdiv(N, block_r), B * Hq),
+    launch(past_scores_kernel, (cdiv(N, block_r), B * Hq),
         q, k, p, *q.stride(), *k.stride(), *p.stride()[:3], N, Hq, Hq // Hkv,
         EP=reach, EP_PAD=width, D=D, BLOCK_D=head_dim_block(D), BLOCK_R=block_r, num_warps=4)
     return p
@@ -113,7 +112,7 @@ def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor,
     p = past_scores(q, k, e_past) if past is None else past
     cd = torch.empty((B, Hq, N, _pad16(e)), device=q.device, dtype=torch.float32)
     block_r = 16 if runtime.INTERPRET else 64
-    launch(diagonal_scores_kernel, (triton.cdiv(N, block_r), B * Hq),
+    launch(diagonal_scores_kernel, (cdiv(N, block_r), B * Hq),
         p, weight, cd, *p.stride()[:3], N, Hq, CQ=cq, CK=ck, E=e, E_PAD=cd.shape[-1], EP_PAD=p.shape[-1],
         BLOCK_R=block_r, num_warps=4)
     return cd
@@ -194,7 +193,7 @@ def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
     qd, kfd, vd = stream_descriptors(q, v, kf)
     launch_tiled(
-        "conv_forward", kernel or conv_forward_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
+        "conv_forward", kernel or conv_forward_kernel, lambda tile: (cdiv(N, tile["BLOCK_M"]), B * Hq),
         (q, kf, v, cd, o, lse, qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
          N, N, Hq, Hq // v.shape[1], scale, size_bucket(N)),
         dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), D=D, BLOCK_D=block_d,
@@ -344,7 +343,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
 
     delta = empty_contiguous(lse)
     rowsum_block = 64
-    launch(rowsum_do_o_kernel, (triton.cdiv(N, rowsum_block), B * Hq),
+    launch(rowsum_do_o_kernel, (cdiv(N, rowsum_block), B * Hq),
         o, do, delta, *o.stride(), *do.stride(), N, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
 
     bucket = size_bucket(N)
@@ -355,7 +354,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     # Post-passes: memory-bound. The interpreter pays per operation, so it gets long tiles; on a GPU the folds'
     # tiles shrink with the head dim (a few fp32 [rows, block_d] tiles live in registers: no spills).
     block_r = 128 if runtime.INTERPRET else max(16, min(64, 4096 // block_d))
-    tiles = triton.cdiv(N, block_r)
+    tiles = cdiv(N, block_r)
     ep_pad = _pad16(e_past + 1)
     dw_parts = []
     if near:
@@ -371,7 +370,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
 
     # dQ side, then dK/dV side: the two cq-fold fp32 buffers (Gq, U) are never alive together.
     gq = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
-    launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_M"]), B * Hq),
+    launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (cdiv(N, tile["BLOCK_M"]), B * Hq),
                  (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
                   N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
                  fit=lambda tile: _fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
@@ -390,7 +389,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     dkdv_tile = keys_as_rows
     if dkdv_tile is None and Hq > Hkv:  # the table's tile in one stage, never an autotuned pick with two
         dkdv_tile = _one_stage_for_groups(fit_dkdv(tuning.config_for("conv_dkdv", block_d, q.dtype, causal)))
-    launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (triton.cdiv(N, tile["BLOCK_N"]), B * Hkv),
+    launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (cdiv(N, tile["BLOCK_N"]), B * Hkv),
                  (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
                   *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), {**meta, "KEYS_AS_ROWS": keys_as_rows is not None},
                  dtype=q.dtype, config=dkdv_tile, fit=fit_dkdv, key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
@@ -398,7 +397,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     dk = empty_contiguous(k)
     dwf = torch.empty((tiles, B, Hq, cq, ck), device=dev, dtype=torch.float32)
     launch(conv_dk_fold_kernel, (tiles, B * Hkv), u, g, q, k, w, dk, dwf, *q.stride(), *k.stride(), *dk.stride(),
-           N, Hkv, Hq // Hkv, scale, NEAR=near, CQ=cq, CK=ck, CK_PAD=triton.next_power_of_2(ck), EP=e_past,
+           N, Hkv, Hq // Hkv, scale, NEAR=near, CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past,
            EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4)
     dw_parts.append(dwf)
     if in_dry_run():

@@ -9,12 +9,11 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
 from . import runtime, tuning
 from ._checks import resolve_scale
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
-from .launch import check_kernel_inputs, dot_precision, head_dim_block, launch
+from .launch import cdiv, check_kernel_inputs, dot_precision, head_dim_block, launch, next_power_of_2
 
 #: Most new queries per call (rows of a decode tile: query heads of a group x new queries).
 MAX_NEW_QUERIES = 16
@@ -55,7 +54,7 @@ def decode_tile(block_d: int, dtype: torch.dtype) -> tuple[int, int, int]:
 def row_block(rows: int, block_d: int) -> int:
     """Rows of a decode tile for ``rows = G * n`` query rows: a power of two >= 16 (``tl.dot``), at most 64
     (32 at head dims over 128: the fp32 accumulator stays in registers); more rows take more row tiles."""
-    return max(16, min(triton.next_power_of_2(rows), 32 if block_d > 128 else 64))
+    return max(16, min(next_power_of_2(rows), 32 if block_d > 128 else 64))
 
 
 def row_tile(rows: int, block_d: int, block_n: int, ck: int) -> tuple[int, int, int]:
@@ -70,10 +69,10 @@ def row_tile(rows: int, block_d: int, block_n: int, ck: int) -> tuple[int, int, 
     if ck == 1:
         block_m = row_block(rows, block_d)
         return block_m, block_m, block_m
-    ck_pad = triton.next_power_of_2(ck)
+    ck_pad = next_power_of_2(ck)
     most = max(1, 8192 // (block_n * ck_pad))
     most = 1 << (most.bit_length() - 1)
-    n_rows = min(triton.next_power_of_2(rows), most)
+    n_rows = min(next_power_of_2(rows), most)
     return n_rows, max(16, n_rows), max(ck_pad, 16 // n_rows) * n_rows
 
 
@@ -97,6 +96,7 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.lru_cache(maxsize=1024)  # a decode step asks the same question at every layer and step
 def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_splits: int = MAX_SPLITS,
                       extra: int = 0, efficiency: float = SPLIT_EFFICIENCY) -> int:
     """How many splits the keys of each sequence get, from host numbers only (no device sync).
@@ -109,11 +109,11 @@ def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_spl
     (``ceil(tiles / s)``; the others only add empty splits). ``n_max`` is the cache size, not the lengths on
     the device: reading them would synchronise.
     """
-    tiles = triton.cdiv(max(n_max, 1), block_n)
+    tiles = cdiv(max(n_max, 1), block_n)
     if programs >= 0.8 * sms:
         return 1
     candidates = [s for s in range(1, min(max_splits, sms, tiles) + 1)
-                  if s == 1 or triton.cdiv(tiles, s) != triton.cdiv(tiles, s - 1)]
+                  if s == 1 or cdiv(tiles, s) != cdiv(tiles, s - 1)]
 
     def wave_efficiency(s: int) -> float:
         waves = programs * (s + extra) / sms
@@ -143,8 +143,8 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
     """``cache_seqlens`` as an int tensor on ``device`` (None: every sequence is ``n_max`` long).
 
     A list or a CPU tensor is checked value by value (``n_min <= len <= n_max``, one per sequence) on the host,
-    then copied to the device without synchronising (pinned, non-blocking); a tensor already on the device is
-    checked for shape and dtype only: reading its values would synchronise.
+    then copied to the device without synchronising; a tensor already on the device is checked for shape and
+    dtype only: reading its values would synchronise.
     """
     if cache_seqlens is None:
         return None
@@ -169,12 +169,20 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
         if low < n_min:
             raise ValueError(f"cache_seqlens has a length {low} under {what}={n_min}: each sequence must hold "
                              f"its new tokens")
-        if device.type == "cuda":  # from pinned memory the copy is queued, never a synchronisation
-            return cache_seqlens.pin_memory().to(device, non_blocking=True)
-        return cache_seqlens.to(device)
+        # A non-blocking copy from pageable memory is staged at once (the caller may change its tensor right
+        # after) and never waits for the device; pinning a buffer at every step cost more host time than the copy.
+        return cache_seqlens.to(device, non_blocking=True)
     if cache_seqlens.device != device:
         raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but the caches are on {device}")
     return cache_seqlens
+
+
+def split_states(splits: int, rows: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(m, l, acc)``: ``[splits, rows]``, ``[splits, rows]``, ``[splits, rows, D]`` fp32, views of one buffer (one
+    allocation per step, not three: a decode step's host time is most of its time at short caches)."""
+    buffer = torch.empty(splits * rows * (2 + D), device=device, dtype=torch.float32)
+    m, l, acc = buffer.split([splits * rows, splits * rows, splits * rows * D])
+    return m.view(splits, rows), l.view(splits, rows), acc.view(splits, rows, D)
 
 
 def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | None, *, weight=None,
@@ -195,10 +203,10 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     block_d = head_dim_block(D)
     block_n, warps, stages = decode_tile(block_d, k.dtype)
     # MTA: a key window of block_n gives block_n - (ck - 1) keys' scores; keep that at least half the window.
-    block_n = max(block_n, triton.next_power_of_2(2 * (ck - 1)))
+    block_n = max(block_n, next_power_of_2(2 * (ck - 1)))
     own = block_n - (ck - 1)  # keys whose scores one key window completes
     tile_rows, block_m, stack = row_tile((Hq // Hkv) * n_new, block_d, block_n, ck)
-    row_tiles = triton.cdiv((Hq // Hkv) * n_new, tile_rows)
+    row_tiles = cdiv((Hq // Hkv) * n_new, tile_rows)
     if num_splits is None:
         rule = functools.partial(choose_num_splits, B * Hkv * row_tiles, n_max, own,
                                  sm_count(k.device) * (MTA_PROGRAMS_PER_SM if ck > 1 else 1),
@@ -207,22 +215,19 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         if e > 0 and n_max <= BAND_COUNTS_BELOW * num_splits:
             num_splits = rule(extra=1)
     # Splits past the key tiles of Nmax would be empty for every sequence (the same result, more states).
-    num_splits = min(num_splits, triton.cdiv(n_max, own))
+    num_splits = min(num_splits, cdiv(n_max, own))
     programs = num_splits + (e > 0)
-    block_e = max(16, triton.next_power_of_2(n_new + e - 1))
+    block_e = max(16, next_power_of_2(n_new + e - 1))
     one = programs == 1
     rows = B * Hq * n_new
-    parts = (None, None, None) if one else (
-        torch.empty((programs, rows), device=k.device, dtype=torch.float32),
-        torch.empty((programs, rows), device=k.device, dtype=torch.float32),
-        torch.empty((programs, rows, D), device=k.device, dtype=torch.float32))
+    parts = (None, None, None) if one else split_states(programs, rows, D, k.device)
     pdl = not one and dependent_launch(k.device)
     launch(decode_split_kernel, (programs, B * Hkv, row_tiles),
         q, weight, k, v, lens, o, *parts, *q.stride(), *k.stride(), *v.stride(),
         *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
         HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D,
         BLOCK_D=block_d, ROWS=tile_rows, BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e,
-        BLOCK_W=triton.next_power_of_2(block_e + ck - 1), PDL=pdl, PRECISION=dot_precision(k.dtype),
+        BLOCK_W=next_power_of_2(block_e + ck - 1), PDL=pdl, PRECISION=dot_precision(k.dtype),
         num_warps=warps, num_stages=stages)
     if not one:
         launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,

@@ -8,12 +8,11 @@ this module checks inputs, launches them and ties them together with
 from __future__ import annotations
 
 import torch
-import triton
 
 from ._checks import resolve_scale
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
-from .launch import (check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous, head_dim_block, launch,
+from .launch import (cdiv, check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous, head_dim_block, launch,
                      launch_tiled, wants_gradients)
 from .tuning import size_bucket
 
@@ -31,7 +30,7 @@ def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
     if Nq == 0:
         return o, lse
     launch_tiled(
-        "flash_forward", kernel or flash_forward_kernel, lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq),
+        "flash_forward", kernel or flash_forward_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]), B * Hq),
         (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
          Nq, Nk, Hq, Hq // Hkv, scale, size_bucket(max(Nq, Nk))),
         dict(CAUSAL=causal, D=D, BLOCK_D=head_dim_block(D), PRECISION=dot_precision(q.dtype)),
@@ -52,15 +51,15 @@ def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
         return dq.zero_(), dk.zero_(), dv.zero_()
     delta = empty_contiguous(lse)
     rowsum_block = 64
-    launch(rowsum_do_o_kernel, (triton.cdiv(Nq, rowsum_block), B * Hq),
+    launch(rowsum_do_o_kernel, (cdiv(Nq, rowsum_block), B * Hq),
         o, do, delta, *o.stride(), *do.stride(), Nq, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
     bucket = size_bucket(max(Nq, Nk))
     meta = dict(CAUSAL=causal, D=D, BLOCK_D=block_d, PRECISION=precision)
-    launch_tiled("flash_dkdv", flash_dkdv_kernel, lambda tile: (triton.cdiv(Nk, tile["BLOCK_N"]), B * Hkv),
+    launch_tiled("flash_dkdv", flash_dkdv_kernel, lambda tile: (cdiv(Nk, tile["BLOCK_N"]), B * Hkv),
                  (q, k, v, do, lse, delta, dk, dv,
                   *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
                   Nq, Nk, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype)
-    launch_tiled("flash_dq", flash_dq_kernel, lambda tile: (triton.cdiv(Nq, tile["BLOCK_M"]), B * Hq),
+    launch_tiled("flash_dq", flash_dq_kernel, lambda tile: (cdiv(Nq, tile["BLOCK_M"]), B * Hq),
                  (q, k, v, do, lse, delta, dq,
                   *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
                   Nq, Nk, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype)

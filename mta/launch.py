@@ -69,9 +69,20 @@ def check_kernel_inputs(q, k, v) -> tuple[int, int, int, int, int, int]:
     return dims
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for ints. The launchers use these two, not ``triton.cdiv`` / ``triton.next_power_of_2``:
+    Triton's are constexpr functions, a few microseconds per call on the host, and a decode step is host-bound."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for ``n <= 1``)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def head_dim_block(d: int) -> int:
     """Tile width for head dim ``d``: a power of two >= 16 (tl.dot needs K >= 16)."""
-    return max(16, triton.next_power_of_2(d))
+    return max(16, next_power_of_2(d))
 
 
 def shifted_head_dim_block(d: int, dtype: torch.dtype) -> int:
