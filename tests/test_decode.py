@@ -6,6 +6,7 @@ import functools
 
 import pytest
 import torch
+import triton
 
 import mta
 from conftest import DEVICE, ON_GPU, close_in_norm as close, rand
@@ -137,6 +138,14 @@ def test_a_decode_step_does_not_synchronise():
 
 
 # --- the split rule ----------------------------------------------------------------------------
+
+
+def test_host_integer_helpers_match_tritons():
+    """The launchers' plain-Python ``cdiv`` and ``next_power_of_2`` (Triton's cost microseconds a call on the host)
+    give Triton's answers."""
+    from mta.launch import cdiv, next_power_of_2
+    assert all(next_power_of_2(n) == triton.next_power_of_2(n) for n in range(1, 4100))
+    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 300) for b in range(1, 70))
 
 
 def test_split_rule():
