@@ -166,8 +166,7 @@ def launch_tiled(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dty
     to the tile there).
     """
     if config is None and tuning.AUTOTUNE and not runtime.INTERPRET:
-        with on_device_of(args):
-            return _autotuned(kernel_name, kernel, tuple(key), pre_hook)[grid](*args, **meta)
+        return launch(_autotuned(kernel_name, kernel, tuple(key), pre_hook), grid, *args, **meta)
     if config is None:
         config = tuning.config_for(kernel_name, meta["BLOCK_D"], dtype, meta.get("CAUSAL", False), n=n)
         if fit is not None:
@@ -219,9 +218,10 @@ def on_device_of(args):
     return contextlib.nullcontext()
 
 
-def launch(kernel, grid: tuple, *args, **meta):
-    """``kernel[grid](*args, **meta)`` on the device of its first tensor argument (:func:`on_device_of`); inside
-    :func:`compile_ahead`'s dry run, only its compile, queued."""
+def launch(kernel, grid, *args, **meta):
+    """``kernel[grid](*args, **meta)`` (``grid`` a tuple, or a function of the tile for an autotuned kernel) on the
+    device of its first tensor argument (:func:`on_device_of`); inside :func:`compile_ahead`'s dry run, only its
+    compile, queued."""
     if in_dry_run():
         return kernel.warmup(*args, grid=grid, **meta)
     with on_device_of(args):
