@@ -66,6 +66,8 @@ def resolve_scale(scale, head_dim: int) -> float:
     """``scale`` or its default ``head_dim ** -0.5``, checked to be a finite number."""
     if scale is None:
         return head_dim ** -0.5
+    if isinstance(scale, torch.SymFloat):  # traced with dynamic shapes: a value only known when the graph runs
+        return scale
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a Python number or None, got {type(scale).__name__}")
     if not math.isfinite(scale):

@@ -8,6 +8,7 @@ launches them and ties them together with ``torch.autograd.Function``.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 from triton.runtime.errors import OutOfResources
 
 from . import conv_backward, conv_forward, runtime, tuning
@@ -434,6 +435,7 @@ class ConvAttention(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @once_differentiable  # the kernels are not differentiable: a second derivative raises, never reads as 0
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, weight = ctx.saved_tensors
         dq, dk, dv, dweight = conv_attention_backward(do, q, k, v, o, lse, weight, ctx.causal, ctx.scale)
@@ -466,10 +468,10 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     cq, ck = check_weight(weight, num_heads=Hq, device=q.device)
     if cq > conv_forward.MAX_CQ or ck > conv_forward.MAX_CK:
         raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={conv_forward.MAX_CQ} and ck={conv_forward.MAX_CK} here")
-    scale = resolve_scale(scale, D)
     if torch.compiler.is_compiling():  # traced: the custom op keeps the launcher out of the graph (mta.ops)
         from . import ops
         return ops.conv_attention(q, k, v, weight, causal=bool(causal), scale=scale, return_lse=return_lse)
+    scale = resolve_scale(scale, D)
     compile_conv_ahead(q, k, v, weight, bool(causal), scale)
     o, lse = ConvAttention.apply(q, k, v, weight, bool(causal), scale)
     return (o, lse) if return_lse else o

@@ -359,7 +359,7 @@ def conv_near_kernel(CD, PV, PQ, LSE, DELTA, W, G, DWP, n, num_heads, scale,
     """
     PK: tl.constexpr = (CK - 1) // 2
     tile = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     offs_r = tile * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -400,7 +400,7 @@ def conv_dq_fold_kernel(GQ, G, K, DQ, stride_kb, stride_kh, stride_kn, stride_kd
     """``dq[r] = scale * (sum_a Gq_a[r + (cq-1) - a] + sum_{e <= EP} G[r, e] k[r - e])`` (the second sum
     when ``NEAR``), in dq's dtype. ``GQ``: contiguous ``[B, Hq, CQ, n, D]``; ``G``: ``[B, Hq, n, EP_PAD]``.
     Grid: ``(cdiv(n, BLOCK_R), B * Hq)``."""
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -442,7 +442,7 @@ def conv_dk_fold_kernel(U, G, Q, K, W, DK, DWP, stride_qb, stride_qh, stride_qm,
     """
     PK: tl.constexpr = (CK - 1) // 2
     tile = tl.program_id(0)
-    pid_bkv = tl.program_id(1)
+    pid_bkv = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = pid_bkv // num_kv_heads
     kv_h = pid_bkv % num_kv_heads
     num_heads = num_kv_heads * group_size

@@ -67,7 +67,7 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
         memory (fp32 with wide key-axis kernels at head dims over 64), the same rows from
         :func:`mta.conv_decode_rows.conv_decode_rows` (PyTorch, unfused, one pass over the cache).
     """
-    B, Hq, Hkv, n_q, n_max, D = check_kernel_inputs(q_cache, k_cache, v_cache)
+    B, Hq, Hkv, n_q, n_max, D = check_kernel_inputs(q_cache, k_cache, v_cache, per_kv_head=True)
     if n_q != n_max:
         raise ValueError(f"q_cache and k_cache must hold as many positions, got {n_q} and {n_max}")
     if isinstance(num_queries, bool) or not isinstance(num_queries, int):

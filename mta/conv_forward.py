@@ -287,7 +287,7 @@ def past_scores_kernel(Q, K, P, stride_qb, stride_qh, stride_qm, stride_qd,
     Grid: ``(cdiv(n, BLOCK_R), B * Hq)``. ``EP + 1`` dot products per query, so a
     small pre-pass: the shifted loads of K hit the cache.
     """
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -314,7 +314,7 @@ def diagonal_scores_kernel(P, W, CD, stride_pb, stride_ph, stride_pr, n, num_hea
     """``CD[b, h, i, delta] = C[i, i - delta] / scale`` for ``0 <= delta < E`` (fp32; zero for ``delta >= E``):
     the convolved scores on the diagonals the pre-convolution mask reaches, from the past scores ``P``.
     ``CD`` is contiguous ``[B, Hq, n, E_PAD]``. Grid: ``(cdiv(n, BLOCK_R), B * Hq)``."""
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -336,7 +336,7 @@ def fold_keys_kernel(K, W, KF, stride_kb, stride_kh, stride_kn, stride_kd,
     hits after the first row) and writes each folded row once.
     """
     PK: tl.constexpr = (CK - 1) // 2
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)

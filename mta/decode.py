@@ -151,6 +151,8 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
     if isinstance(cache_seqlens, (list, tuple)):
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in cache_seqlens):
             raise TypeError("cache_seqlens must be a list of ints or an int tensor")
+        if cache_seqlens:  # values checked before the int32 conversion, which would overflow on a huge one
+            _check_length_range(min(cache_seqlens), max(cache_seqlens), n_min, n_max, what)
         cache_seqlens = torch.tensor(cache_seqlens, dtype=torch.int32)
     if not isinstance(cache_seqlens, torch.Tensor):
         raise TypeError(f"cache_seqlens must be an int tensor, a list of ints or None, got "
@@ -163,18 +165,22 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
     # The kernels read length b at offset b: a strided view (``lengths[::2]``, a column) is made contiguous.
     cache_seqlens = cache_seqlens.contiguous()
     if cache_seqlens.device.type == "cpu":
-        low, high = (int(cache_seqlens.min()), int(cache_seqlens.max())) if batch else (n_min, n_max)
-        if high > n_max:
-            raise ValueError(f"cache_seqlens has a length {high} over the cache size Nmax={n_max}")
-        if low < n_min:
-            raise ValueError(f"cache_seqlens has a length {low} under {what}={n_min}: each sequence must hold "
-                             f"its new tokens")
+        if batch:
+            _check_length_range(int(cache_seqlens.min()), int(cache_seqlens.max()), n_min, n_max, what)
         # A non-blocking copy from pageable memory is staged at once (the caller may change its tensor right
         # after) and never waits for the device; pinning a buffer at every step cost more host time than the copy.
         return cache_seqlens.to(device, non_blocking=True)
     if cache_seqlens.device != device:
         raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but the caches are on {device}")
     return cache_seqlens
+
+
+def _check_length_range(low: int, high: int, n_min: int, n_max: int, what: str) -> None:
+    if high > n_max:
+        raise ValueError(f"cache_seqlens has a length {high} over the cache size Nmax={n_max}")
+    if low < n_min:
+        raise ValueError(f"cache_seqlens has a length {low} under {what}={n_min}: each sequence must hold "
+                         f"its new tokens")
 
 
 def split_states(splits: int, rows: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -259,7 +265,7 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
     Returns:
         ``[B, Hq, Nq, D]`` in q's dtype. Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32.
     """
-    B, Hq, Hkv, Nq, n_max, D = check_kernel_inputs(q, k_cache, v_cache)
+    B, Hq, Hkv, Nq, n_max, D = check_kernel_inputs(q, k_cache, v_cache, per_kv_head=True)
     check_new_queries(Nq, n_max, "Nq (new queries)")
     if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) checks the lengths when it runs
         from . import ops

@@ -8,6 +8,7 @@ this module checks inputs, launches them and ties them together with
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ._checks import resolve_scale
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
@@ -88,6 +89,7 @@ class FlashAttention(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @once_differentiable  # the kernels are not differentiable: a second derivative raises, never reads as 0
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
@@ -111,10 +113,10 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     fp32 inputs get fp32-accurate products (three TF32 products each, :func:`mta.launch.dot_precision`).
     """
     D = check_kernel_inputs(q, k, v)[5]
-    scale = resolve_scale(scale, D)
     if torch.compiler.is_compiling():  # traced: the custom op keeps the launcher out of the graph (mta.ops)
         from . import ops
         return ops.flash_attention(q, k, v, causal=bool(causal), scale=scale, return_lse=return_lse)
+    scale = resolve_scale(scale, D)
     compile_flash_ahead(q, k, v, bool(causal), scale)
     o, lse = FlashAttention.apply(q, k, v, bool(causal), scale)
     return (o, lse) if return_lse else o

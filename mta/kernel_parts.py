@@ -24,8 +24,10 @@ LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 def program_coordinates(num_heads, group_size, HEAVY_LAST: tl.constexpr):
     """``(tile, pid_bh, b, h, kv_h)`` for a ``(num_tiles, B * num_heads)`` grid, heaviest tiles first
     (:func:`mta.launch_order.heaviest_first`). Head ``h`` reads kv head ``h // group_size``
-    (a grid over kv heads passes ``group_size = 1``)."""
+    (a grid over kv heads passes ``group_size = 1``). ``pid_bh``, ``b``, ``h``, ``kv_h`` are int64, so that
+    the offsets of a program's batch and head stay exact past 2**31 elements; ``tile`` stays int32."""
     tile, pid_bh = heaviest_first(HEAVY_LAST)
+    pid_bh = pid_bh.to(tl.int64)  # base offsets like b * stride_b pass 2**31 elements on large batches
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     return tile, pid_bh, b, h, h // group_size

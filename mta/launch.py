@@ -55,9 +55,19 @@ def check_kernel_device(**tensors: torch.Tensor) -> None:
             raise ValueError(f"Triton kernels run on the GPU: {name} must be a cuda tensor, got {x.device}")
 
 
-def check_kernel_inputs(q, k, v) -> tuple[int, int, int, int, int, int]:
-    """Shapes as :func:`mta._checks.check_qkv`, plus what the Triton kernels need."""
+#: CUDA's limit on a grid's second axis, where the kernels put batch x heads.
+MAX_GRID_AXIS_1 = 65535
+
+
+def check_kernel_inputs(q, k, v, *, per_kv_head: bool = False) -> tuple[int, int, int, int, int, int]:
+    """Shapes as :func:`mta._checks.check_qkv`, plus what the Triton kernels need. ``per_kv_head``: the kernels'
+    grids count ``B * Hkv`` programs on the axis of :data:`MAX_GRID_AXIS_1` (decode), not ``B * Hq``."""
     dims = check_qkv(q, k, v)
+    batch, heads = dims[0], dims[2] if per_kv_head else dims[1]
+    if batch * heads > MAX_GRID_AXIS_1:
+        raise ValueError(f"batch x {'kv heads' if per_kv_head else 'heads'} = {batch} x {heads} = {batch * heads} "
+                         f"is over {MAX_GRID_AXIS_1}, the most programs a CUDA grid takes on the axis the kernels "
+                         f"give them; call it on at most {MAX_GRID_AXIS_1 // heads} sequences at a time")
     if q.dtype not in KERNEL_DTYPES:
         raise TypeError(f"Triton kernels take fp16, bf16 or fp32 inputs, got {q.dtype}")
     check_kernel_device(q=q)

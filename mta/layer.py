@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from . import ops
+from .conv_forward import MAX_CK, MAX_CQ
 from .kv_cache import KVCache
 from .rope import apply_rope
 from .reference import conv_attention_probabilities, expand_kv
@@ -60,13 +61,15 @@ class MultiTokenAttention(nn.Module):
     ``conv_weight [H, cq, ck]`` fp32 (identity at init; None for ``(1, 1)``).
 
     The paper's post-softmax convolution, head mixing and group norm are not implemented: asking for them
-    (``post_softmax_conv=True``, ``head_mixing=True``, ``group_norm=True``, ...) raises ``NotImplementedError``.
+    (``post_softmax_conv=True``, ``head_mixing=True``, ``group_norm=True``, ...) raises ``NotImplementedError``;
+    passing them switched off (``False`` or ``None``) is accepted.
     """
 
     def __init__(self, dim: int, num_heads: int, *, num_kv_heads: Optional[int] = None,
                  kernel_size: tuple[int, int] = (6, 11), rope_theta: Optional[float] = None, **options):
         super().__init__()
-        asked = sorted(name for name in options if name in UNSUPPORTED_OPTIONS)
+        asked = sorted(name for name, value in options.items() if name in UNSUPPORTED_OPTIONS and value)
+        options = {name: value for name, value in options.items() if name not in UNSUPPORTED_OPTIONS}  # off: fine
         if asked:
             what = "; ".join(f"{name} ({UNSUPPORTED_OPTIONS[name]})" for name in asked)
             raise NotImplementedError(f"MultiTokenAttention implements the pre-softmax key-query convolution only; "
@@ -81,12 +84,19 @@ class MultiTokenAttention(nn.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads must be a multiple of num_kv_heads (GQA), got num_heads={num_heads}, "
                              f"num_kv_heads={num_kv_heads}")
-        cq, ck = (int(s) for s in kernel_size)
+        kernel_size = tuple(kernel_size)
+        if len(kernel_size) != 2 or any(isinstance(s, bool) or not isinstance(s, int) for s in kernel_size):
+            raise TypeError(f"kernel_size must be two ints (cq, ck), got {kernel_size!r}")
+        cq, ck = kernel_size
         if cq < 1 or ck < 1:
-            raise ValueError(f"kernel_size must be at least (1, 1), got {tuple(kernel_size)}")
+            raise ValueError(f"kernel_size must be at least (1, 1), got {kernel_size}")
         if ck % 2 == 0:
             raise ValueError(f"the key-axis kernel size ck must be odd (it is centred on the key), got ck={ck}")
+        if cq > MAX_CQ or ck > MAX_CK:
+            raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={MAX_CQ} and ck={MAX_CK}")
         head_dim = dim // num_heads
+        if head_dim > 256:
+            raise ValueError(f"head dim dim // num_heads = {head_dim} is not supported (at most 256)")
         if rope_theta is not None and head_dim % 2:
             raise ValueError(f"RoPE needs an even head dim, got dim // num_heads = {head_dim}")
         self.dim, self.num_heads, self.num_kv_heads, self.head_dim = dim, num_heads, num_kv_heads, head_dim

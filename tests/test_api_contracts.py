@@ -346,6 +346,64 @@ def test_decode_bad_inputs_not_covered_elsewhere():
         mta.conv_decode_attention(rand(1, 4, 4, 264), rand(1, 2, 4, 264), rand(1, 2, 4, 264), w)
 
 
+def test_huge_lengths_in_a_list_are_named():
+    q, k, v = rand(1, 2, 1, 16), rand(1, 2, 4, 16), rand(1, 2, 4, 16)
+    with pytest.raises(ValueError, match=f"length {2 ** 40} over the cache size"):
+        mta.decode_attention(q, k, v, cache_seqlens=[2 ** 40])
+    with pytest.raises(ValueError, match=f"length {-2 ** 70} under"):
+        mta.decode_attention(q, k, v, cache_seqlens=[-2 ** 70])
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: mta.flash_attention(x, x, x),
+    lambda x: mta.conv_attention(x, x, x, torch.ones(x.shape[1], 1, 1, device=DEVICE)),
+    lambda x: mta.decode_attention(x, x, x),
+    lambda x: mta.conv_decode_attention(x, x, x, torch.ones(x.shape[1], 1, 1, device=DEVICE)),
+    lambda x: ops.flash_attention(x, x, x),
+], ids=["flash", "conv", "decode", "conv_decode", "flash_op"])
+def test_more_batch_x_heads_than_a_grid_takes_is_a_clear_error(call):
+    """The kernels' grids put batch x heads (decode: kv heads) on an axis CUDA caps at 65535 programs: over it, a
+    ValueError before any launch, not a launch failure inside Triton. Stride-0 views: no memory is touched."""
+    x = torch.zeros(1, 1, 1, 16, device=DEVICE).expand(65536, 1, 1, 16)
+    with pytest.raises(ValueError, match="65536 is over 65535"):
+        call(x)
+    call(torch.zeros(1, 1, 1, 16, device=DEVICE).expand(4, 1, 1, 16))  # under it: runs
+
+
+@pytest.mark.parametrize("fn", ["flash", "conv"])
+def test_a_second_derivative_raises(fn):
+    """The kernels' backward is not itself differentiable: a gradient of a gradient raises instead of reading as
+    zero (which would silently drop a gradient penalty)."""
+    q, k, v = (rand(1, 1, 6, 16).requires_grad_() for _ in range(3))
+    w = rand(1, 2, 3).requires_grad_()
+    out = mta.flash_attention(q, k, v, causal=True) if fn == "flash" else mta.conv_attention(q, k, v, w)
+    (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.square().sum().backward()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="offsets past 2**31 elements: GPU only (4 GiB buffer)")
+@pytest.mark.parametrize("fn", ["flash", "conv"])
+def test_inputs_whose_batches_lie_past_2_to_the_31_elements(fn):
+    """A program's batch offset ``b * stride_b`` past 2**31 elements: computed in int64, so batch 1 of a view with
+    a batch stride of 2**31 + 256 reads the right rows (in int32 it wrapped to an illegal address)."""
+    stride_b = 2 ** 31 + 256
+    buffer = torch.zeros(stride_b + 2 * 16 * 16, device="cuda", dtype=torch.float16)
+    x = buffer.as_strided((2, 2, 16, 16), (stride_b, 16 * 16, 16, 1))  # [B, H, N, D], batch 1 past 2**31
+    x.copy_(torch.randn(2, 2, 16, 16, device="cuda", dtype=torch.float16))
+    w = 0.3 * torch.randn(2, 2, 3, device="cuda")
+    leaves = [x.detach().requires_grad_() for _ in range(3)]
+    dense = [x.detach().contiguous().requires_grad_() for _ in range(3)]
+
+    def run(q, k, v):
+        return mta.flash_attention(q, k, v, causal=True) if fn == "flash" else mta.conv_attention(q, k, v, w)
+    do = torch.randn(2, 2, 16, 16, device="cuda", dtype=torch.float16)
+    got = [run(*leaves), *torch.autograd.grad(run(*leaves), leaves, do)]
+    want = [run(*dense), *torch.autograd.grad(run(*dense), dense, do)]
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, atol=0, rtol=0)
+
+
 # --- the decode ops under torch.compile -----------------------------------------------------------------------
 
 

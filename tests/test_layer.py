@@ -106,6 +106,17 @@ def test_bad_configs_raise_clear_errors():
         assert name in str(info.value)
     with pytest.raises(TypeError, match="unexpected keyword"):
         MultiTokenAttention(32, 4, dropout=0.1)
+    with pytest.raises(TypeError, match="two ints"):
+        MultiTokenAttention(32, 4, kernel_size=(2.7, 3))
+    with pytest.raises(TypeError, match="two ints"):
+        MultiTokenAttention(32, 4, kernel_size=(2, 3, 1))
+    with pytest.raises(ValueError, match="not supported"):  # at construction, not at the first forward
+        MultiTokenAttention(32, 4, kernel_size=(33, 3))
+    with pytest.raises(ValueError, match="at most 256"):
+        MultiTokenAttention(4 * 264, 4)
+    # The paper's options switched off are what this layer is: accepted.
+    layer = MultiTokenAttention(32, 4, kernel_size=(2, 3), head_mixing=False, group_norm=None, post_softmax_conv=False)
+    assert layer.kernel_size == (2, 3)
 
 
 def test_gradients_reach_the_kernel_and_the_projections():

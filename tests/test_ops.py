@@ -66,6 +66,34 @@ def test_ops_check_inputs_like_the_eager_functions():
         ops.conv_attention(q, k, v, rand(2, 2, 4))
     with pytest.raises(ValueError, match="multiple of kv heads"):
         ops.flash_attention(q, k[:, :1].expand(1, 3, 5, 16), v[:, :1].expand(1, 3, 5, 16))
+    # Arguments the ops' schemas would coerce or choke on get the eager functions' errors, before the op.
+    for call in (lambda: ops.conv_attention(q, k, v, None), lambda: ops.flash_attention([q], k, v)):
+        with pytest.raises(TypeError, match="must be a torch.Tensor"):
+            call()
+    qc, w = rand(1, 2, 8, 16), rand(2, 2, 3)
+    with pytest.raises(TypeError, match="num_queries must be an int"):
+        ops.conv_decode_attention(qc, k, v, w, num_queries=True)
+    for call in (lambda: ops.decode_attention(q[:, :, :1], k, v, num_splits=2.0),
+                 lambda: ops.conv_decode_attention(qc, k, v, w, num_splits=2.0)):
+        with pytest.raises(ValueError, match="num_splits"):
+            call()
+    with pytest.raises(TypeError, match="cache_seqlens must be"):
+        ops.decode_attention(q[:, :, :1], k, v, cache_seqlens=(x for x in [5]))
+
+
+@pytest.mark.parametrize("fn", ["flash", "conv"])
+def test_compile_with_dynamic_shapes_and_the_default_scale(fn):
+    """``dynamic=True`` makes the default scale ``D ** -0.5`` symbolic; it must reach the op unchecked, not break
+    the graph (``math.isfinite`` of a symbolic float)."""
+    w = rand(2, 2, 3, scale=0.3)
+
+    def f(q, k, v):
+        return mta.flash_attention(q, k, v, causal=True) if fn == "flash" else mta.conv_attention(q, k, v, w)
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend="aot_eager")
+    for n in (7, 12):
+        q, k, v = rand_qkv(1, 2, 1, n, n, 16)
+        torch.testing.assert_close(compiled(q, k, v), f(q, k, v), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("op,args", [
