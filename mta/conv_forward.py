@@ -398,6 +398,8 @@ def conv_forward_kernel(Q, KF, V, CD, O, LSE, QD, KFD, VD,
     v_base = V + b * stride_vb + kv_h * stride_vh
     kf_base = KF + b * stride_kfb + h * stride_kfh
     cd_base = CD + pid_bh * n * E_PAD
+    # The descriptors take int32 coordinates (a coordinate is one dimension's index, never past 2**31).
+    b32, h32, kv_h32 = b.to(tl.int32), h.to(tl.int32), kv_h.to(tl.int32)
 
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -417,11 +419,11 @@ def conv_forward_kernel(Q, KF, V, CD, O, LSE, QD, KFD, VD,
     # diagonal, the E masked diagonals are put in. Not causal: every tile is folded, the key tail masked.
     full_stop, masked_stop = key_tile_bounds(i0, n, 0, E, CAUSAL, BLOCK_M, BLOCK_N)
     acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                              stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
+                              stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b32, h32, kv_h32, i0,
                               offs_m, offs_d, cd_base, 0, full_stop, n, qk_scale, False, False, RESIDENT, TMA,
                               CQ, QA, QB, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
     acc, m, l = _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, stride_qd,
-                              stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b, h, kv_h, i0,
+                              stride_kfa, stride_kfn, stride_kfd, stride_vn, stride_vd, QD, KFD, VD, b32, h32, kv_h32, i0,
                               offs_m, offs_d, cd_base, full_stop, masked_stop, n, qk_scale, not CAUSAL, CAUSAL,
                               RESIDENT, TMA, CQ, QA, QB, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N, PRECISION)
 

@@ -32,7 +32,7 @@ q, k, v = (torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16).requires
 w = (0.2 * torch.randn(H, cq, ck, device="cuda")).requires_grad_()
 do = torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16)
 ref = None
-for tile in (tiles if only_compile else [None] + tiles + [None]):
+for tile in ((tiles or [None]) if only_compile else [None] + tiles + [None]):
     mta.conv.keys_as_rows_tile = launcher_choice if tile is None else (lambda *a, tile=tile: tuning.as_config(tile))
 
     def step():
@@ -54,4 +54,4 @@ for tile in (tiles if only_compile else [None] + tiles + [None]):
     print(f"{tile or 'launcher'}: fwd+bwd {ms:.3f} ms; rel diff " + " ".join(f"{e:.1e}" for e in errs), flush=True)
     out["rows"].append({"tile": tile, "ms": ms, "rel_diff": errs})
 if not only_compile:
-    json.dump(out, open(os.path.join(os.environ.get("OUT", "."), f"dkdv_keys_as_rows_d{D}.json"), "w"), indent=1)
+    json.dump(out, open(os.path.join(os.environ.get("OUT", "."), f"dkdv_keys_as_rows_d{D}_{os.environ.get('TAG', '0')}.json"), "w"), indent=1)
