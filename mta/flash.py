@@ -97,7 +97,8 @@ class FlashAttention(torch.autograd.Function):
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):
-    """Exact softmax attention, fused and tiled in Triton (FlashAttention-2), differentiable.
+    """Exact softmax attention, fused and tiled in Triton (FlashAttention-2), differentiable once (a second
+    derivative, e.g. of a gradient penalty, raises).
 
     Same semantics as :func:`mta.naive_attention`, in O(N) memory.
 
