@@ -68,6 +68,7 @@ class KVCache:
         Args:
             q: ``[B, n, Hq, D]`` (ignored when the cache keeps no queries); k, v: ``[B, n, Hkv, D]``.
         """
+        self._check_batch(k)
         n = k.shape[1]
         if int(self.lengths.max()) + n > self.max_len:
             raise ValueError(f"the cache holds {self.max_len} positions: appending {n} token(s) to a sequence of "
@@ -86,6 +87,7 @@ class KVCache:
         how many of them are real per sequence (default: all ``N``). Shapes as in :meth:`append`."""
         if not self.is_empty:
             raise ValueError("prefill needs an empty cache (every length 0)")
+        self._check_batch(k)
         n = k.shape[1]
         if n > self.max_len:
             raise ValueError(f"a prompt of {n} tokens does not fit a cache of {self.max_len} positions")
@@ -98,6 +100,10 @@ class KVCache:
         if self.q is not None:
             self.q[:, :n] = q.to(self.q.dtype)
         self.lengths.copy_(lengths)
+
+    def _check_batch(self, k: torch.Tensor) -> None:
+        if k.shape[0] != self.batch:  # before anything is written
+            raise ValueError(f"got {k.shape[0]} sequences but the cache holds {self.batch}")
 
     def views(self) -> tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
         """``(q, k, v)`` as ``[B, H, Nmax, D]`` views (no copy), the layout the decode kernels take."""

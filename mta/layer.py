@@ -21,6 +21,7 @@ from torch import nn
 
 from . import ops
 from .conv_forward import MAX_CK, MAX_CQ
+from .decode import MAX_NEW_QUERIES
 from .kv_cache import KVCache
 from .rope import apply_rope
 from .reference import conv_attention_probabilities, expand_kv
@@ -197,7 +198,9 @@ class MultiTokenAttention(nn.Module):
         rows before a sequence's end never see the padding, and decoding continues at each sequence's length.
         Returns ``[B, N, dim]`` (rows at or past a sequence's length are padding).
         """
-        N = x.shape[1]
+        B, N, _ = x.shape
+        if B != cache.batch:
+            raise ValueError(f"x has batch {B} but the cache holds {cache.batch} sequences")
         q, k, v = self._project(x, torch.arange(N, device=x.device))
         cache.fill(q, k, v, lengths)
         # Attend in the cache's dtype, as the decode steps will.
@@ -215,6 +218,8 @@ class MultiTokenAttention(nn.Module):
         B, n, _ = x.shape
         if B != cache.batch:
             raise ValueError(f"x has batch {B} but the cache holds {cache.batch} sequences")
+        if not 1 <= n <= MAX_NEW_QUERIES:  # before the cache advances: a refused step leaves it as it was
+            raise ValueError(f"a step decodes 1 to {MAX_NEW_QUERIES} new tokens per sequence, got {n}")
         positions = cache.positions(n).to(x.device)
         q, k, v = self._project(x, positions)
         cache.append(q, k, v)

@@ -32,6 +32,32 @@ def test_solution_3_passes(capsys):
     assert f"all {len(ch06.MTA_CASES)} cases pass" in capsys.readouterr().out
 
 
+def test_answers_without_the_running_max_fail_on_large_logits(capsys):
+    """``exp`` of raw scores overflows in the thousands: both PyTorch exercises have a case that catches it."""
+    def split_without_max(q, k, v, lens, num_splits):
+        outs = []
+        for b, L in enumerate(lens):
+            kk, vv = (t[b:b + 1, :, :L].repeat_interleave(q.shape[1] // k.shape[1], 1) for t in (k, v))
+            s = q[b:b + 1] @ kk.transpose(-1, -2) * q.shape[-1] ** -0.5
+            s = s.masked_fill(torch.arange(L)[None, :] > torch.arange(L - q.shape[2], L)[:, None], float("-inf"))
+            outs.append(s.exp() @ vv / s.exp().sum(-1, keepdim=True))
+        return torch.cat(outs)
+
+    def rows_without_max(q_cache, k, v, w, lens, n):
+        with torch.no_grad():  # the solution with softmax(c) replaced by exp(c) / sum(exp(c))
+            real_softmax = torch.softmax
+            torch.softmax = lambda c, dim: c.exp() / c.exp().sum(dim, keepdim=True)
+            try:
+                return SOLUTIONS.mta_decode_rows(q_cache, k, v, w, lens, n)
+            finally:
+                torch.softmax = real_softmax
+
+    for check, fn in ((ch06.check_split_decode, split_without_max), (ch06.check_mta_decode_rows, rows_without_max)):
+        result = check(fn)
+        assert result.attempted and not result.passed
+        assert "logits in the thousands" in result.message and "NaN or inf" in result.message
+
+
 def test_stubs_are_not_attempted(capsys):
     assert_stubs_not_attempted((ch06.check_split_decode, ch06.check_combine, ch06.check_mta_decode_rows), capsys)
 
@@ -220,9 +246,9 @@ def test_wrong_3_masks_with_minus_inf_before_the_convolution():
 @pytest.mark.parametrize("name,shape", ch06.SPLIT_CASES)
 def test_split_truth_is_the_shipped_decoder(name, shape):
     # The checker's truth is what mta.decode_attention computes (fp32 on the runtime's device).
-    B, Hq, Hkv, n_max, D, nq, lens, splits = shape
+    B, Hq, Hkv, n_max, D, nq, lens, splits, q_scale = (*shape, 1.0)[:9]
     (k, v), gen = ch06.poisoned_caches(B, Hq, Hkv, n_max, D, lens, seed=3)
-    q = torch.randn(B, Hq, nq, D, generator=gen, dtype=torch.float64)
+    q = torch.randn(B, Hq, nq, D, generator=gen, dtype=torch.float64) * q_scale
     dev = mta.runtime.DEVICE
     got = mta.decode_attention(*(x.float().to(dev) for x in (q, k, v)), cache_seqlens=list(lens), num_splits=splits)
     torch.testing.assert_close(got.cpu().double(), ch06.split_decode_truth(q, k, v, lens), atol=2e-5, rtol=2e-5)
@@ -230,8 +256,9 @@ def test_split_truth_is_the_shipped_decoder(name, shape):
 
 @pytest.mark.parametrize("name,shape", ch06.MTA_CASES)
 def test_mta_truth_is_the_shipped_decoder(name, shape):
-    B, Hq, Hkv, n_max, D, cq, ck, lens, n = shape
+    B, Hq, Hkv, n_max, D, cq, ck, lens, n, q_scale = (*shape, 1.0)[:10]
     (qc, k, v), gen = ch06.poisoned_caches(B, Hq, Hkv, n_max, D, lens, seed=4, with_q_cache=True)
+    qc = qc * q_scale
     w = 0.3 * torch.randn(Hq, cq, ck, generator=gen, dtype=torch.float64)
     dev = mta.runtime.DEVICE
     got = mta.conv_decode_attention(*(x.float().to(dev) for x in (qc, k, v, w)), cache_seqlens=list(lens),

@@ -215,6 +215,26 @@ def test_cache_errors():
             layer.prefill(rand(1, 2, 32), cache)
 
 
+@pytest.mark.parametrize("kernel_size", [(2, 3), (1, 1)])
+def test_a_refused_step_or_prefill_leaves_the_cache_as_it_was(kernel_size):
+    """A step of more than 16 tokens, or a batch that is not the cache's, raises before anything is written: the
+    next valid step still gives the forward's row."""
+    layer = make_layer(kernel_size=kernel_size)
+    x = rand(2, 40, 32)
+    with torch.no_grad():
+        cache = layer.new_cache(2, 40)
+        with pytest.raises(ValueError, match="batch 3 but the cache holds 2"):
+            layer.prefill(rand(3, 4, 32), cache)
+        assert cache.is_empty
+        layer.prefill(x[:, :4], cache)
+        with pytest.raises(ValueError, match="1 to 16 new tokens"):
+            layer.step(x[:, 4:21], cache)
+        with pytest.raises(ValueError, match="batch 1 but the cache holds 2"):
+            layer.step(x[:1, 4:5], cache)
+        assert cache.lengths.tolist() == [4, 4]
+        torch.testing.assert_close(layer.step(x[:, 4:5], cache), layer(x[:, :5])[:, 4:5], **TOL)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="bf16 needs a GPU (the interpreter's bf16 tl.dot is wrong)")
 def test_bf16_autocast_decoding_matches_the_forward_on_gpu():
     layer = MultiTokenAttention(128, 4, num_kv_heads=2, kernel_size=(6, 11), rope_theta=1e4).to(DEVICE)

@@ -38,13 +38,14 @@ def poisoned_caches(B, Hq, Hkv, n_max, D, lens, seed, *, with_q_cache=False):
 
 # --- exercise 1: split-K decode in PyTorch -----------------------------------------------------------------
 
-#: ``(name, (B, Hq, Hkv, Nmax, D, Nq, lens, num_splits))``.
+#: ``(name, (B, Hq, Hkv, Nmax, D, Nq, lens, num_splits[, q_scale]))``; ``q_scale`` multiplies the queries.
 SPLIT_CASES = (
     ("N=1: one key, one split", (1, 2, 2, 1, 8, 1, [1], 1)),
     ("L=37, 4 splits (not a multiple)", (1, 2, 2, 37, 8, 1, [37], 4)),
     ("GQA 8:2, Nq=3, 3 splits", (1, 8, 2, 29, 8, 3, [29], 3)),
     ("ragged lengths [5, 37], NaN past them", (2, 4, 2, 40, 8, 2, [5, 37], 3)),
     ("8 splits over 5 keys (empty splits)", (1, 2, 1, 5, 8, 3, [5], 8)),
+    ("logits in the thousands (exp overflows without the running max)", (1, 2, 1, 30, 8, 2, [30], 3, 1000.0)),
 )
 
 
@@ -60,11 +61,11 @@ def check_split_decode(fn: Callable) -> Result:
     equal to the causal attention of each sequence's newest ``Nq`` queries over its first ``L`` keys."""
 
     def make(shape, seed):
-        B, Hq, Hkv, n_max, D, nq, lens, splits = shape
+        B, Hq, Hkv, n_max, D, nq, lens, splits, q_scale = (*shape, 1.0)[:9]
 
         def case():
             (k, v), gen = poisoned_caches(B, Hq, Hkv, n_max, D, lens, seed)
-            q = _randn(gen, B, Hq, nq, D)
+            q = _randn(gen, B, Hq, nq, D) * q_scale
             got = fn(q.clone(), k.clone(), v.clone(), list(lens), splits)
             expect_close("o", got, split_decode_truth(q, k, v, lens), atol=1e-10, rtol=1e-8)
         return case
@@ -129,13 +130,14 @@ def check_combine(fn: Callable) -> Result:
 
 # --- exercise 3: MTA's newest rows from the query window ----------------------------------------------------
 
-#: ``(name, (B, Hq, Hkv, Nmax, D, cq, ck, lens, n))``.
+#: ``(name, (B, Hq, Hkv, Nmax, D, cq, ck, lens, n[, q_scale]))``.
 MTA_CASES = (
     ("L=1, kernel 3x5", (1, 2, 1, 1, 8, 3, 5, [1], 1)),
     ("L=4 < cq=6, kernel 6x11, n=2", (1, 2, 2, 4, 8, 6, 11, [4], 2)),
     ("L=7 < ck=9, kernel 2x9", (1, 2, 1, 7, 8, 2, 9, [7], 1)),
     ("GQA 4:2, ragged [9, 30], kernel 3x5, n=3", (2, 4, 2, 32, 8, 3, 5, [9, 30], 3)),
     ("kernel 1x1 (a scalar: plain attention), L=19", (1, 2, 1, 19, 8, 1, 1, [19], 2)),
+    ("logits in the thousands (exp overflows without the max)", (1, 2, 1, 25, 8, 3, 5, [25], 2, 1000.0)),
 )
 
 
@@ -155,10 +157,11 @@ def check_mta_decode_rows(fn: Callable) -> Result:
     past each length, and ``q_cache`` also before the window of the last ``cq - 1 + n`` queries."""
 
     def make(shape, seed):
-        B, Hq, Hkv, n_max, D, cq, ck, lens, n = shape
+        B, Hq, Hkv, n_max, D, cq, ck, lens, n, q_scale = (*shape, 1.0)[:10]
 
         def case():
             (qc, k, v), gen = poisoned_caches(B, Hq, Hkv, n_max, D, lens, seed, with_q_cache=True)
+            qc = qc * q_scale
             w = _randn(gen, Hq, cq, ck, std=0.3)
             want = mta_rows_truth(qc, k, v, w, lens, n)
             for b, L in enumerate(lens):
