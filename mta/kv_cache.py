@@ -75,10 +75,10 @@ class KVCache:
                              f"length {int(self.lengths.max())} does not fit")
         pos = self.positions(n).to(self.k.device)
         rows = torch.arange(self.batch, device=self.k.device)[:, None].expand_as(pos)
-        self.k[rows, pos] = k.to(self.k.dtype)
-        self.v[rows, pos] = v.to(self.v.dtype)
+        self.k[rows, pos] = k.detach().to(self.k.dtype)  # a cache holds values, not a graph
+        self.v[rows, pos] = v.detach().to(self.v.dtype)
         if self.q is not None:
-            self.q[rows, pos] = q.to(self.q.dtype)
+            self.q[rows, pos] = q.detach().to(self.q.dtype)
         self.lengths += n
 
     def fill(self, q: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor,
@@ -95,10 +95,10 @@ class KVCache:
             torch.as_tensor(lengths, dtype=torch.int64).cpu()
         if tuple(lengths.shape) != (self.batch,) or int(lengths.min()) < 1 or int(lengths.max()) > n:
             raise ValueError(f"lengths must hold {self.batch} values in 1 .. {n}, got {lengths.tolist()}")
-        self.k[:, :n] = k.to(self.k.dtype)
-        self.v[:, :n] = v.to(self.v.dtype)
+        self.k[:, :n] = k.detach().to(self.k.dtype)  # a cache holds values, not a graph
+        self.v[:, :n] = v.detach().to(self.v.dtype)
         if self.q is not None:
-            self.q[:, :n] = q.to(self.q.dtype)
+            self.q[:, :n] = q.detach().to(self.q.dtype)
         self.lengths.copy_(lengths)
 
     def _check_batch(self, k: torch.Tensor) -> None:

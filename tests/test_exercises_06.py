@@ -19,7 +19,7 @@ SOLUTIONS = load_solutions("ch06")
 def test_solution_1_passes(capsys):
     result = ch06.check_split_decode(SOLUTIONS.split_decode)
     assert result.passed and result.attempted
-    assert f"all {len(ch06.SPLIT_CASES)} cases pass" in capsys.readouterr().out
+    assert f"all {len(ch06.SPLIT_CASES) + 1} cases pass" in capsys.readouterr().out  # + the no-whole-scores case
 
 
 def test_solution_2_passes(capsys):
@@ -56,6 +56,15 @@ def test_answers_without_the_running_max_fail_on_large_logits(capsys):
         result = check(fn)
         assert result.attempted and not result.passed
         assert "logits in the thousands" in result.message and "NaN or inf" in result.message
+
+
+def test_decode_without_splits_fails(capsys):
+    """Attention over each whole sequence gives the right numbers; the checker still sees that no split was made."""
+    def whole(q, k, v, lens, num_splits):
+        return torch.cat([mta.naive_attention(q[b:b + 1], k[b:b + 1, :, :L], v[b:b + 1, :, :L], causal=True)
+                          for b, L in enumerate(lens)])
+    result = ch06.check_split_decode(whole)
+    assert result.attempted and not result.passed and "scores of all 40 keys" in result.message
 
 
 def test_stubs_are_not_attempted(capsys):

@@ -215,6 +215,15 @@ def test_cache_errors():
             layer.prefill(rand(1, 2, 32), cache)
 
 
+def test_prefill_with_gradients_caches_values_not_a_graph():
+    layer = make_layer(kernel_size=(2, 3))
+    cache = layer.new_cache(2, 12)
+    y = layer.prefill(rand(2, 5, 32), cache)  # gradients on: the output keeps its graph, the cache does not
+    assert y.requires_grad and not (cache.k.requires_grad or cache.v.requires_grad or cache.q.requires_grad)
+    y.sum().backward()
+    assert layer.conv_weight.grad is not None
+
+
 @pytest.mark.parametrize("kernel_size", [(2, 3), (1, 1)])
 def test_a_refused_step_or_prefill_leaves_the_cache_as_it_was(kernel_size):
     """A step of more than 16 tokens, or a batch that is not the cache's, raises before anything is written: the

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,23 @@ class Result:
 
     def __bool__(self) -> bool:
         return self.passed
+
+
+class WatchScores(TorchFunctionMode):
+    """Notes any floating-point tensor of shape ``[..., Nq, Nk]`` created while active."""
+
+    def __init__(self, nq, nk):
+        super().__init__()
+        self.nq, self.nk, self.seen = nq, nk, None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for t in outs:
+            if (self.seen is None and isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2
+                    and tuple(t.shape[-2:]) == (self.nq, self.nk)):
+                self.seen = (getattr(func, "__name__", str(func)), tuple(t.shape))
+        return out
 
 
 class CaseFailed(Exception):

@@ -12,12 +12,11 @@ import random
 import tracemalloc
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from .. import online_softmax
 from ..online_softmax import AttentionState, attention_state, empty_state, merge_states
 from ..reference import naive_attention
-from . import CaseFailed, Result, expect_close, run_cases
+from . import CaseFailed, Result, WatchScores, expect_close, run_cases
 
 __all__ = ["check_stream_normalizer", "check_my_merge", "check_block_state", "check_online_attention"]
 
@@ -304,23 +303,6 @@ def check_block_state(block_state) -> Result:
 # Exercise 4: attention one key block at a time
 
 
-class _WatchScores(TorchFunctionMode):
-    """Notes any floating-point tensor of shape ``[..., Nq, Nk]`` created while active."""
-
-    def __init__(self, nq, nk):
-        super().__init__()
-        self.nq, self.nk, self.seen = nq, nk, None
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        for t in outs:
-            if (self.seen is None and isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2
-                    and tuple(t.shape[-2:]) == (self.nq, self.nk)):
-                self.seen = (getattr(func, "__name__", str(func)), tuple(t.shape))
-        return out
-
-
 def check_online_attention(online_attention) -> Result:
     """Exercise 4: ``online_attention(q, k, v, *, block_size, causal) -> (o, lse)`` equals
     ``naive_attention(q, k, v, causal=causal, return_lse=True)`` and never creates a whole
@@ -347,7 +329,7 @@ def check_online_attention(online_attention) -> Result:
     def no_score_matrix():
         Nq, Nk = 9, 37
         q, k, v = _randn(gen, 1, 2, Nq, 16), _randn(gen, 1, 2, Nk, 16), _randn(gen, 1, 2, Nk, 16)
-        with _WatchScores(Nq, Nk) as watch:
+        with WatchScores(Nq, Nk) as watch:
             online_attention(q, k, v, block_size=8, causal=True)
         if watch.seen is not None:
             name, shape = watch.seen

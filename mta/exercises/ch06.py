@@ -19,7 +19,7 @@ import torch
 
 from ..online_softmax import attention_state, finalize_state
 from ..reference import conv_attention_reference, naive_attention
-from . import Result, expect_close, expect_equal, run_cases
+from . import CaseFailed, Result, WatchScores, expect_close, expect_equal, run_cases
 
 
 def _randn(gen, *shape, std=1.0):
@@ -70,8 +70,19 @@ def check_split_decode(fn: Callable) -> Result:
             expect_close("o", got, split_decode_truth(q, k, v, lens), atol=1e-10, rtol=1e-8)
         return case
 
+    def splits_make_their_own_scores():
+        (k, v), gen = poisoned_caches(1, 2, 2, 40, 8, [40], 59)
+        q = _randn(gen, 1, 2, 2, 8)
+        with WatchScores(2, 40) as watch:
+            fn(q, k, v, [40], 4)
+        if watch.seen is not None:
+            name, shape = watch.seen
+            raise CaseFailed(f"{name} made a float tensor of shape {shape}, the scores of all 40 keys; make each "
+                             "split's scores [.., Nq, keys of the split] and merge the splits' states")
+
     return run_cases("exercise 1 (split-K decode in PyTorch)",
-                     [(name, make(shape, 60 + i)) for i, (name, shape) in enumerate(SPLIT_CASES)])
+                     [(name, make(shape, 60 + i)) for i, (name, shape) in enumerate(SPLIT_CASES)]
+                     + [("4 splits over 40 keys: no split makes all 40 keys' scores", splits_make_their_own_scores)])
 
 
 # --- exercise 2: the combine kernel -------------------------------------------------------------------------
