@@ -7,6 +7,8 @@ launches them and ties them together with ``torch.autograd.Function``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.autograd.function import once_differentiable
 from triton.runtime.errors import OutOfResources
@@ -19,7 +21,7 @@ from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
                            held_shared_bytes, holds_queries, past_scores_kernel, query_shift_groups)
 from .flash_backward import rowsum_do_o_kernel
-from .launch import (cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous,
+from .launch import (batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous,
                      head_dim_block, in_dry_run, launch, launch_tiled, next_power_of_2, shared_memory_limit,
                      shifted_head_dim_block, wants_gradients)
 from .tuning import size_bucket
@@ -207,6 +209,9 @@ def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool
 
 def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
     """The pre-passes, then the fused kernel: ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32)."""
+    if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
+        parts = [conv_attention_forward(q[a:b], k[a:b], v[a:b], weight, causal, scale) for a, b in chunks]
+        return tuple(torch.cat(x) for x in zip(*parts))
     compile_ahead("conv_forward", lambda *x: conv_attention_forward(*x, scale), q, k, v, weight, causal)
     kf, cd = conv_prepasses(q, k, weight, causal)
     try:
@@ -308,6 +313,13 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     summed over the batch. The fused kernels (:func:`_fused_backward`), or the row chunks of
     :mod:`mta.conv_chunked` where their tiles do not fit on this GPU.
     """
+    if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
+        parts = [conv_attention_backward(*(t[a:b] for t in (do, q, k, v, o, lse)), weight, causal, scale)
+                 for a, b in chunks]
+        if in_dry_run():
+            return parts[0]
+        dq, dk, dv = (torch.cat(x) for x in list(zip(*parts))[:3])
+        return dq, dk, dv, functools.reduce(torch.add, (p[3] for p in parts))  # summed in batch order
     if runs_chunked(weight.shape[1], q.shape[-1], q.dtype):
         if in_dry_run():  # nothing of Triton's to compile
             return None, None, None, None

@@ -13,7 +13,7 @@ import torch
 from . import runtime, tuning
 from ._checks import resolve_scale
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
-from .launch import cdiv, check_kernel_inputs, dot_precision, head_dim_block, launch, next_power_of_2
+from .launch import batch_chunks, cdiv, check_kernel_inputs, dot_precision, head_dim_block, launch, next_power_of_2
 
 #: Most new queries per call (rows of a decode tile: query heads of a group x new queries).
 MAX_NEW_QUERIES = 16
@@ -200,6 +200,10 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     when ``E = cq - 1 + pk > 0``).
     """
     B, Hkv, n_max, D = k.shape
+    if (chunks := batch_chunks(B, Hkv)) is not None:  # more programs than a grid axis takes
+        return torch.cat([launch_decode(q[a:b], k[a:b], v[a:b], None if lens is None else lens[a:b], n_new, scale,
+                                        num_splits, weight=weight, kernel_size=kernel_size, out_dtype=out_dtype)
+                          for a, b in chunks])
     Hq = q.shape[1]
     cq, ck = kernel_size
     o = torch.empty((B, Hq, n_new, D), device=k.device, dtype=out_dtype or q.dtype)

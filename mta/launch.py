@@ -55,19 +55,28 @@ def check_kernel_device(**tensors: torch.Tensor) -> None:
             raise ValueError(f"Triton kernels run on the GPU: {name} must be a cuda tensor, got {x.device}")
 
 
-#: CUDA's limit on a grid's second axis, where the kernels put batch x heads.
+#: CUDA's limit on a grid's second axis, where the kernels put batch x heads: a larger batch is launched in
+#: chunks of sequences (:func:`batch_chunks`).
 MAX_GRID_AXIS_1 = 65535
+
+
+def batch_chunks(batch: int, programs_per_sequence: int) -> list[tuple[int, int]] | None:
+    """None when ``batch * programs_per_sequence`` fit on a grid's second axis (:data:`MAX_GRID_AXIS_1`); else
+    the ``[start, stop)`` ranges of sequences, in order, whose programs do."""
+    if batch * programs_per_sequence <= MAX_GRID_AXIS_1:
+        return None
+    step = MAX_GRID_AXIS_1 // programs_per_sequence
+    return [(b, min(b + step, batch)) for b in range(0, batch, step)]
 
 
 def check_kernel_inputs(q, k, v, *, per_kv_head: bool = False) -> tuple[int, int, int, int, int, int]:
     """Shapes as :func:`mta._checks.check_qkv`, plus what the Triton kernels need. ``per_kv_head``: the kernels'
-    grids count ``B * Hkv`` programs on the axis of :data:`MAX_GRID_AXIS_1` (decode), not ``B * Hq``."""
+    grids count ``Hkv`` programs per sequence on the axis of :data:`MAX_GRID_AXIS_1` (decode), not ``Hq``."""
     dims = check_qkv(q, k, v)
-    batch, heads = dims[0], dims[2] if per_kv_head else dims[1]
-    if batch * heads > MAX_GRID_AXIS_1:
-        raise ValueError(f"batch x {'kv heads' if per_kv_head else 'heads'} = {batch} x {heads} = {batch * heads} "
-                         f"is over {MAX_GRID_AXIS_1}, the most programs a CUDA grid takes on the axis the kernels "
-                         f"give them; call it on at most {MAX_GRID_AXIS_1 // heads} sequences at a time")
+    heads = dims[2] if per_kv_head else dims[1]
+    if heads > MAX_GRID_AXIS_1:  # more batch x heads is launched in chunks of sequences; one sequence must fit
+        raise ValueError(f"{heads} {'kv heads' if per_kv_head else 'heads'} are over {MAX_GRID_AXIS_1}, the most "
+                         f"programs a CUDA grid takes on the axis the kernels give a sequence's heads")
     if q.dtype not in KERNEL_DTYPES:
         raise TypeError(f"Triton kernels take fp16, bf16 or fp32 inputs, got {q.dtype}")
     check_kernel_device(q=q)
@@ -232,6 +241,8 @@ def launch(kernel, grid, *args, **meta):
     """``kernel[grid](*args, **meta)`` (``grid`` a tuple, or a function of the tile for an autotuned kernel) on the
     device of its first tensor argument (:func:`on_device_of`); inside :func:`compile_ahead`'s dry run, only its
     compile, queued."""
+    if isinstance(grid, tuple) and max(grid[1:], default=0) > MAX_GRID_AXIS_1:  # the launchers chunk batches
+        raise RuntimeError(f"grid {grid} is over CUDA's {MAX_GRID_AXIS_1} programs on its second or third axis")
     if in_dry_run():
         return kernel.warmup(*args, grid=grid, **meta)
     with on_device_of(args):

@@ -354,20 +354,47 @@ def test_huge_lengths_in_a_list_are_named():
         mta.decode_attention(q, k, v, cache_seqlens=[-2 ** 70])
 
 
-@pytest.mark.parametrize("call", [
-    lambda x: mta.flash_attention(x, x, x),
-    lambda x: mta.conv_attention(x, x, x, torch.ones(x.shape[1], 1, 1, device=DEVICE)),
-    lambda x: mta.decode_attention(x, x, x),
-    lambda x: mta.conv_decode_attention(x, x, x, torch.ones(x.shape[1], 1, 1, device=DEVICE)),
-    lambda x: ops.flash_attention(x, x, x),
-], ids=["flash", "conv", "decode", "conv_decode", "flash_op"])
-def test_more_batch_x_heads_than_a_grid_takes_is_a_clear_error(call):
-    """The kernels' grids put batch x heads (decode: kv heads) on an axis CUDA caps at 65535 programs: over it, a
-    ValueError before any launch, not a launch failure inside Triton. Stride-0 views: no memory is touched."""
-    x = torch.zeros(1, 1, 1, 16, device=DEVICE).expand(65536, 1, 1, 16)
-    with pytest.raises(ValueError, match="65536 is over 65535"):
-        call(x)
-    call(torch.zeros(1, 1, 1, 16, device=DEVICE).expand(4, 1, 1, 16))  # under it: runs
+def _everything(q, k, v, w, do, lens):
+    """Outputs and gradients of every public kernel function on these inputs."""
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, w)]
+    flash, flash_lse = mta.flash_attention(*leaves[:3], causal=True, return_lse=True)
+    conv, conv_lse = mta.conv_attention(*leaves, return_lse=True)
+    torch.autograd.backward([flash, conv], [do, do])
+    return {"flash": flash, "flash lse": flash_lse, "conv": conv, "conv lse": conv_lse,
+            **{f"d{name}": x.grad for name, x in zip(("q", "k", "v", "weight"), leaves)},
+            "decode": mta.decode_attention(q[:, :, -2:], k, v, cache_seqlens=lens),
+            "conv decode": mta.conv_decode_attention(q, k, v, w, cache_seqlens=lens, num_queries=2)}
+
+
+def test_batches_over_the_grid_limit_run_in_chunks(monkeypatch):
+    """Past :data:`mta.launch.MAX_GRID_AXIS_1` programs of batch x heads, the launchers run chunks of sequences:
+    the same outputs and gradients (here with the limit lowered to 4, so that 3 sequences x 2 heads need 2
+    chunks; decode picks its split count per chunk, the weight's gradient is summed per chunk)."""
+    q, k, v = rand_qkv(3, 2, 1, 20, 20, 16)
+    w, do = rand(2, 2, 3, scale=0.3), rand(3, 2, 20, 16)
+    lens = torch.tensor([20, 7, 13], dtype=torch.int32)
+    whole = _everything(q, k, v, w, do, lens)
+    monkeypatch.setattr(mta.launch, "MAX_GRID_AXIS_1", 4)
+    assert mta.launch.batch_chunks(3, 2) == [(0, 2), (2, 3)] and mta.launch.batch_chunks(2, 2) is None
+    chunked = _everything(q, k, v, w, do, lens)
+    for name, x in whole.items():
+        torch.testing.assert_close(chunked[name], x, atol=1e-6, rtol=1e-6, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's grid limit: GPU only")
+def test_more_batch_x_heads_than_a_grid_axis_takes_on_the_gpu():
+    """65,552 programs of batch x heads (4097 x 16): over CUDA's 65,535, launched in chunks; each sequence's
+    results equal those of a small batch holding it."""
+    B, H = 4097, 16
+    q, k, v = (torch.randn(B, H, 4, 16, device="cuda", dtype=torch.float16) for _ in range(3))
+    w, do = 0.3 * torch.randn(H, 2, 3, device="cuda"), torch.randn(B, H, 4, 16, device="cuda", dtype=torch.float16)
+    lens = torch.randint(2, 5, (B,), dtype=torch.int32)
+    big = _everything(q, k, v, w, do, lens)
+    for rows in (slice(0, 3), slice(B - 3, B)):
+        small = _everything(q[rows], k[rows], v[rows], w, do[rows], lens[rows])
+        for name, x in small.items():
+            if name != "dweight":  # summed over the batch
+                torch.testing.assert_close(big[name][rows], x, atol=2e-3, rtol=2e-3, msg=name)
 
 
 @pytest.mark.parametrize("fn", ["flash", "conv"])
