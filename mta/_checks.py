@@ -9,6 +9,7 @@ deep inside Triton.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -76,6 +77,6 @@ def resolve_scale(scale, head_dim: int) -> float:
 
 
 def check_block_size(block_size) -> int:
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    return block_size
+    return int(block_size)

@@ -20,9 +20,19 @@ from ._checks import check_block_size, check_qkv, resolve_scale
 from .reference import causal_future, compute_dtype, expand_kv
 
 
+def _check_float(name: str, x, *, min_dims: int) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if x.dim() < min_dims:
+        raise ValueError(f"{name} must have at least {min_dims} dimension(s), got shape {tuple(x.shape)}")
+
+
 def rescale_factor(m_old: torch.Tensor, m_new: torch.Tensor) -> torch.Tensor:
     """``exp(m_old - m_new)``, with 0 (not NaN) when both are ``-inf`` (nothing seen yet)."""
-    return torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), torch.exp(m_old - m_new))
+    nothing = torch.isneginf(m_new)  # exp of a 0, not of -inf - -inf: no NaN in the gradient either
+    return torch.where(nothing, torch.zeros_like(m_new), torch.exp(torch.where(nothing, 0.0, m_old - m_new)))
 
 
 def finite_or_zero(m: torch.Tensor) -> torch.Tensor:
@@ -42,6 +52,7 @@ def blocked_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
         x: ``[..., n]``.
         block_size: how many entries of a row each step reads.
     """
+    _check_float("x", x, min_dims=1)
     check_block_size(block_size)
     ct = compute_dtype(x)
     m = torch.full(x.shape[:-1], float("-inf"), dtype=ct, device=x.device)
@@ -69,8 +80,11 @@ class AttentionState(NamedTuple):
 
 
 def empty_state(prefix_shape, head_dim: int, *, dtype=torch.float32, device=None) -> AttentionState:
-    """The state over no keys: the identity element of :func:`merge_states`."""
-    prefix_shape = tuple(prefix_shape)
+    """The state over no keys: the identity element of :func:`merge_states`. ``prefix_shape``: a shape (or an
+    int); ``head_dim``: ``D >= 0``."""
+    prefix_shape = (prefix_shape,) if isinstance(prefix_shape, int) else tuple(prefix_shape)
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 0:
+        raise ValueError(f"head_dim must be an int >= 0, got {head_dim!r}")
     return AttentionState(
         m=torch.full(prefix_shape, float("-inf"), dtype=dtype, device=device),
         l=torch.zeros(prefix_shape, dtype=dtype, device=device),
@@ -80,6 +94,11 @@ def empty_state(prefix_shape, head_dim: int, *, dtype=torch.float32, device=None
 
 def attention_state(s: torch.Tensor, v: torch.Tensor) -> AttentionState:
     """State of scores ``s [..., Nq, n]`` (``-inf`` = masked) over values ``v [..., n, D]``."""
+    _check_float("s", s, min_dims=2)
+    _check_float("v", v, min_dims=2)
+    if s.shape[-1] != v.shape[-2]:
+        raise ValueError(f"s has {s.shape[-1]} keys (last axis) but v has {v.shape[-2]} (second to last): "
+                         f"s {tuple(s.shape)}, v {tuple(v.shape)}")
     m = s.amax(dim=-1)
     p = torch.exp(s - finite_or_zero(m)[..., None])
     return AttentionState(m=m, l=p.sum(dim=-1), acc=p @ v)
@@ -91,6 +110,9 @@ def merge_states(a: AttentionState, b: AttentionState) -> AttentionState:
     ``m = max(m_a, m_b)``; each side is rescaled to the common max by
     ``exp(m_side - m)`` before ``l`` and ``acc`` are added.
     """
+    for name, x, y in (("m", a.m, b.m), ("l", a.l, b.l), ("acc", a.acc, b.acc)):
+        if x.shape != y.shape:  # no broadcasting: two states of the same rows
+            raise ValueError(f"merge_states needs states of one shape: {name} {tuple(x.shape)} and {tuple(y.shape)}")
     m = torch.maximum(a.m, b.m)
     alpha, beta = rescale_factor(a.m, m), rescale_factor(b.m, m)
     return AttentionState(

@@ -25,20 +25,23 @@ HAS_CUDA: bool = torch.cuda.is_available()
 if not HAS_CUDA and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"
 
-#: True when Triton kernels run in the interpreter (on CPU tensors).
-INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+#: True when Triton kernels run in the interpreter (on CPU tensors): the values Triton itself reads as on.
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes", "y")
 
 #: The device that tensors for ``mta`` kernels should live on.
 DEVICE: torch.device = torch.device("cpu" if INTERPRET or not HAS_CUDA else "cuda")
 
 #: Dtypes whose results are trustworthy on ``DEVICE``.
 SAFE_DTYPES: tuple[torch.dtype, ...] = (
-    (torch.float32, torch.float16) if INTERPRET else (torch.float32, torch.float16, torch.bfloat16)
+    (torch.float32, torch.float16) if DEVICE.type == "cpu" else (torch.float32, torch.float16, torch.bfloat16)
 )
 
 
 def describe() -> str:
     """One line saying where kernels run, for notebooks and bug reports."""
     if INTERPRET:
-        return "Triton interpreter on the CPU (no CUDA device, or TRITON_INTERPRET=1)"
+        return "Triton interpreter on the CPU (no CUDA device, or TRITON_INTERPRET set)"
+    if not HAS_CUDA:
+        return ("no CUDA device and TRITON_INTERPRET is off: the Triton kernels cannot run here "
+                "(unset TRITON_INTERPRET, or set it to 1)")
     return f"compiled Triton on {torch.cuda.get_device_name(DEVICE)}"

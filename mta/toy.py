@@ -165,6 +165,14 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+
+def check_mta_layers(cfg: "ModelConfig") -> None:
+    """ValueError unless every layer index in ``cfg.mta_layers`` is one of the model's layers."""
+    bad = [i for i in cfg.mta_layers if not 0 <= i < cfg.n_layers]
+    if bad:
+        raise ValueError(f"mta_layers {bad} out of range for {cfg.n_layers} layers")
+
+
 class ToyDecoder(nn.Module):
     """``tokens [B, N]`` -> logits ``[B, N, VOCAB]`` (fp32).
 
@@ -174,9 +182,7 @@ class ToyDecoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        bad = [i for i in cfg.mta_layers if not 0 <= i < cfg.n_layers]
-        if bad:
-            raise ValueError(f"mta_layers {bad} out of range for {cfg.n_layers} layers")
+        check_mta_layers(cfg)
         self.cfg = cfg
         self.embed = nn.Embedding(VOCAB, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg, i in cfg.mta_layers) for i in range(cfg.n_layers))
@@ -477,15 +483,22 @@ def write_results(results: dict, out: Path) -> None:
     fig.savefig(out.with_suffix(".png"), dpi=110, bbox_inches="tight", metadata={"Software": None})
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {value}")
+    return value
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m mta.toy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu" if runtime.HAS_CUDA else "cpu")
     parser.add_argument("--arm", nargs="+", choices=["plain", "mta"], default=["plain", "mta"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--steps", type=int, help="training steps (default: the preset's)")
-    parser.add_argument("--batch", type=int)
+    parser.add_argument("--steps", type=_positive_int, help="training steps (default: the preset's)")
+    parser.add_argument("--batch", type=_positive_int)
     parser.add_argument("--lr", type=float)
-    parser.add_argument("--num-blocks", type=int, help="blocks per sample (the paper: 52)")
+    parser.add_argument("--num-blocks", type=_positive_int, help="blocks per sample (the paper: 52)")
     parser.add_argument("--mta-layers", nargs="*", type=int, help="layers with an MTA kernel (default: the preset's)")
     parser.add_argument("--out", type=Path, help="JSON to write (a PNG plot goes next to it)")
     parser.add_argument("--save-weights", type=Path, metavar="DIR",
@@ -494,11 +507,15 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     cfg = PRESETS[args.preset]
     train = {k: v for k, v in (("steps", args.steps), ("batch", args.batch), ("lr", args.lr)) if v is not None}
-    cfg = replace(cfg, train=replace(cfg.train, **train))
-    if args.num_blocks is not None:
-        cfg = replace(cfg, task=replace(cfg.task, num_blocks=args.num_blocks))
-    if args.mta_layers is not None:
-        cfg = replace(cfg, model=replace(cfg.model, mta_layers=tuple(args.mta_layers)))
+    try:  # the configs check themselves: a bad value is a usage error, not a traceback
+        cfg = replace(cfg, train=replace(cfg.train, **train))
+        if args.num_blocks is not None:
+            cfg = replace(cfg, task=replace(cfg.task, num_blocks=args.num_blocks))
+        if args.mta_layers is not None:
+            cfg = replace(cfg, model=replace(cfg.model, mta_layers=tuple(args.mta_layers)))
+            check_mta_layers(cfg.model)
+    except ValueError as error:
+        parser.error(str(error))
     print(f"find the block: {cfg.task.seq_len} tokens per sample, {runtime.describe()}")
     results = run_all(cfg, args.arm, args.seeds, args.out, progress=not args.no_progress,
                       weights_dir=args.save_weights)

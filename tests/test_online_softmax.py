@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,3 +88,34 @@ def test_blocked_attention_equals_naive(causal, block):
     o_ref, lse_ref = mta.naive_attention(q, k, v, causal=causal, return_lse=True)
     torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(lse, lse_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_bad_arguments_are_named_not_answered():
+    """The states and the blocked softmax refuse what they cannot compute instead of returning something."""
+    x = torch.randn(2, 5)
+    for bad, error in [(torch.tensor([[1, 2]]), TypeError), (torch.tensor([[True, False]]), TypeError),
+                       ([[1.0, 2.0]], TypeError), (torch.tensor(1.0), ValueError)]:
+        with pytest.raises(error):
+            mta.blocked_softmax(bad, 1)
+    for block in (2.0, True, None, "2", 0):
+        with pytest.raises(ValueError, match="block_size"):
+            mta.blocked_softmax(x, block)
+    torch.testing.assert_close(mta.blocked_softmax(x, np.int64(2)), torch.softmax(x, -1))  # any integer
+    with pytest.raises(ValueError, match="keys"):
+        mta.attention_state(torch.randn(3, 4), torch.randn(5, 8))
+    a = mta.attention_state(torch.randn(2, 3, 4), torch.randn(2, 4, 8))
+    b = mta.attention_state(torch.randn(3, 4), torch.randn(4, 8))
+    with pytest.raises(ValueError, match="one shape"):
+        mta.merge_states(a, b)
+    assert mta.empty_state(3, 4).acc.shape == (3, 4)
+    with pytest.raises(ValueError, match="head_dim"):
+        mta.empty_state((3,), -1)
+
+
+def test_blocked_softmax_gradient_after_a_masked_first_block():
+    """A row whose first block is all -inf: the gradient equals torch's (no NaN from exp(-inf - -inf))."""
+    x = torch.tensor([[float("-inf"), 1.0, 2.0]], requires_grad=True)
+    mta.blocked_softmax(x, 1).pow(2).sum().backward()
+    y = x.detach().clone().requires_grad_()
+    torch.softmax(y, -1).pow(2).sum().backward()
+    torch.testing.assert_close(x.grad, y.grad)

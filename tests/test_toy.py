@@ -209,3 +209,11 @@ def test_target_attention_figure_has_a_bar_per_layer_head_and_model():
     heights = sorted(p.get_height() for p in left.patches)
     expected = sorted(torch.cat([shares["plain"][:, :, 0].flatten(), shares["mta"][:, :, 0].flatten()]).tolist())
     assert heights == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("args", [["--steps", "0"], ["--batch", "0"], ["--num-blocks", "-1"],
+                                  ["--arm", "mta", "--mta-layers", "5"]])
+def test_cli_refuses_bad_values_with_a_usage_error(args, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        toy.main(args + ["--no-progress"])
+    assert exit_.value.code == 2 and "error:" in capsys.readouterr().err
