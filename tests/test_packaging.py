@@ -63,3 +63,16 @@ def test_user_setting_wins():
     out = run_python("import mta; print(mta.runtime.INTERPRET, mta.runtime.DEVICE, len(mta.runtime.SAFE_DTYPES))",
                      TRITON_INTERPRET="1")
     assert out == "True cpu 2"
+
+
+def test_the_users_setting_is_read_as_triton_reads_it():
+    """``true``/``on``/``yes`` switch Triton's interpreter on, so they do for ``mta`` too; off without a GPU,
+    ``describe()`` says the kernels cannot run instead of raising."""
+    import torch
+    code = "import mta; r = mta.runtime; print(r.INTERPRET, r.DEVICE, len(r.SAFE_DTYPES), '|', r.describe())"
+    for value in ("true", "ON", "yes"):
+        assert run_python(code, TRITON_INTERPRET=value).startswith("True cpu 2 | Triton interpreter")
+    if not torch.cuda.is_available():
+        assert run_python(code, TRITON_INTERPRET="0") == (
+            "False cpu 2 | no CUDA device and TRITON_INTERPRET is off: the Triton kernels cannot run here "
+            "(unset TRITON_INTERPRET, or set it to 1)")
