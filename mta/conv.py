@@ -21,9 +21,9 @@ from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
                            held_shared_bytes, holds_queries, past_scores_kernel, query_shift_groups)
 from .flash_backward import rowsum_do_o_kernel
-from .launch import (batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous,
-                     head_dim_block, in_dry_run, launch, launch_tiled, next_power_of_2, shared_memory_limit,
-                     shifted_head_dim_block, wants_gradients)
+from .launch import (batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
+                     dot_precision, empty_contiguous, head_dim_block, in_dry_run, launch, launch_tiled, next_power_of_2,
+                     shared_memory_limit, shifted_head_dim_block, wants_gradients)
 from .tuning import size_bucket
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
@@ -210,8 +210,7 @@ def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool
 def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
     """The pre-passes, then the fused kernel: ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32)."""
     if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
-        parts = [conv_attention_forward(q[a:b], k[a:b], v[a:b], weight, causal, scale) for a, b in chunks]
-        return tuple(torch.cat(x) for x in zip(*parts))
+        return concat_chunks(chunks, conv_attention_forward, (q, k, v), weight, causal, scale)
     compile_ahead("conv_forward", lambda *x: conv_attention_forward(*x, scale), q, k, v, weight, causal)
     kf, cd = conv_prepasses(q, k, weight, causal)
     try:
@@ -469,9 +468,9 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
         return_lse: also return the fp32 log-sum-exp of each row of the convolved scores (not differentiable).
 
     Differentiable once in ``q``, ``k``, ``v`` and ``weight`` (fused backward, :mod:`mta.conv_backward`; a second
-    derivative raises): the gradients come in the dtypes of their inputs, the weight's summed over the batch. On a GPU the fused
-    backward of the tallest kernels at the widest head dims does not fit in shared memory (:func:`backward_fits`;
-    e.g. ``cq > 12`` at d = 256 in bf16): their gradients come from :mod:`mta.conv_chunked`, exact and
+    derivative raises): the gradients come in the dtypes of their inputs, the weight's summed over the batch. On a
+    GPU the fused backward of the tallest kernels at the widest head dims does not fit in shared memory
+    (:func:`backward_fits`; e.g. ``cq > 12`` at d = 256 in bf16): their gradients come from :mod:`mta.conv_chunked`, exact and
     deterministic but unfused (blocks of query rows in PyTorch, much slower).
     """
     _, Hq, _, Nq, Nk, D = check_kernel_inputs(q, k, v)

@@ -13,8 +13,8 @@ from torch.autograd.function import once_differentiable
 from ._checks import resolve_scale
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
-from .launch import (batch_chunks, cdiv, check_kernel_inputs, compile_ahead, dot_precision, empty_contiguous, head_dim_block, launch,
-                     launch_tiled, wants_gradients)
+from .launch import (batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks, dot_precision,
+                     empty_contiguous, head_dim_block, launch, launch_tiled, wants_gradients)
 from .tuning import size_bucket
 
 
@@ -26,8 +26,7 @@ def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
     tile table) are for benchmarks that launch another build of the same kernel (``mta.bench.launch_order``).
     """
     if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
-        parts = [flash_forward(q[a:b], k[a:b], v[a:b], causal, scale, kernel, **config) for a, b in chunks]
-        return tuple(torch.cat(x) for x in zip(*parts))
+        return concat_chunks(chunks, lambda *t: flash_forward(*t, causal, scale, kernel, **config), (q, k, v))
     B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
     o = empty_contiguous(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
@@ -45,8 +44,7 @@ def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
 def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     """Launch the ``D`` pre-pass, the dK/dV kernel and the dQ kernel; return ``dq, dk, dv``."""
     if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
-        parts = [flash_backward(*(t[a:b] for t in (do, q, k, v, o, lse)), causal, scale) for a, b in chunks]
-        return tuple(torch.cat(x) for x in zip(*parts))
+        return concat_chunks(chunks, flash_backward, (do, q, k, v, o, lse), causal, scale)
     compile_ahead("flash_backward", lambda *x: flash_backward(*x, scale), do, q, k, v, o, lse, causal)
     B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
     block_d = head_dim_block(D)

@@ -69,6 +69,13 @@ def batch_chunks(batch: int, programs_per_sequence: int) -> list[tuple[int, int]
     return [(b, min(b + step, batch)) for b in range(0, batch, step)]
 
 
+def concat_chunks(chunks: list[tuple[int, int]], fn, batched: tuple, *rest) -> tuple:
+    """``fn(*(t[a:b] for t in batched), *rest)`` for each ``(a, b)`` of ``chunks`` (:func:`batch_chunks`), its
+    outputs concatenated along the batch."""
+    parts = [fn(*(t[a:b] for t in batched), *rest) for a, b in chunks]
+    return tuple(torch.cat(x) for x in zip(*parts))
+
+
 def check_kernel_inputs(q, k, v, *, per_kv_head: bool = False) -> tuple[int, int, int, int, int, int]:
     """Shapes as :func:`mta._checks.check_qkv`, plus what the Triton kernels need. ``per_kv_head``: the kernels'
     grids count ``Hkv`` programs per sequence on the axis of :data:`MAX_GRID_AXIS_1` (decode), not ``Hq``."""

@@ -2,9 +2,9 @@
 
 Each checker runs the learner's function on a few small, awkward problems (one key, a length that is not a
 multiple of the split, grouped-query attention with several new queries, ragged lengths with the cache poisoned
-with NaN past them, splits that see no key, logits in the thousands) and compares its answer with the truth computed in float64 from the
-references (:func:`mta.naive_attention`, :func:`mta.conv_attention_reference`, chapter 02's states). It prints
-one line and returns a :class:`mta.exercises.Result`; it never raises.
+with NaN past them, splits that see no key, logits in the thousands) and compares its answer with the truth
+computed in float64 from the references (:func:`mta.naive_attention`, :func:`mta.conv_attention_reference`,
+chapter 02's states). It prints one line and returns a :class:`mta.exercises.Result`; it never raises.
 
 * :func:`check_split_decode`: decode of ``Nq`` new queries, split over the keys, merged (plain PyTorch);
 * :func:`check_combine`: the merge of split states into outputs (a Triton kernel);
