@@ -470,8 +470,8 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     Differentiable once in ``q``, ``k``, ``v`` and ``weight`` (fused backward, :mod:`mta.conv_backward`; a second
     derivative raises): the gradients come in the dtypes of their inputs, the weight's summed over the batch. On a
     GPU the fused backward of the tallest kernels at the widest head dims does not fit in shared memory
-    (:func:`backward_fits`; e.g. ``cq > 12`` at d = 256 in bf16): their gradients come from :mod:`mta.conv_chunked`, exact and
-    deterministic but unfused (blocks of query rows in PyTorch, much slower).
+    (:func:`backward_fits`; e.g. ``cq > 12`` at d = 256 in bf16): their gradients come from
+    :mod:`mta.conv_chunked`, exact and deterministic but unfused (blocks of query rows in PyTorch, much slower).
     """
     _, Hq, _, Nq, Nk, D = check_kernel_inputs(q, k, v)
     if Nq != Nk:
