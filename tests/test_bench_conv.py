@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from mta.bench import conv as cb
+from mta.bench import flash as fb
 from mta.bench import harness, plots
 from mta.figures import FIGURES_DIR
 from mta.reference import conv_attention_reference, naive_attention
@@ -154,10 +155,16 @@ def test_memory_fit_of_each_pass_and_of_the_gradient_check(free_gib):
     assert small["fwd_bwd"]["fits"] and small["grad"]["heads_that_fit"] == int(0.6 * 79 * GIB // (16 * 8192 ** 2 * 4))
 
 
-def test_head_slice_keeps_gqa_groups_whole():
-    assert cb._head_slice(16, 16, 5) == (5, 5)
-    assert cb._head_slice(8, 2, 5) == (4, 1)  # groups of 4: one whole group
-    assert cb._head_slice(8, 2, 3) == (3, 1)  # part of the first group, all on kv head 0
+def test_the_check_takes_leading_heads_in_whole_gqa_groups():
+    ran = []
+    for heads, kv_heads, wanted in ((16, 16, 5), (8, 2, 5), (8, 2, 3)):
+        shape = cb.ConvShape("float32", 1, heads, kv_heads, 8, 3, 5, 16)
+        assert cb._on_leading_heads(shape, wanted, lambda hq, hkv: ran.append((hq, hkv)), "reference", []) is None
+    assert ran == [(5, 5), (4, 1), (3, 1)]  # groups of 4: one whole group; part of the first, all on kv head 0
+    notes = []
+    assert cb._on_leading_heads(shape, 0, None, "reference", notes) == \
+        "no reference fits in memory, not even on one head"
+    assert notes == []
 
 
 def test_oom_is_recognized_also_when_wrapped():
@@ -381,16 +388,21 @@ def test_an_oom_in_the_backward_keeps_the_forward():
     assert row.count("oom") == 2  # its fwd+bwd time and memory
 
 
+def sdpa_with(backend):
+    """SDPA restricted to one backend, as the conv benchmark times it (the weight ignored)."""
+    return cb.ignoring_weight(fb.sdpa_with(backend))
+
+
 def test_a_refusing_sdpa_backend_is_recorded_not_fatal():
     """The real SDPA implementations on the CPU: the flash backend runs both passes, cuDNN refuses."""
-    results = run_tiny(impls(sdpa_flash=cb.sdpa_with("FLASH_ATTENTION"), sdpa_cudnn=cb.sdpa_with("CUDNN_ATTENTION")),
+    results = run_tiny(impls(sdpa_flash=sdpa_with("FLASH_ATTENTION"), sdpa_cudnn=sdpa_with("CUDNN_ATTENTION")),
                        shapes=TINY[:1])
     by_impl = {r["impl"]: r for r in results}
     assert by_impl["sdpa_flash"]["status"] == "ok" and by_impl["sdpa_flash"]["fwd_bwd_ms"] == FWD_BWD_MS["sdpa_flash"]
     refused = by_impl["sdpa_cudnn"]
     assert refused["status"] == "error" and "RuntimeError" in refused["error"] and refused["fwd_ms"] is None
     assert all(r["status"] == "ok" for r in results if r["impl"] != "sdpa_cudnn")
-    assert [n.__name__ for n in (cb.sdpa_with("FLASH_ATTENTION"), cb.sdpa_with("CUDNN_ATTENTION"))] == \
+    assert [n.__name__ for n in (sdpa_with("FLASH_ATTENTION"), sdpa_with("CUDNN_ATTENTION"))] == \
         ["sdpa_flash", "sdpa_cudnn"]
     assert list(cb.default_impls(compile_reference=False)) == [n for n in cb.IMPLS if n != "conv_reference_compiled"]
 
@@ -477,61 +489,56 @@ def test_a_slice_check_still_catches_a_wrong_kernel():
     assert not record["check"]["ok"] and record["check"]["heads_checked"] == 1
 
 
-def test_a_failing_full_check_falls_back_to_fewer_heads():
+def test_a_failing_reference_fails_the_check_with_its_error():
+    """One attempt each, on the heads the memory estimate allows: a reference that raises (a conv2d too large for
+    cuDNN, an OOM) fails the check with the failure noted; fewer heads are not tried."""
     calls = []
 
-    def flaky_reference(q, k, v, weight, causal):
+    def failing_reference(q, k, v, weight, causal):
         calls.append((q.shape[1], q.dtype))
-        if q.shape[1] == 4:
-            raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED")  # e.g. a conv2d too large for cuDNN
-        if q.shape[1] == 2:
+        if q.dtype == torch.float64:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
-        return conv_attention_reference(q, k, v, weight, causal=causal)
+        raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED")
 
     shape = cb.ConvShape("float16", 1, 4, 2, 8, 3, 5, 16)
     q, k, v, w = cb.random_inputs(shape, "cpu")
-    check = cb.check_against_reference(exact, q, k, v, w, shape, cb.reference_fit(shape, PLENTY),
-                                       reference=flaky_reference)
-    # All heads in the inputs' dtype, then fewer heads in float32.
-    assert calls == [(4, torch.float16), (2, torch.float32), (1, torch.float32)]
-    assert check["ok"] and check["heads_checked"] == 1 and check["rel_err"] < 1e-2
-    assert "CUDNN_STATUS_NOT_SUPPORTED" in check["notes"][0] and "out of memory" in check["notes"][1]
+    fits = cb.reference_fits(shape, PLENTY)
+    check = cb.check_against_reference(exact, q, k, v, w, torch.randn_like(q), shape, fits, reference=failing_reference)
+    assert calls == [(4, torch.float16), (4, torch.float64)]  # all heads, in the inputs' dtype, then in float64
+    assert not check["ok"] and check["rel_err"] is check["grad_rel_err"] is None
+    assert check["notes"] == ["reference on 4 heads raised RuntimeError: cuDNN error: CUDNN_STATUS_NOT_SUPPORTED",
+                              "float64 reference for the gradients on 4 heads ran out of memory"]
+    assert check["error"] == (f"no reference could run: {check['notes'][0]}; "
+                              f"no float64 reference for the gradients could run: {check['notes'][1]}")
+    assert "CUDNN_STATUS_NOT_SUPPORTED" in cb.format_check(check)
 
 
-def test_a_failing_gradient_reference_falls_back_to_fewer_heads():
-    calls = []
-
-    def flaky_reference(q, k, v, weight, causal):
-        calls.append((q.shape[1], q.dtype))
-        if q.shape[1] == 4:
+def test_a_failing_gradient_reference_keeps_the_output_s_check():
+    def no_float64(q, k, v, weight, causal):
+        if q.dtype == torch.float64:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
         return conv_attention_reference(q, k, v, weight, causal=causal)
 
     shape = TINY[0]
     q, k, v, w = cb.random_inputs(shape, "cpu")
     dout = torch.randn_like(q)
-    fits = cb.reference_fits(shape, PLENTY)
-    check = cb.check_against_reference(exact, q, k, v, w, shape, fits["fwd"])
-    both = cb.check_gradients(exact, q, k, v, w, dout, shape, fits["grad"], check, reference=flaky_reference)
-    assert calls == [(4, torch.float64), (2, torch.float64)]
-    assert both["ok"] and both["grad_heads_checked"] == 2 and "out of memory" in both["notes"][0]
-    assert check["notes"] == [] and "grad_rel_err" not in check  # the output's check is left as it was
-    nothing = cb.check_gradients(exact, q, k, v, w, dout, shape, cb.reference_fit(shape, 0), check)
-    assert not nothing["ok"]
+    check = cb.check_against_reference(exact, q, k, v, w, dout, shape, cb.reference_fits(shape, PLENTY),
+                                       reference=no_float64)
+    assert check["rel_err"] < 1e-6 and check["heads_checked"] == 4 and check["grad_rel_err"] is None
+    assert not check["ok"] and "out of memory" in check["error"] and len(check["notes"]) == 1
+    no_room = {**cb.reference_fits(shape, PLENTY), "grad": cb.reference_fit(shape, 0)}
+    nothing = cb.check_against_reference(exact, q, k, v, w, dout, shape, no_room)
+    assert not nothing["ok"] and nothing["rel_err"] < 1e-6 and nothing["notes"] == []
     assert nothing["error"] == "no float64 reference for the gradients fits in memory, not even on one head"
 
 
 def test_a_check_without_any_reference_fails():
-    def no_memory(q, k, v, weight, causal):
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
-
     shape = TINY[0]
     q, k, v, w = cb.random_inputs(shape, "cpu")
-    check = cb.check_against_reference(exact, q, k, v, w, shape, cb.reference_fit(shape, PLENTY), reference=no_memory)
-    assert not check["ok"] and check["rel_err"] is None and len(check["notes"]) == 3  # 4, 2, 1 heads
-    assert check["error"].startswith("no reference could run")
-    check = cb.check_against_reference(exact, q, k, v, w, shape, cb.reference_fit(shape, 0))
-    assert not check["ok"] and check["error"] == "no reference fits in memory, not even on one head"
+    check = cb.check_against_reference(exact, q, k, v, w, torch.randn_like(q), shape, cb.reference_fits(shape, 0))
+    assert not check["ok"] and check["rel_err"] is None and check["grad_rel_err"] is None
+    assert check["error"] == ("no reference fits in memory, not even on one head; "
+                              "no float64 reference for the gradients fits in memory, not even on one head")
 
 
 # --- ratios, bars, table from synthetic results ----------------------------------------------

@@ -12,8 +12,8 @@ from mta import conv_attention
 from mta.reference import conv_attention_reference
 
 from . import flash
-from .harness import (Benchmark, Pass, cuda_free_bytes, describe_error, is_oom, measured, ratio, ratio_of,
-                      recorded_call, rel_err, release_memory, render_tables, shape_rows)
+from .harness import (Benchmark, Pass, cuda_free_bytes, describe_error, is_oom, measured, ratio, recorded_call,
+                      rel_err, release_memory, render_tables, shape_rows)
 from .plots import MIB, plot_conv
 from .timing import timing_config
 
@@ -88,13 +88,12 @@ def reference_fit(shape, free_bytes: int, matrices: int = REFERENCE_LIVE_MATRICE
     ``free_bytes`` (else ``reason``), and ``heads_that_fit``."""
     estimate = reference_bytes_estimate(shape.batch, shape.heads, shape.seq_len, matrices)
     budget = REFERENCE_MAX_FREE_FRACTION * free_bytes
-    fits = estimate <= budget
-    reason = None if fits else (
+    reason = None if estimate <= budget else (
         f"not run: {what} needs about {estimate / 2 ** 30:.1f} GiB ({matrices} fp32 [B, H, N, N] matrices), "
         f"more than {REFERENCE_MAX_FREE_FRACTION:.0%} of the {free_bytes / 2 ** 30:.1f} GiB free")
     per_head = reference_bytes_estimate(shape.batch, 1, shape.seq_len, matrices)
-    return {"estimate_bytes": estimate, "free_bytes": int(free_bytes), "budget_bytes": int(budget), "fits": fits,
-            "heads_that_fit": int(min(shape.heads, budget // per_head)), "reason": reason}
+    return {"estimate_bytes": estimate, "free_bytes": int(free_bytes), "budget_bytes": int(budget),
+            "fits": reason is None, "heads_that_fit": int(min(shape.heads, budget // per_head)), "reason": reason}
 
 
 def reference_fits(shape: ConvShape, free_bytes: int) -> dict[str, dict]:
@@ -122,20 +121,17 @@ class CompiledReference:
 
 
 def ignoring_weight(attention: flash.Attention) -> ConvImpl:
+    """``attention`` as a ConvImpl (plain attention, ``weight`` ignored), under the same name."""
     def impl(q, k, v, weight, causal):
         return attention(q, k, v, causal=causal)
     impl.__name__ = attention.__name__
     return impl
 
 
-def sdpa_with(backend_name: str) -> ConvImpl:
-    """SDPA restricted to one backend (``"FLASH_ATTENTION"``, ``"CUDNN_ATTENTION"``) as a ConvImpl, no conv."""
-    return ignoring_weight(flash.sdpa_with(backend_name))
-
-
 def default_impls(compile_reference: bool = True) -> dict[str, ConvImpl]:
     impls = {"mta_conv": conv_attention, "mta_flash": ignoring_weight(flash.flash_attention),
-             "sdpa_flash": sdpa_with("FLASH_ATTENTION"), "sdpa_cudnn": sdpa_with("CUDNN_ATTENTION"),
+             "sdpa_flash": ignoring_weight(flash.sdpa_with("FLASH_ATTENTION")),
+             "sdpa_cudnn": ignoring_weight(flash.sdpa_with("CUDNN_ATTENTION")),
              "conv_reference": conv_attention_reference}
     if compile_reference:
         impls["conv_reference_compiled"] = CompiledReference()
@@ -154,56 +150,24 @@ def random_inputs(shape: ConvShape, device) -> tuple[torch.Tensor, ...]:
     return q, k, v, weight
 
 
-def _head_slice(heads: int, kv_heads: int, wanted: int) -> tuple[int, int]:
-    """``(query heads, kv heads)`` of a leading slice of at most ``wanted`` query heads, GQA groups kept whole."""
-    group = heads // kv_heads
-    if wanted >= group:
-        q_heads = (wanted // group) * group
-        return q_heads, q_heads // group
-    return wanted, 1  # part of the first group: every one of these query heads reads kv head 0
-
-
-def _on_head_slices(shape: ConvShape, wanted: int, attempt: Callable[[int, int], None], notes: list, what: str):
-    """``attempt(query heads, kv heads)`` on a leading slice of ``wanted`` heads; where it raises (noted as
-    ``what``'s failure), on half as many..., until it runs or no head is left."""
-    while wanted >= 1:
-        hq, hkv = _head_slice(shape.heads, shape.kv_heads, wanted)
-        try:
-            attempt(hq, hkv)
-            wanted = 0  # it ran: done
-        except Exception as exc:  # noqa: BLE001  (try fewer heads)
-            why = "ran out of memory" if is_oom(exc) else f"raised {describe_error(exc)}"
-            notes.append(f"{what} on {hq} heads {why}")
-            wanted = hq // 2
-        release_memory()  # once the attempt's frames are gone, so a failed call's tensors can be freed
-
-
-def check_against_reference(fn: ConvImpl, q, k, v, weight, shape: ConvShape, fit: dict,
-                            reference: Callable = conv_attention_reference) -> dict:
-    """Relative error of ``fn``'s output against the reference, and whether it passes: all heads where it fits
-    (``fit``); else, or if that fails (OOM, a conv2d too large for cuDNN), a float32 reference (inputs cast up)
-    on the leading heads, halving them until it runs."""
-    check = {"reference": None, "heads_checked": None, "rel_err": None, "tolerance": TOLERANCE[shape.dtype],
-             "ok": False, "error": None, "notes": [], "reference_fit": fit}
-    out, error = recorded_call(lambda: fn(q, k, v, weight, causal=shape.causal))
-    if error is not None:
-        check["error"] = f"{TESTED_IMPL} raised {error}"
-        return check
-
-    def attempt(hq, hkv):
-        cast = (lambda t: t) if hq == shape.heads else (lambda t: t.float())
-        ref = reference(cast(q[:, :hq]), cast(k[:, :hkv]), cast(v[:, :hkv]), weight[:hq], causal=shape.causal)
-        check.update(rel_err=rel_err(out[:, :hq], ref), heads_checked=hq, reference=(
-            f"conv_attention_reference, all heads ({shape.dtype} inputs, fp32 compute)" if hq == shape.heads
-            else f"conv_attention_reference on float32 inputs, query heads 0..{hq - 1} of {shape.heads}"))
-
-    _on_head_slices(shape, shape.heads if fit["fits"] else fit["heads_that_fit"], attempt, check["notes"],
-                    "reference")
-    if check["rel_err"] is None:
-        check["error"] = ("no reference could run, not even on one head: " + "; ".join(check["notes"])
-                          if check["notes"] else "no reference fits in memory, not even on one head")
-    check["ok"] = check["rel_err"] is not None and check["rel_err"] <= check["tolerance"]
-    return check
+def _on_leading_heads(shape: ConvShape, wanted: int, run: Callable[[int, int], None], what: str,
+                      notes: list) -> Optional[str]:
+    """``run(query heads, kv heads)`` on the leading ``wanted`` query heads, GQA groups kept whole (fewer than a
+    group all read kv head 0); the error where no head fits or it raises (noted: OOM, a conv2d too large for
+    cuDNN...), else None."""
+    if wanted < 1:
+        return f"no {what} fits in memory, not even on one head"
+    group = shape.heads // shape.kv_heads
+    hq = wanted // group * group if wanted >= group else wanted
+    error = None
+    try:
+        run(hq, max(1, hq // group))
+    except Exception as exc:  # noqa: BLE001  (recorded: the check fails, the run goes on)
+        why = "ran out of memory" if is_oom(exc) else f"raised {describe_error(exc)}"
+        notes.append(f"{what} on {hq} heads {why}")
+        error = f"no {what} could run: {notes[-1]}"
+    release_memory()  # once the attempt's frames are gone, so a failed call's tensors can be freed
+    return error
 
 
 def _grads(fn: Callable, tensors, dout) -> tuple[torch.Tensor, ...]:
@@ -212,42 +176,50 @@ def _grads(fn: Callable, tensors, dout) -> tuple[torch.Tensor, ...]:
     return torch.autograd.grad(fn(*leaves), leaves, dout, allow_unused=True, materialize_grads=True)
 
 
-def check_gradients(fn: ConvImpl, q, k, v, weight, dout, shape: ConvShape, fit: dict, check: dict,
-                    reference: Callable = conv_attention_reference) -> dict:
-    """``check`` (the output's) with ``grad_rel_err``: dq, dk, dv, dweight against the reference's autograd in
-    float64, on the heads the output was checked on, halved while the float64 run does not fit (``fit``) or fails.
-    ``fn`` runs on all heads with ``dout`` zero beyond the slice, so its dk and dv (sums over a GQA group's query
-    heads) hold exactly the slice's share. ``ok``: the output and every gradient within tolerance."""
-    check = {**check, "grad_reference": None, "grad_heads_checked": None, "grad_rel_err": None,
-             "grad_tolerance": GRAD_TOLERANCE[shape.dtype], "notes": list(check["notes"])}
-    error = None
+def check_against_reference(fn: ConvImpl, q, k, v, weight, dout, shape: ConvShape, fits: dict,
+                            reference: Callable = conv_attention_reference) -> dict:
+    """Relative errors of ``fn``'s output and gradients against the reference; ``ok``: each within its tolerance.
 
-    def attempt(hq, hkv):
-        nonlocal error
+    The output: against the reference on all heads where it fits (``fits["fwd"]``), else against a float32
+    reference (inputs cast up) on the leading heads that fit. dq, dk, dv, dweight: against the reference's autograd
+    in float64 on those heads, fewer where that does not fit (``fits["grad"]``); ``fn`` runs on all heads with
+    ``dout`` zero beyond the slice, so its dk and dv (sums over a GQA group's query heads) hold the slice's share."""
+    check = {"reference": None, "heads_checked": None, "rel_err": None, "tolerance": TOLERANCE[shape.dtype],
+             "ok": False, "error": None, "notes": [], "reference_fit": fits["fwd"], "grad_reference": None,
+             "grad_heads_checked": None, "grad_rel_err": None, "grad_tolerance": GRAD_TOLERANCE[shape.dtype]}
+    out, error = recorded_call(lambda: fn(q, k, v, weight, causal=shape.causal))
+    errors = [None if error is None else f"{TESTED_IMPL} raised {error}"]
+
+    def output(hq, hkv):
+        cast = (lambda t: t) if hq == shape.heads else (lambda t: t.float())
+        ref = reference(cast(q[:, :hq]), cast(k[:, :hkv]), cast(v[:, :hkv]), weight[:hq], causal=shape.causal)
+        check.update(rel_err=rel_err(out[:, :hq], ref), heads_checked=hq, reference=(
+            f"conv_attention_reference, all heads ({shape.dtype} inputs, fp32 compute)" if hq == shape.heads
+            else f"conv_attention_reference on float32 inputs, query heads 0..{hq - 1} of {shape.heads}"))
+
+    def gradients(hq, hkv):
         ref = _grads(lambda *t: reference(*t, causal=shape.causal),
                      [t.double() for t in (q[:, :hq], k[:, :hkv], v[:, :hkv], weight[:hq])], dout[:, :hq].double())
         masked = dout.clone()
         masked[:, hq:] = 0
+        grads, failed = recorded_call(lambda: _grads(lambda *t: fn(*t, causal=shape.causal), (q, k, v, weight), masked))
+        if failed is not None:  # fn's failure, not the reference's
+            errors.append(f"{TESTED_IMPL} forward+backward raised {failed}")
+            return
+        mine = (grads[0][:, :hq], grads[1][:, :hkv], grads[2][:, :hkv], grads[3][:hq])
+        check.update(grad_rel_err=dict(zip(GRAD_NAMES, map(rel_err, mine, ref))), grad_heads_checked=hq,
+                     grad_reference=f"conv_attention_reference's autograd in float64, query heads 0..{hq - 1} of "
+                                    f"{shape.heads}")
 
-        def compare():
-            dq, dk, dv, dw = _grads(lambda *t: fn(*t, causal=shape.causal), (q, k, v, weight), masked)
-            mine = (dq[:, :hq], dk[:, :hkv], dv[:, :hkv], dw[:hq])
-            check.update(grad_rel_err=dict(zip(GRAD_NAMES, map(rel_err, mine, ref))), grad_heads_checked=hq,
-                         grad_reference=f"conv_attention_reference's autograd in float64, query heads "
-                                        f"0..{hq - 1} of {shape.heads}")
-        failed = recorded_call(compare)[1]  # a failure of fn is the check's error, not a reason to try fewer heads
-        if failed is not None:
-            error = f"{TESTED_IMPL} forward+backward raised {failed}"
-
-    wanted = min(check["heads_checked"] or shape.heads, fit["heads_that_fit"])
-    _on_head_slices(shape, wanted, attempt, check["notes"], "float64 reference's gradients")
-    if error is None and check["grad_rel_err"] is None:
-        error = (f"no float64 reference for the gradients {'could run' if wanted >= 1 else 'fits in memory'}, "
-                 "not even on one head")
-    if error is not None:
-        check["error"] = "; ".join(filter(None, (check["error"], error)))
-    check["ok"] = bool(check["ok"] and check["grad_rel_err"] is not None
-                       and all(e <= check["grad_tolerance"] for e in check["grad_rel_err"].values()))
+    if error is None:
+        wanted = shape.heads if fits["fwd"]["fits"] else fits["fwd"]["heads_that_fit"]
+        errors.append(_on_leading_heads(shape, wanted, output, "reference", check["notes"]))
+    wanted = min(check["heads_checked"] or shape.heads, fits["grad"]["heads_that_fit"])
+    errors.append(_on_leading_heads(shape, wanted, gradients, "float64 reference for the gradients", check["notes"]))
+    check["error"] = "; ".join(filter(None, errors)) or None
+    check["ok"] = (check["rel_err"] is not None and check["rel_err"] <= check["tolerance"]
+                   and check["grad_rel_err"] is not None
+                   and all(e <= check["grad_tolerance"] for e in check["grad_rel_err"].values()))
     return check
 
 
@@ -298,8 +270,7 @@ class ConvBenchmark(Benchmark):
 
     def check(self, name, fn, shape, inputs):
         q, k, v, weight, dout, fits = inputs
-        check = check_against_reference(fn, q, k, v, weight, shape, fits["fwd"])
-        return check_gradients(fn, q, k, v, weight, dout, shape, fits["grad"], check)
+        return check_against_reference(fn, q, k, v, weight, dout, shape, fits)
 
     def calls(self, fn, shape, inputs):
         leaves = [t.detach().requires_grad_() for t in inputs[:4]]  # the inputs' memory, requiring grad
@@ -308,15 +279,13 @@ class ConvBenchmark(Benchmark):
     def skip(self, impl, shape, inputs):
         """The references' passes that do not fit, each with its reason."""
         fits = inputs[-1]
-        if impl not in REFERENCE_IMPLS:
-            return {}
-        return {p.name: fits[p.name]["reason"] for p in PASSES if not fits[p.name]["fits"]}
+        return {p.name: fits[p.name]["reason"] for p in PASSES if impl in REFERENCE_IMPLS and not fits[p.name]["fits"]}
 
     def summarize(self, results):
         return {"shapes": shape_ratios(results)}
 
-    def tables(self, data):
-        return pass_tables(data["results"]) + headline_tables(data)
+    def report(self, data):
+        return f"{format_table(data['results'])}\n\n{format_headline(data)}"
 
     def config(self, quick, warmup, rep):
         fraction, compiled = REFERENCE_MAX_FREE_FRACTION, self.compile_reference
@@ -358,118 +327,100 @@ class ConvBenchmark(Benchmark):
 
 SHAPE_KEYS = ("dtype", "batch", "heads", "kv_heads", "head_dim", "cq", "ck", "seq_len", "causal")
 CONFIG_KEYS = ("batch", "heads", "kv_heads", "head_dim")
-#: Each pass's label, and the suffix its ratios' names take (``conv_over_flash_time``, ``..._fwd_bwd_time``).
+#: Each pass's title, and the suffix its ratios' names take (``conv_over_flash_time``, ``..._fwd_bwd_time``).
 PASS_NAMES = {"fwd": ("forward", ""), "fwd_bwd": ("forward+backward", "_fwd_bwd")}
-#: The ratios of a pass, ``{}`` for its suffix: numerator impl, denominator impl, "time" or "memory", and where a
-#: pass's table shows it, its column (header, format).
-PASS_RATIOS = {
-    "conv_over_flash{}_time": ("mta_conv", "mta_flash", "time", ("conv/flash", "{:.2f}x")),
-    "conv_over_sdpa_flash{}_time": ("mta_conv", "sdpa_flash", "time", None),
-    "conv_over_sdpa_cudnn{}_time": ("mta_conv", "sdpa_cudnn", "time", None),
-    "reference_over_conv{}_time": ("conv_reference", "mta_conv", "time", ("ref/conv", "{:.1f}x")),
-    "reference_compiled_over_conv{}_time": ("conv_reference_compiled", "mta_conv", "time", ("ref.c/conv", "{:.1f}x")),
-    "conv_over_reference{}_memory": ("mta_conv", "conv_reference", "memory", ("mem c/ref", "{:.2%}")),
-    "conv_over_reference_compiled{}_memory": ("mta_conv", "conv_reference_compiled", "memory", None),
-}
-#: name -> (numerator impl, denominator impl, measured key), for both passes.
-RATIOS = {name.format(PASS_NAMES[p.name][1]): (a, b, p.time_key if m == "time" else p.memory_key)
-          for p in PASSES for name, (a, b, m, _) in PASS_RATIOS.items()}
-#: The ratios the headline reports, of both passes.
-HEADLINE = [name.format(suffix) for _, suffix in PASS_NAMES.values()
-            for name in ("conv_over_flash{}_time", "reference_over_conv{}_time", "conv_over_reference{}_memory")]
+#: ``{name: (numerator impl, denominator impl, measured key)}``, each pass's.
+RATIOS = {f"{name}{PASS_NAMES[p.name][1]}_{m}": (a, b, p.time_key if m == "time" else p.memory_key)
+          for p in PASSES for name, a, b, m in (
+              ("conv_over_flash", "mta_conv", "mta_flash", "time"),
+              ("conv_over_sdpa_flash", "mta_conv", "sdpa_flash", "time"),
+              ("conv_over_sdpa_cudnn", "mta_conv", "sdpa_cudnn", "time"),
+              ("reference_over_conv", "conv_reference", "mta_conv", "time"),
+              ("reference_compiled_over_conv", "conv_reference_compiled", "mta_conv", "time"),
+              ("conv_over_reference", "mta_conv", "conv_reference", "memory"),
+              ("conv_over_reference_compiled", "mta_conv", "conv_reference_compiled", "memory"))}
 #: Where the headline is taken: N and the kernel (cq, ck).
 HEADLINE_AT = (8192, (6, 11))
-
-
-def _check_ok(records: dict[str, dict]) -> Optional[bool]:
-    check = records.get(TESTED_IMPL, {}).get("check")
-    return None if check is None else bool(check.get("ok"))
-
-
-def _at(data_or_results: Union[dict, list], seq_len: int, kernel: tuple[int, int]) -> list[dict]:
-    """The records at ``seq_len`` and ``kernel``, of a benchmark's JSON or of its results."""
-    results = data_or_results["results"] if isinstance(data_or_results, dict) else data_or_results
-    return [r for r in results if r["seq_len"] == seq_len and (r["cq"], r["ck"]) == tuple(kernel)]
-
-
-def shape_ratios(results: list[dict]) -> list[dict]:
-    """Per shape: its fields, every ratio of :data:`RATIOS` (None where a side is missing), and check_ok."""
-    return [{**{k: row[k] for k in SHAPE_KEYS}, **{name: ratio(row["records"], a, b, m) for name, (a, b, m) in
-             RATIOS.items()}, "check_ok": _check_ok(row["records"])} for row in shape_rows(results, SHAPE_KEYS)]
-
-
-def headline_ratios(data_or_results: Union[dict, list], seq_len: int = HEADLINE_AT[0],
-                    kernel: tuple[int, int] = HEADLINE_AT[1]) -> list[dict]:
-    """Per configuration at ``seq_len`` and ``kernel``: the :data:`HEADLINE` ratios, each with the two numbers it
-    is made of (``"<impl>_<key>"``, e.g. ``mta_conv_fwd_ms``), None where a side is missing; ``check_ok``: whether
-    mta_conv passed there."""
-    entries = []
-    for row in shape_rows(_at(data_or_results, seq_len, kernel), SHAPE_KEYS):
-        records = row["records"]
-        entry = {**{k: row[k] for k in (*CONFIG_KEYS, "cq", "ck", "seq_len")}, "check_ok": _check_ok(records)}
-        for name in HEADLINE:
-            a, b, m = RATIOS[name]
-            entry.update({name: ratio(records, a, b, m), f"{a}_{m}": records.get(a, {}).get(m),
-                          f"{b}_{m}": records.get(b, {}).get(m)})
-        entries.append(entry)
-    return entries
-
-
 SHORT_NAMES = {"mta_conv": "conv", "mta_flash": "flash", "sdpa_flash": "sdpa.fa", "sdpa_cudnn": "sdpa.cu",
                "conv_reference": "ref", "conv_reference_compiled": "ref.c"}
 SHAPE_COLUMNS = [("B", "{}", "batch"), ("H", "{}", "heads"), ("Hkv", "{}", "kv_heads"), ("D", "{}", "head_dim"),
                  ("kernel", "{}", lambda row: f"{row['cq']}x{row['ck']}"), ("N", "{}", "seq_len")]
 
 
+def _rows(data_or_results: Union[dict, list], at: Optional[tuple] = None) -> list[dict]:
+    """:func:`shape_rows` of a benchmark's JSON or of its results (only those at ``at``, ``(N, (cq, ck))``, if
+    given), each with its :data:`RATIOS` (None where a side is missing) and ``check_ok`` (mta_conv's)."""
+    results = data_or_results["results"] if isinstance(data_or_results, dict) else data_or_results
+    if at is not None:
+        results = [r for r in results if (r["seq_len"], (r["cq"], r["ck"])) == (at[0], tuple(at[1]))]
+    rows = shape_rows(results, SHAPE_KEYS)
+    for row in rows:
+        check = row["records"].get(TESTED_IMPL, {}).get("check")
+        row.update({name: ratio(row["records"], *spec) for name, spec in RATIOS.items()},
+                   check_ok=None if check is None else bool(check.get("ok")))
+    return rows
+
+
+def shape_ratios(results: list[dict]) -> list[dict]:
+    """Per shape: its fields, every ratio of :data:`RATIOS` (None where a side is missing), and check_ok."""
+    return [{k: v for k, v in row.items() if k != "records"} for row in _rows(results)]
+
+
+def _ratio_columns(p: Pass, headline: bool = False) -> list:
+    """The ratios the tables of pass ``p`` show: (header, format, name); the headline's leave out ref.c/conv."""
+    s = PASS_NAMES[p.name][1]
+    return [("conv/flash", "{:.2f}x", f"conv_over_flash{s}_time"),
+            ("ref/conv", "{:.1f}x", f"reference_over_conv{s}_time"),
+            *([] if headline else [("ref.c/conv", "{:.1f}x", f"reference_compiled_over_conv{s}_time")]),
+            ("mem c/ref", "{:.2%}", f"conv_over_reference{s}_memory")]
+
+
+def headline_ratios(data_or_results: Union[dict, list], seq_len: int = HEADLINE_AT[0],
+                    kernel: tuple[int, int] = HEADLINE_AT[1]) -> list[dict]:
+    """Per configuration at ``seq_len`` and ``kernel``: the headline's ratios, each with the two numbers it is made
+    of (``"<impl>_<key>"``, e.g. ``mta_conv_fwd_ms``), None where a side is missing; ``check_ok``: whether
+    mta_conv passed there."""
+    entries = []
+    for row in _rows(data_or_results, (seq_len, kernel)):
+        entry = {k: row[k] for k in (*CONFIG_KEYS, "cq", "ck", "seq_len", "check_ok")}
+        for *_, name in (c for p in PASSES for c in _ratio_columns(p, headline=True)):
+            a, b, key = RATIOS[name]
+            entry.update({name: row[name], f"{a}_{key}": row["records"].get(a, {}).get(key),
+                          f"{b}_{key}": row["records"].get(b, {}).get(key)})
+        entries.append(entry)
+    return entries
+
+
 def _pass_columns(p: Pass, names: list[str], headline: bool = False) -> list:
-    """Times (ms) and peak extra memory (MiB) of ``names`` in pass ``p`` (or why one is missing), the ratios the
-    tables show (of :data:`HEADLINE` only for the headline) and, but in the headline, the check's error."""
-    suffix = PASS_NAMES[p.name][1]
+    """Times (ms) and peak extra memory (MiB) of ``names`` in pass ``p`` (or why one is missing), the ratios and,
+    but in the headline, mta_conv's error: of the output (forward), else the largest of the gradients'."""
+    def error(row):
+        check = row["records"].get(TESTED_IMPL, {}).get("check") or {}
+        errors = [check.get("rel_err")] if p.name == "fwd" else list((check.get("grad_rel_err") or {}).values())
+        return None if not errors or None in errors else max(errors)
     columns = [(f"{SHORT_NAMES.get(n, n)} ms", "{:.3f}", measured(n, p.time_key, why=True)) for n in names]
     columns += [(f"{SHORT_NAMES.get(n, n)} MiB", "{:.1f}", measured(n, p.memory_key, MIB, why=True)) for n in names]
-    columns += [(*column, ratio_of(*RATIOS[name.format(suffix)])) for name, (*_, column) in PASS_RATIOS.items()
-                if column and (not headline or name.format(suffix) in HEADLINE)]
-    if not headline:
-        columns.append(("rel err" if p.name == "fwd" else "grad err", "{:.1e}", lambda row: _check_error(row, p)))
-    return columns
+    columns += _ratio_columns(p, headline)
+    return columns if headline else columns + [("rel err" if p.name == "fwd" else "grad err", "{:.1e}", error)]
 
 
-def _check_error(row: dict, p: Pass) -> Optional[float]:
-    """mta_conv's error at the row's shape: of the output (forward), else the largest of the gradients'."""
-    check = row["records"].get(TESTED_IMPL, {}).get("check") or {}
-    if p.name == "fwd":
-        return check.get("rel_err")
-    errors = list((check.get("grad_rel_err") or {}).values())
-    return None if not errors or None in errors else max(errors)
-
-
-def pass_tables(results: list[dict]) -> list[tuple]:
+def format_table(results: list[dict]) -> str:
     """A table per pass: times, peak extra memory, the ratios and the check's error, one row per shape."""
     present = dict.fromkeys(r["impl"] for r in results)
     names = [n for n in IMPLS if n in present] + [n for n in present if n not in IMPLS]
     legend = ("mta.conv_attention (conv) vs mta.flash_attention (flash), SDPA (sdpa.fa, sdpa.cu: its flash and "
               "cuDNN backends), the materialized reference (ref) and its torch.compile (ref.c), causal. skip: the "
               "reference does not fit; ! = check failed")
-    rows = shape_rows(results, SHAPE_KEYS)
-    return [(f"forward. {legend}", SHAPE_COLUMNS + _pass_columns(PASSES[0], names), rows),
-            ("forward+backward (grad err: the largest of dq, dk, dv, dweight's)",
-             SHAPE_COLUMNS + _pass_columns(PASSES[1], names), rows)]
-
-
-def headline_tables(data_or_results: Union[dict, list]) -> list[tuple]:
-    """The headline ratios of each pass at :data:`HEADLINE_AT`, with the numbers they are made of."""
-    seq_len, (cq, ck) = HEADLINE_AT
-    rows = shape_rows(_at(data_or_results, *HEADLINE_AT), SHAPE_KEYS)
-    return [(f"{PASS_NAMES[p.name][0]} at N={seq_len}, kernel {cq}x{ck}",
-             SHAPE_COLUMNS[:4] + _pass_columns(p, ["mta_conv", "mta_flash", "conv_reference"], headline=True), rows)
-            for p in PASSES]
-
-
-def format_table(results: list[dict]) -> str:
-    """:func:`pass_tables` as text."""
-    return render_tables(pass_tables(results), [TESTED_IMPL])
+    titles = (f"forward. {legend}", "forward+backward (grad err: the largest of dq, dk, dv, dweight's)")
+    rows = _rows(results)
+    return render_tables([(t, SHAPE_COLUMNS + _pass_columns(p, names), rows) for t, p in zip(titles, PASSES)],
+                         [TESTED_IMPL])
 
 
 def format_headline(data_or_results: Union[dict, list]) -> str:
-    """:func:`headline_tables` as text."""
-    return render_tables(headline_tables(data_or_results), [TESTED_IMPL])
+    """The headline ratios of each pass at :data:`HEADLINE_AT`, with the numbers they are made of."""
+    seq_len, (cq, ck) = HEADLINE_AT
+    rows = _rows(data_or_results, HEADLINE_AT)
+    return render_tables([(f"{PASS_NAMES[p.name][0]} at N={seq_len}, kernel {cq}x{ck}", SHAPE_COLUMNS[:4]
+                           + _pass_columns(p, ["mta_conv", "mta_flash", "conv_reference"], headline=True), rows)
+                          for p in PASSES], [TESTED_IMPL])

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from mta import conv_attention_reference, conv_decode_attention, decode_attention, flash_attention
+from mta.conv_decode_rows import conv_decode_rows
 
 from . import conv
 from .flash import tflops
@@ -23,9 +24,8 @@ CONFIGS = ((8, 8, 64), (32, 8, 128))  # (query heads, kv heads, head dim)
 SEQ_LENS = tuple(1024 * 2 ** i for i in range(8))  # 1k .. 128k
 QUICK_SEQ_LENS = (4096, 65536)
 KERNEL = (6, 11)
-WEIGHT_STD = 0.2
+WEIGHT_STD = conv.WEIGHT_STD
 
-TESTED_IMPL = "mta_decode"
 IMPLS = ("mta_decode", "mta_conv_decode", "sdpa", "mta_flash", "conv_reference", "read")
 #: The implementations checked before timing, and the largest relative error each may have (bf16).
 CHECKED = ("mta_decode", "mta_conv_decode")
@@ -71,14 +71,11 @@ def bytes_read(shape: DecodeShape, impl: str) -> int:
 
 
 def random_inputs(shape: DecodeShape, device) -> dict:
-    """Standard-normal caches and new queries (the last ``n`` rows of ``q_cache``); fp32 weight per head."""
-    dtype = getattr(torch, shape.dtype)
-    b, h, hkv, n, d = shape.batch, shape.heads, shape.kv_heads, shape.seq_len, shape.head_dim
-    q_cache = torch.randn(b, h, n, d, dtype=dtype, device=device)
-    return {"q": q_cache[:, :, n - shape.new_queries:].contiguous(), "q_cache": q_cache,
-            "k": torch.randn(b, hkv, n, d, dtype=dtype, device=device),
-            "v": torch.randn(b, hkv, n, d, dtype=dtype, device=device),
-            "weight": WEIGHT_STD * torch.randn(h, *KERNEL, dtype=torch.float32, device=device)}
+    """:func:`conv.random_inputs` as caches (``q_cache, k, v``, ``weight``) and the new queries, the last ``n`` rows
+    of ``q_cache``."""
+    q_cache, k, v, weight = conv.random_inputs(conv.ConvShape(shape.dtype, shape.batch, shape.heads, shape.kv_heads,
+                                                              shape.head_dim, *KERNEL, shape.seq_len), device)
+    return {"q": q_cache[:, :, -shape.new_queries:].contiguous(), "q_cache": q_cache, "k": k, "v": v, "weight": weight}
 
 
 def sdpa(x: dict) -> torch.Tensor:
@@ -99,23 +96,14 @@ def default_impls() -> dict[str, Callable[[dict], torch.Tensor]]:
 
 
 def last_rows_reference(q_cache, k, v, weight, n: int = 1) -> torch.Tensor:
-    """Rows ``N - n .. N - 1`` (``[B, Hq, n, D]``) of the causal MTA forward from ``cq - 1 + n`` query rows (``O(cq
-    N)`` memory), in the inputs' dtype: scores of those rows, zeroed in their future, convolved, masked, softmax,
-    ``@ v``."""
-    B, Hq, N, D = q_cache.shape
-    cq, ck = weight.shape[1:]
-    rows = torch.arange(N - n - (cq - 1), N, device=q_cache.device)  # before 0: the zero padding
-    q = torch.where((rows >= 0)[:, None], q_cache[:, :, rows.clamp_min(0)], 0.0)
-    s = (q @ k.repeat_interleave(Hq // k.shape[1], 1).transpose(-1, -2)) * D ** -0.5
-    s = s.masked_fill(torch.arange(N, device=s.device)[None, :] > rows[:, None], 0.0)
-    pk = (ck - 1) // 2
-    c = F.conv2d(F.pad(s, (pk, pk)), weight.to(s.dtype)[:, None], groups=Hq)  # [B, Hq, n, N]
-    c = c.masked_fill(torch.arange(N, device=s.device)[None, :] > rows[cq - 1:, None], float("-inf"))
-    return torch.softmax(c, -1) @ v.repeat_interleave(Hq // v.shape[1], 1)
+    """Rows ``N - n .. N - 1`` (``[B, Hq, n, D]``) of the causal MTA forward, in ``q_cache``'s dtype, fp32 compute,
+    from the last ``cq - 1 + n`` query rows (``O(cq N)`` memory): :func:`mta.conv_decode_rows.conv_decode_rows`."""
+    return conv_decode_rows(q_cache, k, v, weight, None, n, q_cache.shape[-1] ** -0.5)
 
 
 def check(impl: str, fn: Callable, x: dict) -> dict:
-    """Relative error of ``fn(x)`` against its fp32 reference (one sequence at a time, to bound memory)."""
+    """Relative error of ``fn(x)`` against its reference on fp32 copies of the inputs, one sequence at a time (to
+    bound memory): SDPA for mta_decode, :func:`last_rows_reference` for mta_conv_decode."""
     result = {"rel_err": None, "tolerance": TOLERANCE, "ok": False, "error": None}
     try:
         out = fn(x).float()
@@ -157,9 +145,7 @@ class DecodeBenchmark(Benchmark):
 
     def skip(self, impl, shape, x):
         """The reference where it does not fit in the memory left beside the inputs (:func:`conv.reference_fit`)."""
-        if impl != "conv_reference":
-            return {}
-        reason = conv.reference_fit(shape, self._free_bytes())["reason"]
+        reason = conv.reference_fit(shape, self._free_bytes())["reason"] if impl == "conv_reference" else None
         return {"fwd": reason} if reason else {}
 
     def finish(self, r):

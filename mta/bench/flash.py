@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from mta import flash_attention
 
-from .harness import (Benchmark, Pass, describe_error, measured, median_ratios, ratio_of, recorded_call, rel_err,
+from .harness import (Benchmark, Pass, describe_error, measured, median_ratios, ratio, recorded_call, rel_err,
                       shape_rows)
 from .plots import plot_flash
 from .timing import timing_config
@@ -99,19 +99,20 @@ def default_impls() -> dict[str, Attention]:
 
 
 def check_against_reference(fn: Attention, q, k, v, dout, causal: bool, dtype: str) -> dict:
-    """Relative errors of ``fn``'s output and gradients against the first SDPA backend that runs, and whether they
-    pass."""
+    """Relative errors of ``fn``'s output and of dq, dk, dv against the first SDPA backend that runs, and whether
+    they pass."""
     tolerance = {"out": OUT_TOLERANCE[dtype], "grad": GRAD_TOLERANCE[dtype]}
     check = {"reference": None, "out_rel_err": None, "grad_rel_err": None, "tolerance": tolerance,
              "ok": False, "error": None}
     failures = []
     for backend in REFERENCE_BACKENDS:
+        sdpa = sdpa_with(backend)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a refusing backend warns before it raises
-                ref_out = sdpa_with(backend)(q, k, v, causal=causal)
+                ref_out = sdpa(q, k, v, causal=causal)
                 ref_grads = torch.autograd.grad(ref_out, (q, k, v), dout)
-            check["reference"] = sdpa_with(backend).__name__
+            check["reference"] = sdpa.__name__
             break
         except Exception as exc:  # noqa: BLE001  (any refusal: try the next backend)
             failures.append(f"{backend}: {describe_error(exc)}")
@@ -124,11 +125,10 @@ def check_against_reference(fn: Attention, q, k, v, dout, causal: bool, dtype: s
         check["out_rel_err"] = rel_err(out, ref_out)
         return torch.autograd.grad(out, (q, k, v), dout)
     grads, check["error"] = recorded_call(run)
-    if check["error"] is not None:
-        return check
-    check["grad_rel_err"] = {name: rel_err(g, ref) for name, g, ref in zip(("dq", "dk", "dv"), grads, ref_grads)}
-    check["ok"] = (check["out_rel_err"] <= tolerance["out"]
-                   and all(e <= tolerance["grad"] for e in check["grad_rel_err"].values()))
+    if check["error"] is None:
+        check["grad_rel_err"] = {name: rel_err(g, ref) for name, g, ref in zip(("dq", "dk", "dv"), grads, ref_grads)}
+        check["ok"] = (check["out_rel_err"] <= tolerance["out"]
+                       and all(e <= tolerance["grad"] for e in check["grad_rel_err"].values()))
     return check
 
 
@@ -205,7 +205,8 @@ class FlashBenchmark(Benchmark):
         columns = groups + [("N", "{}", "seq_len")]
         columns += [(f"{n} {p}", "{:.1f}", measured(n, f"{p}_tflops")) for n in (TESTED_IMPL, *BASELINES)
                     for p in ("fwd", "bwd")]
-        columns += [(f"mta/{b.removeprefix('sdpa_')} {p}", "{:.2f}", ratio_of(*RATIOS[f"{p}_vs_{b}"]))
+        columns += [(f"mta/{b.removeprefix('sdpa_')} {p}", "{:.2f}",
+                     lambda row, spec=RATIOS[f"{p}_vs_{b}"]: ratio(row["records"], *spec))
                     for b in BASELINES for p in ("fwd", "bwd")]
         return [("TFLOPS (! = mta failed its correctness check)", columns,
                  shape_rows(data["results"], (*GROUP_KEYS, "seq_len"))),

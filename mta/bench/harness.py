@@ -126,19 +126,18 @@ def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Option
                 m[p.error_key] = skipped[p.name]
                 continue
             call, reset = calls[p.name]
+            clear = reset or (lambda: None)
             seen = len(caught)  # an earlier pass's warnings say nothing about this one
             try:
                 m[p.time_key] = tools.timer(call, before_each=reset)
                 if p.memory_key:
-                    if reset is not None:
-                        reset()
+                    clear()
                     m[p.memory_key] = int(tools.memory(call))
             except Exception as exc:  # noqa: BLE001  (OOM, an unavailable backend...: recorded, not fatal)
                 m["status"] = "oom" if is_oom(exc) else "error"
                 m[p.error_key] = describe_error(exc, caught[seen:])
             finally:
-                if reset is not None:
-                    reset()
+                clear()
             if m["status"] != "ok":
                 break
     if m["status"] != "ok":  # outside the except block, so the exception's frames (and tensors) are gone
@@ -221,11 +220,6 @@ def measured(impl: str, key: str, scale: float = 1.0, why: bool = False) -> Call
             return record[key] * scale
         return {"skipped": "skip", "oom": "oom", "error": "err"}.get(record.get("status")) if why else None
     return value
-
-
-def ratio_of(a: str, b: str, key: str) -> Callable[[dict], Optional[float]]:
-    """A column of :func:`shape_rows`: the :func:`ratio` of ``a``'s ``key`` to ``b``'s."""
-    return lambda row: ratio(row["records"], a, b, key)
 
 
 def median_ratios(results: list[dict], keys: tuple[str, ...], ratios: dict[str, tuple[str, str, str]],

@@ -18,6 +18,7 @@ from mta import tuning
 from mta.launch import NO_SPECIALIZE
 from mta.launch_order import heaviest_first
 
+from .conv import ConvShape, random_inputs
 from .harness import Benchmark, Tools
 from .plots import plot_launch_order
 from .timing import timing_config
@@ -146,9 +147,8 @@ class LaunchOrderBenchmark(Benchmark):
         from mta.conv_forward import conv_forward_kernel
         from mta.flash_forward import flash_forward_kernel
 
-        q, k, v = (torch.randn(1, shape.heads, shape.seq_len, shape.head_dim, device=tools.device,
-                               dtype=getattr(torch, self.dtype)) for _ in range(3))
-        weight = torch.randn(shape.heads, *KERNEL_SIZE, device=tools.device) * 0.2
+        q, k, v, weight = random_inputs(ConvShape(self.dtype, 1, shape.heads, shape.heads, shape.head_dim,
+                                                  *KERNEL_SIZE, shape.seq_len), tools.device)
         if shape.kernel == "flash":
             mta.flash_attention(q, k, v, causal=True)  # warm up
             name, heaviest, launch = "flash_forward", flash_forward_kernel, flash_launcher(q, k, v)
