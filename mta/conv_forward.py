@@ -224,7 +224,7 @@ def _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, str
     ``DIAGONAL``: causal tiles near the diagonal (masked scores put in, causal mask).
 
     ``TMA`` flattens this loop and the shift loop inside it into one pipelined loop, so the copy engine
-    fetches the next key tile's first pieces while this one finishes (``notes/performance.md``)."""
+    fetches the next key tile's first pieces while this one finishes (with pointer loads flattening does not help)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(start, stop, BLOCK_N, flatten=TMA):
         offs_k = start_n + offs_n
