@@ -1,9 +1,11 @@
 """Checkers for chapter 05's exercises (the MTA backward).
 
 Each checker runs the learner's function on a few small, awkward problems (one token, a length that is not a
-multiple of the tile, grouped-query attention, causal and not) and compares its answer with the truth computed
-by autograd in float64 through the same steps as :func:`mta.conv_attention_reference`. It prints one line and
-returns a :class:`mta.exercises.Result`; it never raises.
+multiple of the tile, grouped-query attention, causal and not) and compares its answer with float64 values:
+autograd's through the same steps as :func:`mta.conv_attention_reference` (exercises 1 and 2), the partial sums
+from their definition (exercise 3). With one token ``P = 1`` and ``dC = 0``, so every answer there is zero: that
+case checks shapes and finite values only. It prints one line and returns a :class:`mta.exercises.Result`; it
+never raises.
 
 * :func:`check_scores_grad`: ``dS`` from ``dC``, the transposed convolution and the pre-convolution mask;
 * :func:`check_kernel_grad`: ``dweight`` as a correlation of ``dC`` with the padded ``S0``;
@@ -101,7 +103,7 @@ def dw_partials_truth(u: torch.Tensor, k: torch.Tensor, ck: int, block_r: int) -
 
 #: ``(name, (B, Hq, Hkv, N, D, cq, ck, causal))``: the problems every checker of this chapter runs, in order.
 CASES = (
-    ("N=1, 3x5, causal", (1, 2, 1, 1, 8, 3, 5, True)),
+    ("N=1, 3x5, causal (dC = 0: shapes and finite values only)", (1, 2, 1, 1, 8, 3, 5, True)),
     ("N=7 < ck=9, 2x9, causal", (1, 1, 1, 7, 8, 2, 9, True)),
     ("N=21, 3x5, non-causal", (1, 2, 2, 21, 8, 3, 5, False)),
     ("GQA 4:2, B=2, N=37, 4x7, causal", (2, 4, 2, 37, 8, 4, 7, True)),
