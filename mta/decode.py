@@ -96,6 +96,28 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def split_candidates(n_max: int, block_n: int, sms: int, max_splits: int = MAX_SPLITS) -> list[int]:
+    """The split counts :func:`choose_num_splits` weighs: ``s = 1 .. min(max_splits, sms, key tiles of n_max)``
+    (tiles of ``block_n`` keys) that change the key tiles per split, ``ceil(tiles / s)``; the others only add
+    empty splits."""
+    tiles = cdiv(max(n_max, 1), block_n)
+    return [s for s in range(1, min(max_splits, sms, tiles) + 1) if s == 1 or cdiv(tiles, s) != cdiv(tiles, s - 1)]
+
+
+def key_window(block_n: int, ck: int = 1) -> tuple[int, int]:
+    """``(BLOCK_N, OWN)``: a key window of at least ``block_n`` keys and the ``OWN = BLOCK_N - (ck - 1)`` keys whose
+    scores it completes. MTA widens the window until ``OWN`` is at least half of it; plain decode (``ck = 1``)
+    owns every key of its tile."""
+    block_n = max(block_n, next_power_of_2(2 * (ck - 1)))
+    return block_n, block_n - (ck - 1)
+
+
+def splits_run(num_splits: int, n_max: int, own: int) -> int:
+    """The splits a launch runs for ``num_splits`` asked (besides MTA's band): at most the key tiles of ``n_max``
+    (``own`` keys each). More would be empty for every sequence: the same result, more states."""
+    return min(num_splits, cdiv(n_max, own))
+
+
 @functools.lru_cache(maxsize=1024)  # a decode step asks the same question at every layer and step
 def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_splits: int = MAX_SPLITS,
                       extra: int = 0, efficiency: float = SPLIT_EFFICIENCY) -> int:
@@ -109,11 +131,9 @@ def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_spl
     (``ceil(tiles / s)``; the others only add empty splits). ``n_max`` is the cache size, not the lengths on
     the device: reading them would synchronise.
     """
-    tiles = cdiv(max(n_max, 1), block_n)
     if programs >= 0.8 * sms:
         return 1
-    candidates = [s for s in range(1, min(max_splits, sms, tiles) + 1)
-                  if s == 1 or cdiv(tiles, s) != cdiv(tiles, s - 1)]
+    candidates = split_candidates(n_max, block_n, sms, max_splits)
 
     def wave_efficiency(s: int) -> float:
         waves = programs * (s + extra) / sms
@@ -212,9 +232,7 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     e = cq - 1 + (ck - 1) // 2
     block_d = head_dim_block(D)
     block_n, warps, stages = decode_tile(block_d, k.dtype)
-    # MTA: a key window of block_n gives block_n - (ck - 1) keys' scores; keep that at least half the window.
-    block_n = max(block_n, next_power_of_2(2 * (ck - 1)))
-    own = block_n - (ck - 1)  # keys whose scores one key window completes
+    block_n, own = key_window(block_n, ck)  # own: keys whose scores one key window completes
     tile_rows, block_m, stack = row_tile((Hq // Hkv) * n_new, block_d, block_n, ck)
     row_tiles = cdiv((Hq // Hkv) * n_new, tile_rows)
     if num_splits is None:
@@ -224,8 +242,7 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         num_splits = rule()
         if e > 0 and n_max <= BAND_COUNTS_BELOW * num_splits:
             num_splits = rule(extra=1)
-    # Splits past the key tiles of Nmax would be empty for every sequence (the same result, more states).
-    num_splits = min(num_splits, cdiv(n_max, own))
+    num_splits = splits_run(num_splits, n_max, own)
     programs = num_splits + (e > 0)
     block_e = max(16, next_power_of_2(n_new + e - 1))
     one = programs == 1

@@ -94,13 +94,15 @@ def plot_programs_vs_sms(rows: list[dict], sms: int, grid_row: int = 0):
 
 def plot_wave_efficiency(curves: dict[str, tuple[list[int], list[float]]], chosen: dict[str, int], sms: int,
                          threshold: float):
-    """Wave efficiency against splits, one line per ``{label: (splits, efficiencies)}``; the split each
-    ``chosen[label]`` picks is circled. ``threshold``: the fraction of the best a pick must reach, drawn as text.
+    """Wave efficiency against splits, one line per ``{label: (splits, efficiencies)}`` with a dot at each split
+    count given; the split each ``chosen[label]`` picks is circled. ``threshold``: the fraction of the best a pick
+    must reach, drawn as text.
     Returns the Figure."""
     fig, ax = plt.subplots(figsize=(8.6, 3.9))
     for index, (label, (splits, eff)) in enumerate(curves.items()):
         color = f"C{index}"
-        ax.plot(splits, eff, "-", color=color, linewidth=1.2, label=f"{label}: picks {chosen[label]}")
+        ax.plot(splits, eff, "-o", color=color, linewidth=1.2, markersize=2.5,
+                label=f"{label}: picks {chosen[label]}")
         s = chosen[label]
         ax.scatter([s], [eff[splits.index(s)]], s=90, facecolor="none", edgecolor=color, linewidth=1.8, zorder=3)
     ax.set_xlabel("splits per (batch, kv head)")

@@ -27,7 +27,7 @@ DECODE_STYLES = {
     "sdpa": {"label": "SDPA (default backend)", "color": "C0", "marker": "s"},
     "mta_flash": {"label": "mta.flash_attention", "color": "C2", "marker": "^", "linestyle": ":"},
     "conv_reference": {"label": "MTA reference (materialized)", "color": "C4", "marker": "v"},
-    "read": {"label": "read K and V (ceiling)", "color": "k", "marker": "", "linestyle": "--"},
+    "read": {"label": "plain read of K and V (reference)", "color": "k", "marker": "", "linestyle": "--"},
 }
 MIB = 2.0 ** -20
 
