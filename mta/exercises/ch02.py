@@ -46,12 +46,16 @@ def _expect_same(what, got, want, *, atol=1e-12, rtol=1e-12):
 
 
 def _expect_state(got, want, *, exact=False):
+    """Compare two states: m always bit for bit (a max of the same values involves no rounding),
+    l and acc bit for bit when ``exact``, else to 1e-12."""
     if not isinstance(got, AttentionState):
         raise CaseFailed(f"expected an mta.AttentionState, got {type(got).__name__}")
     for name, g, w in zip(AttentionState._fields, got, want):
-        if exact:
+        if exact or name == "m":
             if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(w.shape):
                 raise CaseFailed(f"{name}: expected a tensor of shape {tuple(w.shape)}")
+            if g.dtype != w.dtype:
+                raise CaseFailed(f"{name}: dtype {g.dtype}, expected {w.dtype}")
             if not torch.equal(g, w):
                 bad = ~((g == w) | (torch.isnan(g) & torch.isnan(w)))
                 index = tuple(int(i) for i in torch.nonzero(bad)[0])
