@@ -121,7 +121,8 @@ def key_tiles_visited(n_q, n_k, T_q, T_k, causal):
 def visited_ratio(N, T_q):
     # Query tile t (of n = N / T_q) visits (t + 1) * T_q / T_k key tiles; the sum over t is
     # (T_q / T_k) * n (n + 1) / 2, against n * N / T_k = (T_q / T_k) * n^2 without the mask.
-    # The ratio (n + 1) / (2 n) = 1/2 + T_q / (2 N) tends to 1/2, with an excess that shrinks like 1/N.
+    # T_q / T_k cancels, so T_k does not appear: the ratio (n + 1) / (2 n) = 1/2 + T_q / (2 N) exceeds 1/2 by
+    # exactly T_q / (2 N): each query tile loads its whole diagonal T_q x T_q block, half of it past the diagonal.
     return 0.5 + T_q / (2 * N)
 
 
