@@ -10,11 +10,11 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.autograd.function import once_differentiable
 from triton.runtime.errors import OutOfResources
 
 from . import conv_backward, conv_forward, runtime, tuning
 from ._checks import check_weight, resolve_scale
+from .differentiable_once import differentiable_once
 from .conv_chunked import conv_attention_backward_chunked, conv_attention_forward_chunked
 from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_kernel, conv_dq_kernel,
                             conv_near_kernel)
@@ -446,7 +446,7 @@ class ConvAttention(torch.autograd.Function):
         return o, lse
 
     @staticmethod
-    @once_differentiable  # the kernels are not differentiable: a second derivative raises, never reads as 0
+    @differentiable_once  # a second derivative raises, never reads as 0 (mta.differentiable_once)
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, weight = ctx.saved_tensors
         dq, dk, dv, dweight = conv_attention_backward(do, q, k, v, o, lse, weight, ctx.causal, ctx.scale)
@@ -472,6 +472,8 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     GPU the fused backward of the tallest kernels at the widest head dims does not fit in shared memory
     (:func:`backward_fits`; e.g. ``cq > 12`` at d = 256 in bf16): their gradients come from
     :mod:`mta.conv_chunked`, exact and deterministic but unfused (blocks of query rows in PyTorch, much slower).
+
+    Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only.
     """
     _, Hq, _, Nq, Nk, D = check_kernel_inputs(q, k, v)
     if Nq != Nk:

@@ -42,7 +42,7 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
     """MTA outputs of the last ``num_queries`` positions of each sequence, from its query and KV caches.
 
     Per sequence ``b`` of length ``L = cache_seqlens[b]``, exactly rows ``L - n .. L - 1`` of
-    ``mta.conv_attention(q_cache[b, :, :L], k_cache[b, :, :L], v_cache[b, :, :L], weight, causal=True)``
+    ``mta.conv_attention(q_cache[b:b+1, :, :L], k_cache[b:b+1, :, :L], v_cache[b:b+1, :, :L], weight)``
     (``docs/mta-semantics.md``, "Decode"). Reads the last ``cq - 1 + n`` valid query rows and keys
     ``0 .. L - 1``; nothing past ``L``.
 
@@ -66,6 +66,7 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
         ``[B, Hq, num_queries, D]`` in q_cache's dtype. Where the split kernel does not fit in the GPU's shared
         memory (fp32 with wide key-axis kernels at head dims over 64), the same rows from
         :func:`mta.conv_decode_rows.conv_decode_rows` (PyTorch, unfused, one pass over the cache).
+        Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only.
     """
     B, Hq, Hkv, n_q, n_max, D = check_kernel_inputs(q_cache, k_cache, v_cache, per_kv_head=True)
     if n_q != n_max:

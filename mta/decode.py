@@ -268,7 +268,7 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
     """Attention of ``Nq`` new queries per sequence against its KV cache, split over the keys (split-K).
 
     Per sequence ``b`` of length ``L = cache_seqlens[b]``, the result equals
-    ``mta.flash_attention(q[b], k_cache[b, :, :L], v_cache[b, :, :L], causal=True)``: the queries are
+    ``mta.flash_attention(q[b:b+1], k_cache[b:b+1, :, :L], v_cache[b:b+1, :, :L], causal=True)``: the queries are
     positions ``L - Nq .. L - 1`` and query ``t`` sees keys ``0 .. L - Nq + t`` (bottom-right alignment).
     Nothing past ``L`` is read.
 

@@ -8,9 +8,9 @@ this module checks inputs, launches them and ties them together with
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ._checks import resolve_scale
+from .differentiable_once import differentiable_once
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
 from .launch import (batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks, dot_precision,
@@ -93,7 +93,7 @@ class FlashAttention(torch.autograd.Function):
         return o, lse
 
     @staticmethod
-    @once_differentiable  # the kernels are not differentiable: a second derivative raises, never reads as 0
+    @differentiable_once  # a second derivative raises, never reads as 0 (mta.differentiable_once)
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)

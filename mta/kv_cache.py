@@ -68,7 +68,7 @@ class KVCache:
         Args:
             q: ``[B, n, Hq, D]`` (ignored when the cache keeps no queries); k, v: ``[B, n, Hkv, D]``.
         """
-        self._check_batch(k)
+        self._check_tokens(q, k, v)
         n = k.shape[1]
         if int(self.lengths.max()) + n > self.max_len:
             raise ValueError(f"the cache holds {self.max_len} positions: appending {n} token(s) to a sequence of "
@@ -87,7 +87,7 @@ class KVCache:
         how many of them are real per sequence (default: all ``N``). Shapes as in :meth:`append`."""
         if not self.is_empty:
             raise ValueError("prefill needs an empty cache (every length 0)")
-        self._check_batch(k)
+        self._check_tokens(q, k, v)
         n = k.shape[1]
         if n > self.max_len:
             raise ValueError(f"a prompt of {n} tokens does not fit a cache of {self.max_len} positions")
@@ -101,9 +101,19 @@ class KVCache:
             self.q[:, :n] = q.detach().to(self.q.dtype)
         self.lengths.copy_(lengths)
 
-    def _check_batch(self, k: torch.Tensor) -> None:
-        if k.shape[0] != self.batch:  # before anything is written
+    def _check_tokens(self, q: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Before anything is written: ``k``, ``v`` ``[B, n, Hkv, D]`` and (when queries are kept) ``q``
+        ``[B, n, Hq, D]``, with this cache's ``B``, heads and head dim."""
+        if k.dim() != 4 or v.shape != k.shape:
+            raise ValueError(f"k and v must be [B, n, Hkv, D] of one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        if k.shape[0] != self.batch:
             raise ValueError(f"got {k.shape[0]} sequences but the cache holds {self.batch}")
+        if k.shape[2:] != self.k.shape[2:]:
+            raise ValueError(f"k and v have {k.shape[2]} heads of dim {k.shape[3]}, the cache holds "
+                             f"{self.k.shape[2]} heads of dim {self.k.shape[3]}")
+        if self.q is not None and (q is None or q.shape != (*k.shape[:2], *self.q.shape[2:])):
+            raise ValueError(f"this cache keeps the queries: q must be {(*k.shape[:2], *self.q.shape[2:])}, got "
+                             f"{None if q is None else tuple(q.shape)}")
 
     def views(self) -> tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
         """``(q, k, v)`` as ``[B, H, Nmax, D]`` views (no copy), the layout the decode kernels take."""

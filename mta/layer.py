@@ -129,6 +129,15 @@ class MultiTokenAttention(nn.Module):
 
     # --- projections ------------------------------------------------------------------------------------------
 
+    def _check_input(self, x) -> None:
+        """``x`` is a floating-point ``[B, N, dim]`` tensor."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a tensor [B, N, dim={self.dim}], got {type(x).__name__}")
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must be [B, N, dim={self.dim}], got shape {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+
     def _project(self, x: torch.Tensor, positions: Optional[torch.Tensor]):
         """``x [B, n, dim]`` -> ``q [B, n, H, D]``, ``k, v [B, n, Hkv, D]`` in one dtype, RoPE applied at
         ``positions`` (``[n]`` or ``[B, n]``)."""
@@ -161,6 +170,7 @@ class MultiTokenAttention(nn.Module):
         Without a cache: the causal layer on all ``N`` positions (fused forward and backward). With a cache:
         :meth:`prefill` if it is empty, else :meth:`step` (``N`` new tokens per sequence).
         """
+        self._check_input(x)
         if cache is not None:
             return self.prefill(x, cache) if cache.is_empty else self.step(x, cache)
         N = x.shape[1]
@@ -173,6 +183,7 @@ class MultiTokenAttention(nn.Module):
         :func:`mta.reference.conv_attention_probabilities`. For inspection at small ``N``. With ``with_output``,
         also the layer's output computed from them, ``o_proj(P @ v)`` ``[B, N, dim]`` (the forward's value up to
         rounding, without the kernels): ``(P, out)``."""
+        self._check_input(x)
         N = x.shape[1]
         q, k, v = self._project(x, torch.arange(N, device=x.device))
         weight = self.conv_weight if self.is_mta else torch.ones(self.num_heads, 1, 1, device=x.device)
@@ -198,6 +209,7 @@ class MultiTokenAttention(nn.Module):
         rows before a sequence's end never see the padding, and decoding continues at each sequence's length.
         Returns ``[B, N, dim]`` (rows at or past a sequence's length are padding).
         """
+        self._check_input(x)
         B, N, _ = x.shape
         if B != cache.batch:
             raise ValueError(f"x has batch {B} but the cache holds {cache.batch} sequences")
@@ -215,6 +227,7 @@ class MultiTokenAttention(nn.Module):
 
         Exactly the rows of :meth:`forward` on each whole sequence so far. Returns ``[B, n, dim]``.
         """
+        self._check_input(x)
         B, n, _ = x.shape
         if B != cache.batch:
             raise ValueError(f"x has batch {B} but the cache holds {cache.batch} sequences")

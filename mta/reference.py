@@ -89,7 +89,7 @@ def conv_attention_reference(q, k, v, weight, *, causal: bool = True, scale: flo
 
     Returns:
         ``o [B, Hq, N, D]`` in q's dtype; with ``return_lse`` also ``lse [B, Hq, N]``
-        in fp32 (fp64 for fp64 inputs).
+        in fp32 (fp64 when q or the weight is fp64).
     """
     c = _convolved_scores(q, k, weight, causal, scale, v=v)
     lse = torch.logsumexp(c, dim=-1)
@@ -98,8 +98,8 @@ def conv_attention_reference(q, k, v, weight, *, causal: bool = True, scale: flo
 
 
 def conv_attention_probabilities(q, k, weight, *, causal: bool = True, scale: float | None = None):
-    """The attention probabilities of :func:`conv_attention_reference`: ``P [B, Hq, N, N]`` in fp32 (fp64 for
-    fp64 inputs), ``softmax`` of the convolved scores; ``conv_attention_reference(q, k, v, weight) == P @ v``.
+    """The attention probabilities of :func:`conv_attention_reference`: ``P [B, Hq, N, N]`` in fp32 (fp64 when q
+    or the weight is fp64), ``softmax`` of the convolved scores; ``conv_attention_reference(q, k, v, weight) == P @ v``.
     For looking at what heads attend to (small ``N``). A ``[Hq, 1, 1]`` weight of ones gives plain attention's."""
     return torch.softmax(_convolved_scores(q, k, weight, causal, scale), dim=-1)
 

@@ -409,6 +409,28 @@ def test_a_second_derivative_raises(fn):
         dq.square().sum().backward()
 
 
+@pytest.mark.parametrize("fn", ["flash", "conv"])
+def test_a_gradient_penalty_raises_where_the_incoming_gradient_is_a_constant(fn):
+    """The gradient of ``out.sum()`` reaching the backward is a constant (it does not require grad), so
+    ``once_differentiable`` alone would return a ``dq`` that does not require grad, and a penalty on it would be
+    dropped without a word. It raises; the gradients themselves are the ones a plain backward gives."""
+    q, k, v = (rand(1, 2, 6, 16).requires_grad_() for _ in range(3))
+    w = rand(2, 2, 3).requires_grad_()
+    inputs = (q, k, v) if fn == "flash" else (q, k, v, w)
+
+    def attention(*t):
+        return mta.flash_attention(*t, causal=True) if fn == "flash" else mta.conv_attention(*t)
+
+    grads = torch.autograd.grad(attention(*inputs).sum(), inputs, create_graph=True)
+    assert all(g.requires_grad for g in grads)
+    plain = torch.autograd.grad(attention(*inputs).sum(), inputs)
+    for g, p in zip(grads, plain):
+        assert torch.equal(g.detach(), p)
+    penalty = attention(*inputs).square().sum() + grads[0].square().sum()
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        penalty.backward()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="offsets past 2**31 elements: GPU only (4 GiB buffer)")
 @pytest.mark.parametrize("fn", ["flash", "conv"])
 def test_inputs_whose_batches_lie_past_2_to_the_31_elements(fn):

@@ -215,6 +215,36 @@ def test_cache_errors():
             layer.prefill(rand(1, 2, 32), cache)
 
 
+def test_bad_inputs_raise_clear_errors_before_anything_is_written():
+    """``x`` of the wrong width, rank or dtype, and a cache made for another layer's heads, raise errors that name
+    the problem (not a matmul's shape error deep inside), and a refused call leaves the cache as it was."""
+    layer = make_layer(kernel_size=(2, 3))                   # dim 32, 2 heads of 16
+    cache = layer.new_cache(1, 8)
+    for call in (lambda x: layer(x), lambda x: layer.prefill(x, cache), lambda x: layer.attention_probabilities(x)):
+        with pytest.raises(ValueError, match=r"x must be \[B, N, dim=32\], got shape \(1, 3, 24\)"):
+            call(rand(1, 3, 24))
+        with pytest.raises(ValueError, match=r"got shape \(3, 32\)"):
+            call(rand(3, 32))
+        with pytest.raises(TypeError, match="floating-point"):
+            call(torch.ones(1, 3, 32, dtype=torch.int64, device=DEVICE))
+    assert cache.is_empty
+    other = make_layer(dim=48, heads=3, kernel_size=(2, 3)).new_cache(1, 8)   # heads of 16, three of them
+    with torch.no_grad(), pytest.raises(ValueError, match="3 heads of dim 16"):
+        layer.prefill(rand(1, 3, 32), other)
+    assert other.is_empty
+    with torch.no_grad():
+        layer.prefill(rand(1, 3, 32), cache)
+        with pytest.raises(ValueError, match=r"x must be \[B, N, dim=32\]"):
+            layer.step(rand(1, 1, 31), cache)
+    assert cache.lengths.tolist() == [3]
+    plain = make_layer(kernel_size=(1, 1)).new_cache(1, 8)
+    with pytest.raises(ValueError, match="k and v must be"):
+        plain.append(None, rand(1, 1, 2, 16), rand(1, 1, 2, 8))
+    with pytest.raises(ValueError, match="keeps the queries"):
+        cache.append(None, rand(1, 1, 2, 16), rand(1, 1, 2, 16))
+    assert cache.lengths.tolist() == [3] and plain.is_empty
+
+
 def test_prefill_with_gradients_caches_values_not_a_graph():
     layer = make_layer(kernel_size=(2, 3))
     cache = layer.new_cache(2, 12)

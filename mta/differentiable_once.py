@@ -1,0 +1,54 @@
+"""A backward whose gradients are not themselves differentiable, and say so when differentiated.
+
+The Triton kernels compute gradients, not a graph of them. ``torch.autograd.function.once_differentiable``
+raises on a second derivative only when the incoming gradient requires grad; in
+``torch.autograd.grad(out.sum(), q, create_graph=True)`` it does not (the gradient of a sum is a constant), so
+the returned ``dq`` would simply not require grad, and a gradient penalty built from it would read as zero and be
+dropped without a word. :func:`differentiable_once` raises in that case too.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+MESSAGE = ("mta's fused kernels are differentiable once: trying to differentiate twice (a derivative of their "
+           "gradients, e.g. a gradient penalty) is not supported; use mta.conv_attention_reference or "
+           "mta.naive_attention for that")
+
+
+class _RaisesWhenDifferentiated(torch.autograd.Function):
+    """Identity on its inputs; its backward raises."""
+
+    @staticmethod
+    def forward(ctx, *grads):
+        return tuple(g.view_as(g) for g in grads)
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(MESSAGE)
+
+
+def differentiable_once(backward):
+    """Decorates an ``autograd.Function.backward``: it runs without building a graph and, when autograd is asked
+    for a graph of the gradients (``create_graph=True``), its tensor outputs come back requiring grad through a
+    node that raises :data:`MESSAGE` if anything differentiates them."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grad_outputs):
+        with torch.no_grad():
+            grads = backward(ctx, *grad_outputs)
+        if not torch.is_grad_enabled():  # the usual backward: no graph is being built
+            return grads
+        tensors = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+        marked = _RaisesWhenDifferentiated.apply(*(grads[i].detach().requires_grad_() for i in tensors))
+        out = list(grads)
+        for i, g in zip(tensors, marked):
+            out[i] = g
+        return tuple(out)
+
+    return wrapper
+
+
+__all__ = ["MESSAGE", "differentiable_once"]
