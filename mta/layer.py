@@ -170,9 +170,9 @@ class MultiTokenAttention(nn.Module):
         Without a cache: the causal layer on all ``N`` positions (fused forward and backward). With a cache:
         :meth:`prefill` if it is empty, else :meth:`step` (``N`` new tokens per sequence).
         """
-        self._check_input(x)
-        if cache is not None:
+        if cache is not None:  # each checks x itself
             return self.prefill(x, cache) if cache.is_empty else self.step(x, cache)
+        self._check_input(x)
         N = x.shape[1]
         q, k, v = self._project(x, torch.arange(N, device=x.device))
         return self._merge_heads(self._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
