@@ -76,6 +76,23 @@ def resolve_scale(scale, head_dim: int) -> float:
     return float(scale)
 
 
+def check_causal(causal) -> bool:
+    """``causal`` as a Python bool: a bool (Python's or numpy's), nothing else (``causal="no"`` is not False)."""
+    if isinstance(causal, bool) or (type(causal).__module__ == "numpy" and type(causal).__name__ in ("bool", "bool_")):
+        return bool(causal)
+    raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+
+
+def check_count(name: str, value, *, minimum: int = 1) -> int:
+    """An integer argument (a Python or numpy int, not a bool) of at least ``minimum``: TypeError for another kind of
+    object, ValueError for a smaller value."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
 def check_block_size(block_size) -> int:
     if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")

@@ -13,7 +13,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from . import conv_backward, conv_forward, runtime, tuning
-from ._checks import check_weight, resolve_scale
+from ._checks import check_causal, check_weight, resolve_scale
 from .differentiable_once import differentiable_once
 from .conv_chunked import conv_attention_backward_chunked, conv_attention_forward_chunked
 from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_kernel, conv_dq_kernel,
@@ -479,6 +479,7 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     if Nq != Nk:
         raise ValueError(f"conv attention needs as many queries as keys, got Nq={Nq}, Nk={Nk}")
     cq, ck = check_weight(weight, num_heads=Hq, device=q.device)
+    causal = check_causal(causal)
     if cq > conv_forward.MAX_CQ or ck > conv_forward.MAX_CK:
         raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={conv_forward.MAX_CQ} and ck={conv_forward.MAX_CK} here")
     if torch.compiler.is_compiling():  # traced: the custom op keeps the launcher out of the graph (mta.ops)

@@ -11,7 +11,7 @@ import functools
 import torch
 
 from . import runtime, tuning
-from ._checks import resolve_scale
+from ._checks import check_count, resolve_scale
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
 from .launch import batch_chunks, cdiv, check_kernel_inputs, dot_precision, head_dim_block, launch, next_power_of_2
 
@@ -151,11 +151,8 @@ def check_new_queries(n: int, n_max: int, what: str) -> None:
 
 
 def check_num_splits(num_splits) -> int | None:
-    if num_splits is None:
-        return None
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
-    return num_splits
+    """None, or a positive int (TypeError for a float or a bool, ValueError below 1)."""
+    return None if num_splits is None else check_count("num_splits", num_splits)
 
 
 def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: torch.device,

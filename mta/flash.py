@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import resolve_scale
+from ._checks import check_causal, resolve_scale
 from .differentiable_once import differentiable_once
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
@@ -118,6 +118,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     fp32 inputs get fp32-accurate products (three TF32 products each, :func:`mta.launch.dot_precision`).
     """
     D = check_kernel_inputs(q, k, v)[5]
+    causal = check_causal(causal)
     if torch.compiler.is_compiling():  # traced: the custom op keeps the launcher out of the graph (mta.ops)
         from . import ops
         return ops.flash_attention(q, k, v, causal=bool(causal), scale=scale, return_lse=return_lse)

@@ -17,6 +17,11 @@ from typing import Optional
 
 import torch
 
+from ._checks import check_count
+
+#: What the decode kernels read.
+CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
 
 @dataclass
 class KVCache:
@@ -36,9 +41,11 @@ class KVCache:
     @classmethod
     def empty(cls, batch: int, max_len: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
               keep_queries: bool, dtype: torch.dtype = torch.float32, device=None) -> "KVCache":
-        """An empty cache (every length 0). ``keep_queries``: also hold the queries (MTA layers)."""
-        if batch < 1 or max_len < 1:
-            raise ValueError(f"a cache needs batch >= 1 and max_len >= 1, got batch={batch}, max_len={max_len}")
+        """An empty cache (every length 0). ``keep_queries``: also hold the queries (MTA layers). ``dtype``: fp32,
+        fp16 or bf16 (what the decode kernels read)."""
+        batch, max_len = check_count("batch", batch), check_count("max_len", max_len)
+        if dtype not in CACHE_DTYPES:
+            raise TypeError(f"a cache holds fp32, fp16 or bf16 (what the decode kernels read), got dtype={dtype}")
 
         def buffer(heads):
             return torch.zeros(batch, max_len, heads, head_dim, dtype=dtype, device=device)
@@ -91,8 +98,7 @@ class KVCache:
         n = k.shape[1]
         if n > self.max_len:
             raise ValueError(f"a prompt of {n} tokens does not fit a cache of {self.max_len} positions")
-        lengths = torch.full((self.batch,), n, dtype=torch.int64) if lengths is None else \
-            torch.as_tensor(lengths, dtype=torch.int64).cpu()
+        lengths = torch.full((self.batch,), n, dtype=torch.int64) if lengths is None else _int_lengths(lengths)
         if tuple(lengths.shape) != (self.batch,) or int(lengths.min()) < 1 or int(lengths.max()) > n:
             raise ValueError(f"lengths must hold {self.batch} values in 1 .. {n}, got {lengths.tolist()}")
         self.k[:, :n] = k.detach().to(self.k.dtype)  # a cache holds values, not a graph
@@ -118,6 +124,19 @@ class KVCache:
     def views(self) -> tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
         """``(q, k, v)`` as ``[B, H, Nmax, D]`` views (no copy), the layout the decode kernels take."""
         return (None if self.q is None else self.q.transpose(1, 2)), self.k.transpose(1, 2), self.v.transpose(1, 2)
+
+
+def _int_lengths(lengths) -> torch.Tensor:
+    """``lengths`` (an integer tensor, or a list or tuple of ints) as a CPU int64 tensor; floats and bools are refused,
+    not rounded."""
+    if isinstance(lengths, torch.Tensor):
+        if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+            raise TypeError(f"lengths must be integers, got a {lengths.dtype} tensor")
+        return lengths.to("cpu", torch.int64)
+    if not isinstance(lengths, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                         for x in lengths):
+        raise TypeError(f"lengths must be an integer tensor or a list of ints, got {lengths!r}")
+    return torch.tensor(lengths, dtype=torch.int64)
 
 
 __all__ = ["KVCache"]

@@ -14,12 +14,15 @@ tokens per sequence and runs the decode kernels. ``layer(x, cache=cache)`` does 
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Optional
 
 import torch
 from torch import nn
 
 from . import ops
+from ._checks import check_count
 from .conv_forward import MAX_CK, MAX_CQ
 from .decode import MAX_NEW_QUERIES
 from .kv_cache import KVCache
@@ -77,14 +80,15 @@ class MultiTokenAttention(nn.Module):
                                       f"not supported: {what}")
         if options:
             raise TypeError(f"MultiTokenAttention got unexpected keyword arguments: {sorted(options)}")
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads < 1 or num_kv_heads < 1:
-            raise ValueError(f"num_heads and num_kv_heads must be positive, got {num_heads} and {num_kv_heads}")
+        dim, num_heads = check_count("dim", dim), check_count("num_heads", num_heads)
+        num_kv_heads = num_heads if num_kv_heads is None else check_count("num_kv_heads", num_kv_heads)
         if dim % num_heads:
             raise ValueError(f"dim must be a multiple of num_heads, got dim={dim}, num_heads={num_heads}")
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads must be a multiple of num_kv_heads (GQA), got num_heads={num_heads}, "
                              f"num_kv_heads={num_kv_heads}")
+        if not isinstance(kernel_size, (tuple, list)):
+            raise TypeError(f"kernel_size must be two ints (cq, ck), got {kernel_size!r}")
         kernel_size = tuple(kernel_size)
         if len(kernel_size) != 2 or any(isinstance(s, bool) or not isinstance(s, int) for s in kernel_size):
             raise TypeError(f"kernel_size must be two ints (cq, ck), got {kernel_size!r}")
@@ -98,8 +102,14 @@ class MultiTokenAttention(nn.Module):
         head_dim = dim // num_heads
         if head_dim > 256:
             raise ValueError(f"head dim dim // num_heads = {head_dim} is not supported (at most 256)")
-        if rope_theta is not None and head_dim % 2:
-            raise ValueError(f"RoPE needs an even head dim, got dim // num_heads = {head_dim}")
+        if rope_theta is not None:
+            if isinstance(rope_theta, bool) or not isinstance(rope_theta, numbers.Real):
+                raise TypeError(f"rope_theta must be a number (the RoPE base, e.g. 10000) or None, got {rope_theta!r}")
+            if not math.isfinite(rope_theta) or rope_theta <= 0:
+                raise ValueError(f"rope_theta must be a finite positive number (the RoPE base), got {rope_theta}")
+            if head_dim % 2:
+                raise ValueError(f"RoPE needs an even head dim, got dim // num_heads = {head_dim}")
+            rope_theta = float(rope_theta)
         self.dim, self.num_heads, self.num_kv_heads, self.head_dim = dim, num_heads, num_kv_heads, head_dim
         self.kernel_size = (cq, ck)
         self.rope_theta = rope_theta
@@ -138,6 +148,26 @@ class MultiTokenAttention(nn.Module):
         if not x.is_floating_point():
             raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
 
+    def _check_cache(self, x: torch.Tensor, cache) -> None:
+        """Before anything is written: ``cache`` is a :class:`KVCache` made for this layer (queries kept for MTA,
+        its heads and head dim), holding ``x``'s batch, on ``x``'s device."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be an mta.KVCache (see new_cache), got {type(cache).__name__}")
+        if (cache.q is not None) != self.is_mta:
+            raise ValueError("this cache was not made for this layer: an MTA layer needs a cache that keeps the "
+                             "queries, plain attention one that does not (make it with this layer's new_cache)")
+        if x.shape[0] != cache.batch:
+            raise ValueError(f"x has batch {x.shape[0]} but the cache holds {cache.batch} sequences")
+        if cache.k.shape[2:] != (self.num_kv_heads, self.head_dim):
+            raise ValueError(f"this cache was not made for this layer: its keys and values have {cache.k.shape[2]} "
+                             f"heads of dim {cache.k.shape[3]}, this layer's {self.num_kv_heads} heads of dim "
+                             f"{self.head_dim} (make it with this layer's new_cache)")
+        if cache.q is not None and cache.q.shape[2:] != (self.num_heads, self.head_dim):
+            raise ValueError(f"this cache was not made for this layer: its queries have {cache.q.shape[2]} heads "
+                             f"of dim {cache.q.shape[3]}, this layer's {self.num_heads} heads of dim {self.head_dim}")
+        if cache.k.device != x.device:
+            raise ValueError(f"x is on {x.device} but the cache is on {cache.k.device}")
+
     def _project(self, x: torch.Tensor, positions: Optional[torch.Tensor]):
         """``x [B, n, dim]`` -> ``q [B, n, H, D]``, ``k, v [B, n, Hkv, D]`` in one dtype, RoPE applied at
         ``positions`` (``[n]`` or ``[B, n]``)."""
@@ -170,7 +200,9 @@ class MultiTokenAttention(nn.Module):
         Without a cache: the causal layer on all ``N`` positions (fused forward and backward). With a cache:
         :meth:`prefill` if it is empty, else :meth:`step` (``N`` new tokens per sequence).
         """
-        if cache is not None:  # each checks x itself
+        if cache is not None:  # each checks x and the cache itself
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be an mta.KVCache (see new_cache), got {type(cache).__name__}")
             return self.prefill(x, cache) if cache.is_empty else self.step(x, cache)
         self._check_input(x)
         N = x.shape[1]
@@ -199,6 +231,8 @@ class MultiTokenAttention(nn.Module):
         the projections produce (default: the projections' weight dtype; ``torch.bfloat16`` under bf16
         autocast)."""
         weight = self.q_proj.weight
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
         return KVCache.empty(batch, max_len, self.num_heads, self.num_kv_heads, self.head_dim,
                              keep_queries=self.is_mta, dtype=dtype or weight.dtype, device=device or weight.device)
 
@@ -210,14 +244,16 @@ class MultiTokenAttention(nn.Module):
         Returns ``[B, N, dim]`` (rows at or past a sequence's length are padding).
         """
         self._check_input(x)
-        B, N, _ = x.shape
-        if B != cache.batch:
-            raise ValueError(f"x has batch {B} but the cache holds {cache.batch} sequences")
+        self._check_cache(x, cache)
+        if not cache.is_empty:
+            raise ValueError("prefill needs an empty cache (every length 0)")
+        N = x.shape[1]
         q, k, v = self._project(x, torch.arange(N, device=x.device))
-        cache.fill(q, k, v, lengths)
-        # Attend in the cache's dtype, as the decode steps will.
+        # Attend in the cache's dtype, as the decode steps will; the cache is filled once that has worked.
         qc, kc, vc = (t.to(cache.k.dtype).transpose(1, 2) for t in (q, k, v))
-        return self._merge_heads(self._attend(qc, kc, vc).to(q.dtype))
+        o = self._attend(qc, kc, vc)
+        cache.fill(q, k, v, lengths)
+        return self._merge_heads(o.to(q.dtype))
 
     @torch.no_grad()
     def step(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -228,20 +264,24 @@ class MultiTokenAttention(nn.Module):
         Exactly the rows of :meth:`forward` on each whole sequence so far. Returns ``[B, n, dim]``.
         """
         self._check_input(x)
-        B, n, _ = x.shape
-        if B != cache.batch:
-            raise ValueError(f"x has batch {B} but the cache holds {cache.batch} sequences")
+        self._check_cache(x, cache)
+        n = x.shape[1]
         if not 1 <= n <= MAX_NEW_QUERIES:  # before the cache advances: a refused step leaves it as it was
             raise ValueError(f"a step decodes 1 to {MAX_NEW_QUERIES} new tokens per sequence, got {n}")
         positions = cache.positions(n).to(x.device)
         q, k, v = self._project(x, positions)
+        lengths_before = cache.lengths.clone()
         cache.append(q, k, v)
-        qc, kc, vc = cache.views()
-        lengths = cache.lengths.to(torch.int32)
-        if self.is_mta:
-            o = ops.conv_decode_attention(qc, kc, vc, self.conv_weight, cache_seqlens=lengths, num_queries=n)
-        else:
-            o = ops.decode_attention(q.to(kc.dtype).transpose(1, 2), kc, vc, cache_seqlens=lengths)
+        try:
+            qc, kc, vc = cache.views()
+            lengths = cache.lengths.to(torch.int32)
+            if self.is_mta:
+                o = ops.conv_decode_attention(qc, kc, vc, self.conv_weight, cache_seqlens=lengths, num_queries=n)
+            else:
+                o = ops.decode_attention(q.to(kc.dtype).transpose(1, 2), kc, vc, cache_seqlens=lengths)
+        except BaseException:  # a failed step leaves the cache as it was (what it wrote lies past the lengths)
+            cache.lengths.copy_(lengths_before)
+            raise
         return self._merge_heads(o.to(q.dtype))
 
 

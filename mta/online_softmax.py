@@ -93,12 +93,16 @@ def empty_state(prefix_shape, head_dim: int, *, dtype=torch.float32, device=None
 
 
 def attention_state(s: torch.Tensor, v: torch.Tensor) -> AttentionState:
-    """State of scores ``s [..., Nq, n]`` (``-inf`` = masked) over values ``v [..., n, D]``."""
+    """State of scores ``s [..., Nq, n]`` (``-inf`` = masked) over values ``v [..., n, D]``; with ``n = 0`` the
+    state over no keys (:func:`empty_state`)."""
     _check_float("s", s, min_dims=2)
     _check_float("v", v, min_dims=2)
     if s.shape[-1] != v.shape[-2]:
         raise ValueError(f"s has {s.shape[-1]} keys (last axis) but v has {v.shape[-2]} (second to last): "
                          f"s {tuple(s.shape)}, v {tuple(v.shape)}")
+    if s.shape[-1] == 0:  # amax over an empty axis raises; p @ v of no keys is zeros of its shape
+        return AttentionState(m=torch.full(s.shape[:-1], float("-inf"), dtype=s.dtype, device=s.device),
+                              l=s.new_zeros(s.shape[:-1]), acc=s @ v.to(s.dtype))
     m = s.amax(dim=-1)
     p = torch.exp(s - finite_or_zero(m)[..., None])
     return AttentionState(m=m, l=p.sum(dim=-1), acc=p @ v)

@@ -29,7 +29,7 @@ import torch
 
 from . import conv as _conv
 from . import flash as _flash
-from ._checks import check_weight, resolve_scale
+from ._checks import check_causal, check_weight, resolve_scale
 from .decode import check_num_splits
 from .launch import check_kernel_inputs
 from .conv_decode import conv_decode_attention as _conv_decode_attention
@@ -92,6 +92,7 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     """
     check_kernel_inputs(q, k, v)  # here too: the op's schema would turn a wrong argument into another error
     check_weight(weight, num_heads=q.shape[1], device=q.device)
+    causal = check_causal(causal)
     scale = resolve_scale(scale, q.shape[-1])
     _conv.compile_conv_ahead(q, k, v, weight, bool(causal), scale)  # eager first calls only
     o, lse = torch.ops.mta.conv_attention(q, k, v, weight, bool(causal), scale)
@@ -146,6 +147,7 @@ _flash_attention_op.register_autograd(_flash_backward, setup_context=_flash_setu
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):
     """:func:`mta.flash_attention` through the ``mta::flash_attention`` op (same arguments, same results)."""
     check_kernel_inputs(q, k, v)
+    causal = check_causal(causal)
     scale = resolve_scale(scale, q.shape[-1])
     _flash.compile_flash_ahead(q, k, v, bool(causal), scale)  # eager first calls only
     o, lse = torch.ops.mta.flash_attention(q, k, v, bool(causal), scale)
@@ -182,11 +184,16 @@ def _(q_cache, k_cache, v_cache, weight, cache_seqlens, num_queries, scale, num_
     return q_cache.new_empty((B, Hq, num_queries, D))
 
 
-def _seqlens(cache_seqlens) -> Optional[torch.Tensor]:
-    # A custom op takes tensors, not lists: a list becomes a CPU int32 tensor (checked on the host inside the op).
+def _seqlens(cache_seqlens, n_max: int) -> Optional[torch.Tensor]:
+    # A custom op takes tensors, not lists: a list becomes a CPU int32 tensor (checked on the host inside the op;
+    # a length past int32 is named here, before the conversion overflows).
     if isinstance(cache_seqlens, (list, tuple)):
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in cache_seqlens):
             raise TypeError("cache_seqlens must be a list of ints or an int tensor")
+        if cache_seqlens and max(cache_seqlens) > n_max:
+            raise ValueError(f"cache_seqlens has a length {max(cache_seqlens)} over the cache size Nmax={n_max}")
+        if cache_seqlens and min(cache_seqlens) < 0:
+            raise ValueError(f"cache_seqlens has a negative length {min(cache_seqlens)}")
         return torch.tensor(cache_seqlens, dtype=torch.int32)
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         raise TypeError(f"cache_seqlens must be an int tensor, a list of ints or None, got "
@@ -204,8 +211,8 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
         ``[B, Hq, Nq, D]`` in q's dtype.
     """
     check_kernel_inputs(q, k_cache, v_cache, per_kv_head=True)
-    check_num_splits(num_splits)
-    return torch.ops.mta.decode_attention(q, k_cache, v_cache, _seqlens(cache_seqlens),
+    num_splits = check_num_splits(num_splits)
+    return torch.ops.mta.decode_attention(q, k_cache, v_cache, _seqlens(cache_seqlens, k_cache.shape[2]),
                                           resolve_scale(scale, q.shape[-1]), num_splits)
 
 
@@ -220,10 +227,10 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
     """
     check_kernel_inputs(q_cache, k_cache, v_cache, per_kv_head=True)
     check_weight(weight, num_heads=q_cache.shape[1], device=q_cache.device)
-    check_num_splits(num_splits)
+    num_splits = check_num_splits(num_splits)
     if isinstance(num_queries, bool) or not isinstance(num_queries, int):
         raise TypeError(f"num_queries must be an int, got {type(num_queries).__name__}")
-    return torch.ops.mta.conv_decode_attention(q_cache, k_cache, v_cache, weight, _seqlens(cache_seqlens),
+    return torch.ops.mta.conv_decode_attention(q_cache, k_cache, v_cache, weight, _seqlens(cache_seqlens, k_cache.shape[2]),
                                                num_queries, resolve_scale(scale, q_cache.shape[-1]), num_splits)
 
 

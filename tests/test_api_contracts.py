@@ -338,7 +338,7 @@ def test_decode_bad_inputs_not_covered_elsewhere():
             mta.conv_decode_attention(qc, k, v, weight)
     with pytest.raises(TypeError, match="num_queries"):
         mta.conv_decode_attention(qc, k, v, w, num_queries=True)
-    with pytest.raises(ValueError, match="num_splits"):
+    with pytest.raises(TypeError, match="num_splits must be an int"):
         mta.conv_decode_attention(qc, k, v, w, num_splits=True)
     with pytest.raises(TypeError, match="fp16, bf16 or fp32"):
         mta.conv_decode_attention(qc.double(), k.double(), v.double(), w)

@@ -216,7 +216,8 @@ def inputs(B=2, Hq=4, Hkv=2, nq=1, n_max=20, D=16):
     (dict(cache_seqlens=[5, 6.5]), TypeError, "list of ints"),
     (dict(cache_seqlens="5"), TypeError, "int tensor"),
     (dict(num_splits=0), ValueError, "num_splits"),
-    (dict(num_splits=2.0), ValueError, "num_splits"),
+    (dict(num_splits=2.0), TypeError, "num_splits must be an int"),
+    (dict(num_splits=True), TypeError, "num_splits must be an int"),
     (dict(scale=float("nan")), ValueError, "scale"),
 ])
 def test_bad_arguments(kwargs, error, match):

@@ -86,3 +86,51 @@ def test_bad_block_size(block):
         mta.blocked_softmax(torch.ones(3), block)
     with pytest.raises(ValueError, match="block_size"):
         mta.blocked_attention(*qkv(), block_size=block)
+
+
+@pytest.mark.parametrize("causal", ["no", None, 1, torch.tensor(True)])
+def test_causal_must_be_a_bool(causal):
+    """``bool("no")`` is True: anything but a bool is refused, not coerced."""
+    q, k, v = qkv()
+    w = torch.zeros(4, 2, 3)
+    for call in (lambda: mta.flash_attention(q, k, v, causal=causal),
+                 lambda: mta.conv_attention(q, k, v, w, causal=causal),
+                 lambda: mta.ops.flash_attention(q, k, v, causal=causal),
+                 lambda: mta.ops.conv_attention(q, k, v, w, causal=causal)):
+        with pytest.raises(TypeError, match="causal must be a bool"):
+            call()
+
+
+def test_numpy_bools_and_ints_are_accepted():
+    import numpy as np
+
+    q, k, v = qkv(Nq=1)
+    expected = mta.flash_attention(q, k, v, causal=True)
+    assert torch.equal(mta.flash_attention(q, k, v, causal=np.bool_(True)), expected)
+    assert torch.allclose(mta.decode_attention(q, k, v, num_splits=np.int64(2)), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_splits,error", [(2.0, TypeError), (True, TypeError), ("2", TypeError),
+                                              (0, ValueError), (-1, ValueError)])
+def test_num_splits_of_the_op_path_too(num_splits, error):
+    q, k, v = qkv(Nq=1)
+    with pytest.raises(error, match="num_splits"):
+        mta.ops.decode_attention(q, k, v, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("lengths", [[2 ** 40, 5], [-1, 5]])
+def test_out_of_range_list_lengths_are_named_on_the_op_path(lengths):
+    """The op turns a list into an int32 tensor: a length past int32 is named before the conversion overflows."""
+    q, k, v = qkv(B=2, Nq=1)
+    with pytest.raises(ValueError, match="cache_seqlens has a"):
+        mta.ops.decode_attention(q, k, v, cache_seqlens=lengths)
+
+
+def test_attention_state_over_no_keys_is_the_empty_state():
+    s, v = torch.randn(2, 3, 0), torch.randn(2, 0, 4)
+    state = mta.attention_state(s, v)
+    assert state.m.shape == state.l.shape == (2, 3) and state.acc.shape == (2, 3, 4)
+    assert torch.isneginf(state.m).all() and not state.l.any() and not state.acc.any()
+    other = mta.attention_state(torch.randn(2, 3, 5), torch.randn(2, 5, 4))
+    merged = mta.merge_states(state, other)
+    assert torch.equal(merged.m, other.m) and torch.equal(merged.l, other.l) and torch.equal(merged.acc, other.acc)

@@ -286,3 +286,81 @@ def test_bf16_autocast_decoding_matches_the_forward_on_gpu():
         rows = decode_all(layer, x, [17, 40], dtype=torch.bfloat16)
     worst = max((row.float() - full[b, t].float()).abs().max().item() for (b, t), row in rows.items())
     assert worst < 3e-2 * full.float().abs().max().item()
+
+
+@pytest.mark.parametrize("kernel_size", [(2, 3), (1, 1)])
+def test_a_cache_made_for_the_other_kind_of_layer_is_refused_before_anything_is_written(kernel_size):
+    """An MTA layer needs the queries kept, plain attention a cache without them; query heads must match too."""
+    layer = make_layer(kernel_size=kernel_size)
+    other_kind = make_layer(kernel_size=(1, 1) if layer.is_mta else (2, 3)).new_cache(2, 8)
+    x = rand(2, 3, 32)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="not made for this layer"):
+            layer.prefill(x, other_kind)
+        assert other_kind.is_empty
+        make_layer(kernel_size=(1, 1) if layer.is_mta else (2, 3)).prefill(x, other_kind)
+        with pytest.raises(ValueError, match="not made for this layer"):
+            layer.step(x[:, :1], other_kind)
+        assert other_kind.lengths.tolist() == [3, 3]
+        with pytest.raises(TypeError, match="mta.KVCache"):
+            layer(x, cache={"k": None})
+    if layer.is_mta:  # the layer's kv heads (2 of dim 16), 4 query heads where the layer has 2
+        gqa = mta.KVCache.empty(2, 8, 4, 2, 16, keep_queries=True, device=DEVICE)
+        with torch.no_grad(), pytest.raises(ValueError, match="queries have 4 heads"):
+            layer.prefill(x, gqa)
+        assert gqa.is_empty
+
+
+@pytest.mark.parametrize("kernel_size", [(2, 3), (1, 1)])
+def test_a_step_or_prefill_that_fails_in_the_kernel_leaves_the_cache_as_it_was(kernel_size, monkeypatch):
+    """Past the checks, a failure inside the attention (here a stand-in that raises) must not leave the cache
+    advanced or filled: the next valid call still gives the forward's rows."""
+    layer = make_layer(kernel_size=kernel_size)
+    x = rand(2, 6, 32)
+    cache = layer.new_cache(2, 8)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel failed")
+    with torch.no_grad():
+        with monkeypatch.context() as patch:
+            patch.setattr(layer, "_attend", broken)
+            with pytest.raises(RuntimeError, match="kernel failed"):
+                layer.prefill(x[:, :4], cache)
+        assert cache.is_empty
+        layer.prefill(x[:, :4], cache)
+        with monkeypatch.context() as patch:
+            patch.setattr(mta.ops, "conv_decode_attention" if layer.is_mta else "decode_attention", broken)
+            with pytest.raises(RuntimeError, match="kernel failed"):
+                layer.step(x[:, 4:5], cache)
+        assert cache.lengths.tolist() == [4, 4]
+        torch.testing.assert_close(layer.step(x[:, 4:5], cache), layer(x[:, :5])[:, 4:5], **TOL)
+
+
+def test_bad_layer_and_cache_arguments_are_named():
+    for args, kwargs, error, match in [((32, 2.0), {}, TypeError, "num_heads must be an int"),
+                                       ((32.0, 2), {}, TypeError, "dim must be an int"),
+                                       ((32, 0), {}, ValueError, "num_heads must be at least 1"),
+                                       ((32, 2), dict(num_kv_heads=True), TypeError, "num_kv_heads"),
+                                       ((32, 2), dict(kernel_size=3), TypeError, "two ints"),
+                                       ((32, 2), dict(rope_theta=0), ValueError, "rope_theta"),
+                                       ((32, 2), dict(rope_theta=float("nan")), ValueError, "rope_theta"),
+                                       ((32, 2), dict(rope_theta="1e4"), TypeError, "rope_theta")]:
+        with pytest.raises(error, match=match):
+            MultiTokenAttention(*args, **kwargs)
+    layer = make_layer(kernel_size=(2, 3))
+    for kwargs, error, match in [(dict(max_len=2.5), TypeError, "max_len must be an int"),
+                                 (dict(max_len=0), ValueError, "max_len"),
+                                 (dict(dtype=torch.float64), TypeError, "fp32, fp16 or bf16"),
+                                 (dict(dtype=torch.int64), TypeError, "fp32, fp16 or bf16"),
+                                 (dict(dtype="float16"), TypeError, "torch.dtype")]:
+        with pytest.raises(error, match=match):
+            layer.new_cache(**{"batch": 2, "max_len": 8, **kwargs})
+
+
+@pytest.mark.parametrize("lengths", [[2.7, 4], torch.tensor([2.9, 3.5]), [True, 4], torch.tensor([True, True])])
+def test_prefill_lengths_must_be_integers_not_rounded(lengths):
+    layer = make_layer(kernel_size=(2, 3))
+    cache = layer.new_cache(2, 8)
+    with torch.no_grad(), pytest.raises(TypeError, match="lengths must be"):
+        layer.prefill(rand(2, 4, 32), cache, lengths=lengths)
+    assert cache.is_empty
