@@ -11,6 +11,8 @@ unsolved state; the reference solutions live outside the notebooks, in
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -32,7 +34,8 @@ class Result:
 
 
 class WatchScores(TorchFunctionMode):
-    """Notes any floating-point tensor of shape ``[..., Nq, Nk]`` created while active."""
+    """Notes any floating-point tensor whose last two axes are ``(Nq, Nk)``, in either order, created while active:
+    a whole score matrix, transposed or not."""
 
     def __init__(self, nq, nk):
         super().__init__()
@@ -43,13 +46,113 @@ class WatchScores(TorchFunctionMode):
         outs = out if isinstance(out, (tuple, list)) else (out,)
         for t in outs:
             if (self.seen is None and isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2
-                    and tuple(t.shape[-2:]) == (self.nq, self.nk)):
+                    and tuple(t.shape[-2:]) in ((self.nq, self.nk), (self.nk, self.nq))):
                 self.seen = (getattr(func, "__name__", str(func)), tuple(t.shape))
         return out
 
 
 class CaseFailed(Exception):
     """Raised inside a case to report why it fails (the checker catches it)."""
+
+
+#: What a refused function raises (a builtin, since its code runs in its own module's globals), then turned into
+#: :class:`CaseFailed` by :func:`refusing`.
+_REFUSED = "mta.exercises refused a call: "
+
+
+def _refused_call(*args, **kwargs):
+    raise RuntimeError("PLACEHOLDER")
+
+
+@contextlib.contextmanager
+def refusing(functions: dict[Callable, str]):
+    """While active, a call of any of ``functions`` (``{function: why the exercise refuses it}``) fails the case
+    with that reason, under whatever name the learner reached it (``import ... as``, an attribute, a local alias):
+    the function's own code is swapped, so there is no binding to go around."""
+    swapped = []
+    try:
+        for fn, why in functions.items():
+            target = inspect.unwrap(fn)
+            if target.__code__.co_freevars:  # a closure's code cannot be swapped; none of the refused ones is
+                raise TypeError(f"refusing: {target.__qualname__} is a closure")
+            message = _REFUSED + why
+            code = _refused_call.__code__.replace(co_consts=tuple(
+                message if c == "PLACEHOLDER" else c for c in _refused_call.__code__.co_consts))
+            swapped.append((target, target.__code__))
+            target.__code__ = code
+        yield
+    except RuntimeError as error:
+        if error.args and isinstance(error.args[0], str) and error.args[0].startswith(_REFUSED):
+            raise CaseFailed(error.args[0][len(_REFUSED):]) from None
+        raise
+    finally:
+        for target, code in swapped:
+            target.__code__ = code
+
+
+def finished_attention() -> dict[Callable, str]:
+    """The package's finished attention functions, each with the reason an exercise refuses it (for
+    :func:`refusing`): an exercise asks for the computation, not a call of the answer."""
+    from .. import conv, conv_decode, conv_decode_rows, decode, flash, online_softmax, reference
+    functions = {reference.naive_attention: "mta.naive_attention", online_softmax.blocked_attention:
+                 "mta.blocked_attention", flash.flash_attention: "mta.flash_attention",
+                 conv.conv_attention: "mta.conv_attention", reference.conv_attention_reference:
+                 "mta.conv_attention_reference", reference.conv_attention_probabilities:
+                 "mta.conv_attention_probabilities", decode.decode_attention: "mta.decode_attention",
+                 conv_decode.conv_decode_attention: "mta.conv_decode_attention",
+                 conv_decode_rows.conv_decode_rows: "mta.conv_decode_rows.conv_decode_rows"}
+    return {fn: f"it calls {name}, the package's finished version; the exercise asks you to compute it yourself"
+            for fn, name in functions.items()}
+
+
+class TritonLaunches:
+    """Counts the launches of Triton kernels defined outside the ``mta`` package (the learner's) while active, on
+    a GPU and in the interpreter alike: ``with TritonLaunches() as launches: ...; launches.count``."""
+
+    def __init__(self):
+        self.count = 0
+
+    def _classes(self):
+        from triton.runtime.jit import JITFunction
+        classes = [JITFunction]
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+            classes.append(InterpretedFunction)
+        except ImportError:  # pragma: no cover  (a Triton without the interpreter)
+            pass
+        return classes
+
+    def __enter__(self):
+        self._saved = []
+        for cls in self._classes():
+            original = cls.__dict__.get("run")
+            if original is None:
+                continue
+
+            def run(kernel, *args, _original=original, **kwargs):
+                module = getattr(getattr(kernel, "fn", None), "__module__", "") or ""
+                if not kwargs.get("warmup") and module != "mta" and not module.startswith("mta."):
+                    self.count += 1
+                return _original(kernel, *args, **kwargs)
+            self._saved.append((cls, original))
+            cls.run = run
+        return self
+
+    def __exit__(self, *exc):
+        for cls, original in self._saved:
+            cls.run = original
+        return False
+
+
+def own_triton_kernel(what: str, call: Callable):
+    """``call()``, failing the case unless it launched a Triton kernel of the learner's own (the exercise asks for
+    one: a PyTorch answer or the package's finished kernel does not count)."""
+    with TritonLaunches() as launches:
+        result = call()
+    if launches.count == 0:
+        raise CaseFailed(f"{what} launched no Triton kernel of its own; this exercise asks for one "
+                         "(a @triton.jit function launched as kernel[grid](...))")
+    return result
 
 
 def expect_close(what: str, got, want, *, atol: float, rtol: float) -> None:

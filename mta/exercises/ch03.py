@@ -25,7 +25,8 @@ import torch
 
 from .. import runtime
 from ..reference import causal_future, naive_attention
-from . import CaseFailed, Result, expect_close, expect_equal, run_cases
+from . import (CaseFailed, Result, expect_close, expect_equal, finished_attention, own_triton_kernel, refusing,
+               run_cases)
 
 __all__ = ["CAUSAL_CASES", "check_causal_kernel", "check_ds_formula", "check_key_tiles_visited",
            "check_rowsum_do_o", "check_visited_ratio", "poisoned_keys", "stage_counts"]
@@ -90,6 +91,11 @@ CAUSAL_CASES = (
 )
 
 
+def _refused():
+    return {**finished_attention(), stage_counts: "it calls stage_counts, the checker's own count; make each "
+            "program count the key tiles its two stages visit"}
+
+
 def _causal_case(fn: Callable, Nq, Nk, D, T_q, T_k, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     tiles = _cdiv(Nq, T_q)
@@ -100,8 +106,9 @@ def _causal_case(fn: Callable, Nq, Nk, D, T_q, T_k, dtype, seed):
     atol, rtol = TOL[dtype]
     dev = runtime.DEVICE
 
-    # 1. The output, the log-sum-exp and the stage counts on clean inputs.
-    out = fn(q.to(dev), k.to(dev), v.to(dev), T_q, T_k)
+    # 1. The output, the log-sum-exp and the stage counts on clean inputs, from the learner's own kernel.
+    with refusing(_refused()):
+        out = own_triton_kernel("attention_causal", lambda: fn(q.to(dev), k.to(dev), v.to(dev), T_q, T_k))
     if not isinstance(out, tuple) or len(out) != 3:
         raise CaseFailed(f"attention_causal must return (o, lse, visits), got {type(out).__name__}")
     o, lse, visits = out
@@ -119,7 +126,8 @@ def _causal_case(fn: Callable, Nq, Nk, D, T_q, T_k, dtype, seed):
         v_bad[:, t, first:] = float("nan")
     with warnings.catch_warnings():       # the later query tiles of head t do meet NaN: the interpreter warns
         warnings.simplefilter("ignore", RuntimeWarning)
-        o_bad, lse_bad, _ = fn(q.to(dev), k_bad.to(dev), v_bad.to(dev), T_q, T_k)
+        with refusing(_refused()):
+            o_bad, lse_bad, _ = fn(q.to(dev), k_bad.to(dev), v_bad.to(dev), T_q, T_k)
     for t in range(tiles):
         rows = min((t + 1) * T_q, Nq)
         first = poisoned_keys(Nq, Nk, T_q, T_k, t)
@@ -137,6 +145,25 @@ def _causal_case(fn: Callable, Nq, Nk, D, T_q, T_k, dtype, seed):
         expect_equal(f"visits of query tile {t} (unmasked, masked key tiles)", got_t, tuple(int(x) for x in want[t]))
 
 
+def _batched_case(fn: Callable, seed: int):
+    """Two sequences of two heads each (every case above has one sequence): the output, the log-sum-exp and every
+    program's stage counts."""
+    B, H, Nq, Nk, D, T_q, T_k = 2, 2, 40, 40, 32, 16, 16
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, n, D, generator=gen, dtype=F64) for n in (Nq, Nk, Nk))
+    ref, ref_lse = naive_attention(q, k, v, causal=True, return_lse=True)
+    atol, rtol = TOL[torch.float32]
+    dev = runtime.DEVICE
+    with refusing(_refused()):
+        o, lse, visits = fn(*(x.float().to(dev) for x in (q, k, v)), T_q, T_k)
+    expect_close("o", o, ref.float(), atol=atol, rtol=rtol)
+    _expect_lse("lse", lse, ref_lse, atol=10 * atol, rtol=10 * rtol)
+    want = stage_counts(Nq, Nk, T_q, T_k)
+    expect_equal("visits shape", tuple(visits.shape), (B * H, _cdiv(Nq, T_q), 2))
+    for p in range(B * H):
+        expect_equal(f"visits of program (sequence {p // H}, head {p % H})", visits[p].cpu().tolist(), want.tolist())
+
+
 def check_causal_kernel(fn: Callable) -> Result:
     """``fn(q, k, v, T_q, T_k) -> (o, lse, visits)``: causal (bottom-right) attention from a Triton kernel in two
     stages, for ``q [B, H, Nq, D]``, ``k, v [B, H, Nk, D]`` on :data:`mta.runtime.DEVICE` (``D`` a power of two
@@ -145,6 +172,7 @@ def check_causal_kernel(fn: Callable) -> Result:
     visited."""
     cases = [(name, (lambda shape=shape, seed=i: _causal_case(fn, *shape, seed=30 + seed)))
              for i, (name, shape) in enumerate(CAUSAL_CASES)]
+    cases.append(("B=2, H=2, Nq=Nk=40, tiles 16x16 (the batch's offsets)", lambda: _batched_case(fn, 37)))
     return run_cases("exercise 1 (Triton: a causal kernel in two stages)", cases)
 
 
@@ -262,7 +290,7 @@ def check_rowsum_do_o(fn: Callable) -> Result:
         if transposed:
             o, do = o.transpose(1, 2), do.transpose(1, 2)
         want = (o.double() * do.double()).sum(-1)
-        got = fn(o.to(runtime.DEVICE), do.to(runtime.DEVICE))
+        got = own_triton_kernel("rowsum_do_o", lambda: fn(o.to(runtime.DEVICE), do.to(runtime.DEVICE)))
         if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
             expect_equal("D's dtype", got.dtype, torch.float32)
         expect_close("D", got, want, atol=1e-4, rtol=1e-4)

@@ -23,9 +23,11 @@ import triton
 import triton.language as tl
 
 from .. import runtime
+from .. import conv
 from ..conv import diagonal_reach
 from ..kernel_parts import key_tile_bounds
-from . import CaseFailed, Result, expect_close, expect_equal, run_cases
+from . import (CaseFailed, Result, expect_close, expect_equal, finished_attention, own_triton_kernel, refusing,
+               run_cases)
 
 __all__ = ["DIAGONAL", "FOLDED", "SKIPPED", "check_diagonal_scores", "check_fold_keys", "check_one_hot_kernel",
            "check_tile_kinds", "convolved_scores", "tile_kinds"]
@@ -106,7 +108,12 @@ def check_diagonal_scores(fn: Callable) -> Result:
         want = torch.zeros(N, E, dtype=F64)
         for delta in range(E):
             want[delta:, delta] = torch.diagonal(C, -delta)
-        got = fn(q.clone(), k.clone(), w.clone(), scale)
+        with refusing({**finished_attention(),
+                       convolved_scores: "it calls convolved_scores, the checker's own answer; read S0 directly",
+                       conv.diagonal_scores: "it calls mta.conv.diagonal_scores, the fused kernel's pre-pass; "
+                                             "compute the diagonals from the definition",
+                       conv.past_scores: "it calls mta.conv.past_scores; read S0 directly"}):
+            got = fn(q.clone(), k.clone(), w.clone(), scale)
         expect_close("diagonal scores", got, want, atol=1e-10, rtol=1e-10)
 
     return run_cases("exercise 1 (the diagonals, from the definition)",
@@ -137,10 +144,15 @@ def check_tile_kinds(fn: Callable) -> Result:
         kinds = tile_kinds(N, cq, ck, BM, BN)
         for t in range(kinds.shape[0]):
             for u in range(kinds.shape[1]):
-                got = fn(t * BM, u * BN, BM, BN, N, cq, ck)
+                with refusing({tile_kinds: "it calls tile_kinds, the checker's own rule; decide from the "
+                                           "definitions"}):
+                    got = fn(t * BM, u * BN, BM, BN, N, cq, ck)
                 want = int(kinds[t, u])
+                if isinstance(got, bool) or not isinstance(got, (int, np.integer)):
+                    raise CaseFailed(f"tile (i0={t * BM}, j0={u * BN}): expected an int (SKIPPED, FOLDED or "
+                                     f"DIAGONAL), got {type(got).__name__} {got!r}")
                 if got != want:
-                    raise CaseFailed(f"tile (i0={t * BM}, j0={u * BN}): got {_KIND_NAMES.get(got, repr(got))}, "
+                    raise CaseFailed(f"tile (i0={t * BM}, j0={u * BN}): got {_KIND_NAMES.get(int(got), repr(got))}, "
                                      f"the kernel's rule says {_KIND_NAMES[want]}")
 
     return run_cases("exercise 2 (which tiles are diagonal tiles?)",
@@ -170,7 +182,10 @@ def check_fold_keys(fn: Callable) -> Result:
         pk = (ck - 1) // 2
         k_pad = F.pad(k, (0, 0, pk, pk))
         want = torch.stack([sum(w[a, b] * k_pad[b:b + N] for b in range(ck)) for a in range(cq)])
-        got = fn(k.float().to(runtime.DEVICE), w.float().to(runtime.DEVICE))
+        with refusing({conv.fold_keys: "it calls mta.conv.fold_keys, the package's pre-pass; write the fold "
+                                        "kernel yourself"}):
+            got = own_triton_kernel("fold_keys", lambda: fn(k.float().to(runtime.DEVICE),
+                                                            w.float().to(runtime.DEVICE)))
         if not isinstance(got, torch.Tensor):
             expect_equal("folded keys type", type(got).__name__, "Tensor")
         expect_equal("folded keys shape", tuple(got.shape), (cq, N, D))

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..reference import causal_future, conv_attention_reference, expand_kv
-from . import Result, expect_close, expect_equal, run_cases
+from . import Result, expect_close, expect_equal, finished_attention, own_triton_kernel, refusing, run_cases
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,8 @@ def check_scores_grad(fn: Callable) -> Result:
     ``dC [B, Hq, N, N]`` and ``weight [Hq, cq, ck]``, all float64."""
 
     def case(p: Problem):
-        got = fn(p.dC.clone(), p.weight.clone(), p.causal)
+        with refusing(finished_attention()):
+            got = fn(p.dC.clone(), p.weight.clone(), p.causal)
         expect_close("dS", got, p.dS, atol=1e-10, rtol=1e-8)
 
     return run_cases("exercise 1 (dS: the convolution's transpose and the pre-mask)", _cases(case))
@@ -139,7 +140,8 @@ def check_kernel_grad(fn: Callable) -> Result:
 
     def case(p: Problem):
         cq, ck = p.weight.shape[1:]
-        got = fn(p.dC.clone(), p.S0.clone(), cq, ck)
+        with refusing(finished_attention()):
+            got = fn(p.dC.clone(), p.S0.clone(), cq, ck)
         expect_close("dweight", got, p.grads[3], atol=1e-10, rtol=1e-8)
 
     return run_cases("exercise 2 (dweight: a correlation of dC with S0)", _cases(case))
@@ -158,7 +160,10 @@ def check_dw_partials(fn: Callable, block_r: int = 16) -> Result:
         cq, ck = p.weight.shape[1:]
         N = p.q.shape[2]
         u = far_part_u(p)
-        got = fn(u.float().to(runtime.DEVICE), p.k.float().to(runtime.DEVICE), ck, block_r)
+        with refusing({dw_partials_truth: "it calls dw_partials_truth, the checker's own answer; write the "
+                                          "kernel that sums each row tile"}):
+            got = own_triton_kernel("dw_partials", lambda: fn(u.float().to(runtime.DEVICE),
+                                                              p.k.float().to(runtime.DEVICE), ck, block_r))
         tiles = -(-N // block_r)
         if not isinstance(got, torch.Tensor):
             expect_equal("partials type", type(got).__name__, "Tensor")

@@ -19,7 +19,8 @@ import torch
 
 from ..online_softmax import attention_state, finalize_state
 from ..reference import conv_attention_reference, naive_attention
-from . import CaseFailed, Result, WatchScores, expect_close, expect_equal, run_cases
+from . import (CaseFailed, Result, WatchScores, expect_close, expect_equal, finished_attention, own_triton_kernel,
+               refusing, run_cases)
 
 
 def _randn(gen, *shape, std=1.0):
@@ -66,14 +67,16 @@ def check_split_decode(fn: Callable) -> Result:
         def case():
             (k, v), gen = poisoned_caches(B, Hq, Hkv, n_max, D, lens, seed)
             q = _randn(gen, B, Hq, nq, D) * q_scale
-            got = fn(q.clone(), k.clone(), v.clone(), list(lens), splits)
+            with refusing({**finished_attention(), split_decode_truth: "it calls split_decode_truth, the "
+                           "checker's own answer"}):
+                got = fn(q.clone(), k.clone(), v.clone(), list(lens), splits)
             expect_close("o", got, split_decode_truth(q, k, v, lens), atol=1e-10, rtol=1e-8)
         return case
 
     def splits_make_their_own_scores():
         (k, v), gen = poisoned_caches(1, 2, 2, 40, 8, [40], 59)
         q = _randn(gen, 1, 2, 2, 8)
-        with WatchScores(2, 40) as watch:
+        with WatchScores(2, 40) as watch, refusing(finished_attention()):
             fn(q, k, v, [40], 4)
         if watch.seen is not None:
             name, shape = watch.seen
@@ -129,7 +132,8 @@ def check_combine(fn: Callable) -> Result:
     def make(shape, seed):
         def case():
             m, l, acc, want = combine_problem(*shape, seed)
-            got = fn(*(x.float().contiguous().to(runtime.DEVICE) for x in (m, l, acc)))
+            got = own_triton_kernel("combine", lambda: fn(*(x.float().contiguous().to(runtime.DEVICE)
+                                                            for x in (m, l, acc))))
             if not isinstance(got, torch.Tensor):
                 expect_equal("o type", type(got).__name__, "Tensor")
             expect_close("o", got.cpu(), want, atol=1e-5, rtol=1e-4)
@@ -177,7 +181,9 @@ def check_mta_decode_rows(fn: Callable) -> Result:
             want = mta_rows_truth(qc, k, v, w, lens, n)
             for b, L in enumerate(lens):
                 qc[b, :, :max(L - n - (cq - 1), 0)] = float("nan")   # before the window: never needed
-            got = fn(qc.clone(), k.clone(), v.clone(), w.clone(), list(lens), n)
+            with refusing({**finished_attention(), mta_rows_truth: "it calls mta_rows_truth, the checker's own "
+                           "answer; use the window of the last cq - 1 + n queries"}):
+                got = fn(qc.clone(), k.clone(), v.clone(), w.clone(), list(lens), n)
             expect_close("o", got, want, atol=1e-10, rtol=1e-8)
         return case
 
