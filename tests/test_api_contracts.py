@@ -302,14 +302,9 @@ def conv_decode_call(B, Hq, lengths=None):
 @pytest.mark.parametrize("call", [lambda: decode_call(0, 4), lambda: decode_call(2, 0), lambda: conv_decode_call(0, 4),
                                   lambda: conv_decode_call(2, 0), lambda: conv_decode_call(0, 4, [])],
                          ids=["decode-B=0", "decode-Hq=0", "conv-B=0", "conv-Hq=0", "conv-B=0-lengths"])
-def test_empty_decode_is_empty_or_a_clear_error(call):
-    fn = call()
-    try:
-        out = fn()
-    except (ValueError, TypeError) as error:  # a clear refusal is fine too
-        assert any(word in str(error) for word in ("batch", "head", "empty")), error
-    else:
-        assert out.numel() == 0
+def test_empty_decode_is_empty(call):
+    out = call()()
+    assert out.numel() == 0 and out.shape[-1] == 16
 
 
 def test_decode_bad_inputs_not_covered_elsewhere():
@@ -327,7 +322,7 @@ def test_decode_bad_inputs_not_covered_elsewhere():
         mta.decode_attention(q, k.to("meta"), v.to("meta"))
     with pytest.raises(TypeError, match="share a dtype"):
         mta.decode_attention(q, k, v.half())
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="positional argument"):
         mta.decode_attention(q, k, v, [5, 6])  # keyword-only
     for weight, error, match in [(rand(4, 3), ValueError, "3 dimensions"),
                                  (torch.ones(4, 3, 5, dtype=torch.int32, device=DEVICE), TypeError, "floating-point"),
@@ -368,15 +363,25 @@ def _everything(q, k, v, w, do, lens):
 
 def test_batches_over_the_grid_limit_run_in_chunks(monkeypatch):
     """Past :data:`mta.launch.MAX_GRID_AXIS_1` programs of batch x heads, the launchers run chunks of sequences:
-    the same outputs and gradients (here with the limit lowered to 4, so that 3 sequences x 2 heads need 2
-    chunks; decode picks its split count per chunk, the weight's gradient is summed per chunk)."""
-    q, k, v = rand_qkv(3, 2, 1, 20, 20, 16)
-    w, do = rand(2, 2, 3, scale=0.3), rand(3, 2, 20, 16)
+    the same outputs and gradients (here with the limit lowered to 4: 3 sequences x 4 query heads run a sequence
+    at a time, the decoders' 3 sequences x 2 kv heads two and one; decode picks its split count per chunk, the
+    weight's gradient is summed per chunk)."""
+    q, k, v = rand_qkv(3, 4, 2, 20, 20, 16)
+    w, do = rand(4, 2, 3, scale=0.3), rand(3, 4, 20, 16)
     lens = torch.tensor([20, 7, 13], dtype=torch.int32)
     whole = _everything(q, k, v, w, do, lens)
     monkeypatch.setattr(mta.launch, "MAX_GRID_AXIS_1", 4)
+    assert mta.launch.batch_chunks(3, 4) == [(0, 1), (1, 2), (2, 3)]
     assert mta.launch.batch_chunks(3, 2) == [(0, 2), (2, 3)] and mta.launch.batch_chunks(2, 2) is None
+    decoder_chunks = []
+    batch_chunks = mta.launch.batch_chunks
+
+    def spy(batch, heads):
+        decoder_chunks.append((batch, heads, batch_chunks(batch, heads)))
+        return decoder_chunks[-1][2]
+    monkeypatch.setattr(mta.decode, "batch_chunks", spy)
     chunked = _everything(q, k, v, w, do, lens)
+    assert (3, 2, [(0, 2), (2, 3)]) in decoder_chunks, decoder_chunks  # the decoders did run in chunks
     for name, x in whole.items():
         torch.testing.assert_close(chunked[name], x, atol=1e-6, rtol=1e-6, msg=name)
 

@@ -11,6 +11,7 @@ import triton.language as tl
 import mta  # noqa: F401  (sets the runtime before any kernel below is defined)
 from conftest import assert_stubs_not_attempted, load_solutions
 from mta.exercises import ch03
+from mta.kernel_parts import key_tile_bounds
 
 SOLUTIONS = load_solutions("ch03")
 _fold_key_tiles = SOLUTIONS._fold_key_tiles
@@ -261,13 +262,23 @@ def test_wrong_4_assumes_contiguous_inputs():
     assert "case 'B=2, H=3, N=20, D=32, [B, N, H, D] views' fails: D: max abs error" in result.message
 
 
-@pytest.mark.parametrize("n_q,n_k,T_q,T_k", [(40, 40, 16, 16), (50, 20, 16, 16), (20, 50, 32, 16), (1, 1, 16, 16)])
+@triton.jit
+def _key_tile_bounds_probe(OUT, n_k, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``OUT[t] = (full_stop, masked_stop)`` of query tile ``t``, from the shipped kernels' own function."""
+    t = tl.program_id(0)
+    full_stop, masked_stop = key_tile_bounds(t * BLOCK_M, n_k, diag, 0, True, BLOCK_M, BLOCK_N)
+    tl.store(OUT + 2 * t, full_stop)
+    tl.store(OUT + 2 * t + 1, masked_stop)
+
+
+@pytest.mark.parametrize("n_q,n_k,T_q,T_k", [(40, 40, 16, 16), (50, 20, 16, 16), (20, 50, 32, 16), (1, 1, 16, 16),
+                                             (64, 64, 32, 16), (40, 72, 16, 32)])
 def test_stage_counts_match_the_shipped_kernel_bounds(n_q, n_k, T_q, T_k):
-    # The checker's (full, masked) counts use the same bounds as mta.kernel_parts.key_tile_bounds.
-    diag = n_k - n_q
-    for t, (full, masked) in enumerate(ch03.stage_counts(n_q, n_k, T_q, T_k).tolist()):
-        m0 = t * T_q
-        full_stop = min(max(m0 + diag + 1, 0), n_k) // T_k * T_k
-        masked_stop = min(max(m0 + T_q + diag, 0), n_k)
-        assert full == full_stop // T_k
-        assert masked == len(range(full_stop, masked_stop, T_k))
+    """The checker's (unmasked, masked) counts are the stages of mta.kernel_parts.key_tile_bounds, run in a kernel
+    (not a second copy of its formula)."""
+    tiles = -(-n_q // T_q)
+    out = torch.zeros(2 * tiles, dtype=torch.int32, device=mta.runtime.DEVICE)
+    _key_tile_bounds_probe[(tiles,)](out, n_k, n_k - n_q, BLOCK_M=T_q, BLOCK_N=T_k)
+    bounds = out.cpu().view(tiles, 2).tolist()
+    want = [(full_stop // T_k, -(-max(masked_stop - full_stop, 0) // T_k)) for full_stop, masked_stop in bounds]
+    assert [tuple(r) for r in ch03.stage_counts(n_q, n_k, T_q, T_k).tolist()] == want
