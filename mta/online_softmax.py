@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_block_size, check_qkv, resolve_scale
+from ._checks import check_block_size, check_causal, check_qkv, resolve_scale
 from .reference import causal_future, compute_dtype, expand_kv
 
 
@@ -144,6 +144,7 @@ def blocked_attention(q, k, v, *, block_size: int, causal: bool = False, scale: 
     """
     _, Hq, _, Nq, Nk, D = check_qkv(q, k, v)
     check_block_size(block_size)
+    causal = check_causal(causal)
     scale = resolve_scale(scale, D)
     ct = compute_dtype(q)
     k, v = expand_kv(k, Hq).to(ct), expand_kv(v, Hq).to(ct)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_qkv, check_weight, resolve_scale
+from ._checks import check_causal, check_qkv, check_weight, resolve_scale
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -52,6 +52,7 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         query that sees no key.
     """
     _, Hq, _, Nq, Nk, D = check_qkv(q, k, v)
+    causal = check_causal(causal)
     scale = resolve_scale(scale, D)
     ct = compute_dtype(q)
     k, v = expand_kv(k, Hq).to(ct), expand_kv(v, Hq).to(ct)
@@ -111,6 +112,7 @@ def _convolved_scores(q, k, weight, causal: bool, scale, v=None):
     if Nq != Nk:
         raise ValueError(f"conv attention needs as many queries as keys, got Nq={Nq}, Nk={Nk}")
     cq, ck = check_weight(weight, num_heads=Hq, device=q.device)
+    causal = check_causal(causal)
     scale = resolve_scale(scale, D)
     ct = compute_dtype(q, weight)
     s = scale * (q.to(ct) @ expand_kv(k, Hq).to(ct).transpose(-1, -2))  # [B, Hq, N, N]

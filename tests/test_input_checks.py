@@ -93,7 +93,11 @@ def test_causal_must_be_a_bool(causal):
     """``bool("no")`` is True: anything but a bool is refused, not coerced."""
     q, k, v = qkv()
     w = torch.zeros(4, 2, 3)
-    for call in (lambda: mta.flash_attention(q, k, v, causal=causal),
+    for call in (lambda: mta.naive_attention(q, k, v, causal=causal),
+                 lambda: mta.blocked_attention(q, k, v, block_size=4, causal=causal),
+                 lambda: mta.conv_attention_reference(q, k, v, w, causal=causal),
+                 lambda: mta.reference.conv_attention_probabilities(q, k, w, causal=causal),
+                 lambda: mta.flash_attention(q, k, v, causal=causal),
                  lambda: mta.conv_attention(q, k, v, w, causal=causal),
                  lambda: mta.ops.flash_attention(q, k, v, causal=causal),
                  lambda: mta.ops.conv_attention(q, k, v, w, causal=causal)):
