@@ -184,17 +184,13 @@ def _(q_cache, k_cache, v_cache, weight, cache_seqlens, num_queries, scale, num_
     return q_cache.new_empty((B, Hq, num_queries, D))
 
 
-def _seqlens(cache_seqlens, n_max: int) -> Optional[torch.Tensor]:
-    # A custom op takes tensors, not lists: a list becomes a CPU int32 tensor (checked on the host inside the op;
-    # a length past int32 is named here, before the conversion overflows).
+def _seqlens(cache_seqlens) -> Optional[torch.Tensor]:
+    # A custom op takes tensors, not lists: a list becomes a CPU int64 tensor, checked on the host inside the op
+    # (int64, so that a huge length is named there rather than overflowing an int32 conversion here).
     if isinstance(cache_seqlens, (list, tuple)):
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in cache_seqlens):
             raise TypeError("cache_seqlens must be a list of ints or an int tensor")
-        if cache_seqlens and max(cache_seqlens) > n_max:
-            raise ValueError(f"cache_seqlens has a length {max(cache_seqlens)} over the cache size Nmax={n_max}")
-        if cache_seqlens and min(cache_seqlens) < 0:
-            raise ValueError(f"cache_seqlens has a negative length {min(cache_seqlens)}")
-        return torch.tensor(cache_seqlens, dtype=torch.int32)
+        return torch.tensor(cache_seqlens, dtype=torch.int64)
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         raise TypeError(f"cache_seqlens must be an int tensor, a list of ints or None, got "
                         f"{type(cache_seqlens).__name__}")
@@ -212,7 +208,7 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
     """
     check_kernel_inputs(q, k_cache, v_cache, per_kv_head=True)
     num_splits = check_num_splits(num_splits)
-    return torch.ops.mta.decode_attention(q, k_cache, v_cache, _seqlens(cache_seqlens, k_cache.shape[2]),
+    return torch.ops.mta.decode_attention(q, k_cache, v_cache, _seqlens(cache_seqlens),
                                           resolve_scale(scale, q.shape[-1]), num_splits)
 
 
@@ -230,7 +226,7 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
     num_splits = check_num_splits(num_splits)
     if isinstance(num_queries, bool) or not isinstance(num_queries, int):
         raise TypeError(f"num_queries must be an int, got {type(num_queries).__name__}")
-    return torch.ops.mta.conv_decode_attention(q_cache, k_cache, v_cache, weight, _seqlens(cache_seqlens, k_cache.shape[2]),
+    return torch.ops.mta.conv_decode_attention(q_cache, k_cache, v_cache, weight, _seqlens(cache_seqlens),
                                                num_queries, resolve_scale(scale, q_cache.shape[-1]), num_splits)
 
 
