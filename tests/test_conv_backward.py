@@ -150,12 +150,15 @@ def test_gradients_are_exactly_causal(dtype):
         x[:, :, t:] = 1e3 if dtype == torch.float32 else 40.0
     do = rand(1, 2, N, 16, dtype=dtype)
     do[:, :, t:] = 0
-    dq, dk, dv, dw = grads(mta.conv_attention, q, k, v, weight, do)
-    for name, g in zip(NAMES, (dq, dk, dv)):
+    full = grads(mta.conv_attention, q, k, v, weight, do)
+    for name, g in zip(NAMES, full[:3]):
         assert torch.isfinite(g).all(), name
         assert torch.equal(g[:, :, t:], torch.zeros_like(g[:, :, t:])), f"{name} leaks into rows >= {t}"
         assert g[:, :, :t].abs().amax() > 0, name
-    assert torch.isfinite(dw).all()
+    # The rows before t, and dweight, are those of the problem truncated to its first t positions, bit for bit.
+    prefix = grads(mta.conv_attention, *(x[:, :, :t] for x in (q, k, v)), weight, do[:, :, :t])
+    for name, g, want in zip(NAMES, full, prefix):
+        assert torch.equal(g if name == "dweight" else g[:, :, :t], want), f"{name} differs from the prefix's"
 
 
 def test_bitwise_deterministic():
@@ -196,6 +199,43 @@ def test_identity_kernel_gradients_equal_flash_attention():
         check(name, x, y, TOL[torch.float32])
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("cq,ck", [(1, 1), (3, 5)], ids=str)
+def test_one_hot_kernels_equal_flash_attention(cq, ck, causal):
+    """A kernel that is 1 at ``[cq - 1, pk]`` and 0 elsewhere convolves the scores into themselves, causal or
+    not: output, lse and dq, dk, dv are flash attention's."""
+    q, k, v = rand_qkv(1, 2, 1, 30, 30, 16)
+    weight = torch.zeros(2, cq, ck, device=DEVICE)
+    weight[:, cq - 1, (ck - 1) // 2] = 1.0
+    do = rand(1, 2, 30, 16)
+    mine = mta.conv_attention(q, k, v, weight, causal=causal, return_lse=True)
+    flash = mta.flash_attention(q, k, v, causal=causal, return_lse=True)
+    for name, x, y in zip(("o", "lse"), mine, flash):
+        check(name, x, y, TOL[torch.float32])
+    mine = grads(lambda *x: mta.conv_attention(*x, causal=causal), q, k, v, weight, do)
+    flash = grads(lambda q, k, v, w: mta.flash_attention(q, k, v, causal=causal), q, k, v, weight, do)
+    for name, x, y in zip(NAMES[:3], mine, flash):
+        check(name, x, y, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("cq,ck", [(1, 1), (3, 3), (16, 15)], ids=str)
+def test_noncausal_gqa_head_dim_96(cq, ck, poisoned_outputs):
+    """Not causal, GQA, D = 96 (padded to 128), forward (o, lse) and backward against the float64 reference.
+    N = 40: three 16-row tiles each way, the 16 x 15 kernel's padding across two of them (at N = 200 the
+    16 x 15 case alone takes 2-4 minutes in the interpreter)."""
+    N = 40
+    q, k, v = rand_qkv(1, 2, 1, N, N, 96)
+    weight, do = rand(2, cq, ck, scale=0.2), rand(1, 2, N, 96)
+    o, lse = mta.conv_attention(q, k, v, weight, causal=False, return_lse=True)
+    ref_o, ref_lse = mta.conv_attention_reference(*(x.cpu().double() for x in (q, k, v, weight)), causal=False,
+                                                  return_lse=True)
+    check("o", o, ref_o, TOL[torch.float32])
+    check("lse", lse, ref_lse, TOL[torch.float32])
+    out = grads(lambda *x: mta.conv_attention(*x, causal=False), q, k, v, weight, do)
+    for name, x, y in zip(NAMES, out, reference_grads(q, k, v, weight, do, False)):
+        check(name, x, y, TOL[torch.float32])
+
+
 def test_weight_dtype_kept_with_half_activations():
     """fp16 q, k, v with an fp32 kernel (and an fp16 one): each gradient in its input's dtype."""
     q, k, v = rand_qkv(1, 2, 1, 20, 20, 16, dtype=torch.float16)
@@ -207,12 +247,22 @@ def test_weight_dtype_kept_with_half_activations():
         check("dweight", dw, reference_grads(q, k, v, weight, do, True)[3], TOL[torch.float16])
 
 
-def test_only_some_inputs_need_gradients():
+@pytest.mark.parametrize("wanted", [("q",), ("k", "v"), ("weight",)], ids="+".join)
+def test_only_some_inputs_need_gradients(wanted):
+    """The inputs that ask for a gradient get the reference's; the others get none."""
     q, k, v = rand_qkv(1, 2, 1, 20, 20, 16)
-    weight = rand(2, 3, 5, scale=0.2)
-    q.requires_grad_()
-    mta.conv_attention(q, k, v, weight).sum().backward()
-    assert q.grad is not None and torch.isfinite(q.grad).all() and weight.grad is None
+    weight, do = rand(2, 3, 5, scale=0.2), rand(1, 2, 20, 16)
+    xs = dict(zip(("q", "k", "v", "weight"), (q, k, v, weight)))
+    for name in wanted:
+        xs[name].requires_grad_()
+    mta.conv_attention(*xs.values()).backward(do)
+    ref = dict(zip(xs, reference_grads(q, k, v, weight, do, True)))
+    for name, x in xs.items():
+        if name in wanted:
+            assert x.grad is not None and x.grad.dtype == x.dtype, name
+            check("d" + name, x.grad, ref[name], TOL[torch.float32])
+        else:
+            assert x.grad is None, name
 
 
 def shift(x, s):

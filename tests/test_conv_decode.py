@@ -57,8 +57,10 @@ def test_small_head_dims_padded_in_16_bits(D, dtype, poisoned_outputs):
     run_case(6, 11, 3, dtype, D=D)
 
 
-# Split edges: every split reads pk halo keys each side; 12 splits are more than the key tiles (32 a tile on CPU).
-@pytest.mark.parametrize("num_splits", [1, 3, 12])
+# Split edges: every split reads pk halo keys each side. On the CPU a 32-key window owns 32 - (ck - 1) keys (22 at
+# ck = 11, 18 at ck = 15: 300 keys are 14 and 17 tiles, mta.decode.key_window): 12 splits all run, 20 are more
+# than the key tiles and run as 14 and 17 (mta.decode.splits_run).
+@pytest.mark.parametrize("num_splits", [1, 3, 12, 20])
 @pytest.mark.parametrize("cq,ck", [(6, 11), (11, 15)], ids=str)
 def test_forced_split_counts(cq, ck, num_splits, poisoned_outputs):
     run_case(cq, ck, 3, Hq=2, Hkv=1, D=16, lengths=(37, 300), num_splits=num_splits)
@@ -111,6 +113,16 @@ def test_identity_kernel_is_plain_decode():
     torch.testing.assert_close(mtad, plain, rtol=1e-5, atol=1e-5)
 
 
+def test_bitwise_deterministic():
+    """Two calls give the same bits: the far splits, the band and their merge."""
+    q, k, v = caches(2, 4, 2, 100, 16, [100, 37], torch.float32)
+    weight = rand(4, 6, 11, scale=0.2)
+    for num_splits in (None, 3):
+        first, second = (mta.conv_decode_attention(q, k, v, weight, cache_seqlens=[100, 37], num_queries=2,
+                                                   num_splits=num_splits) for _ in range(2))
+        assert torch.equal(first, second), num_splits
+
+
 def test_only_the_last_query_rows_are_read():
     """Queries before the last cq - 1 + n rows never matter (NaN there changes nothing)."""
     cq, n, L = 6, 2, 30
@@ -157,6 +169,10 @@ def inputs(B=2, Hq=4, Hkv=2, n_max=20, D=16, cq=6, ck=11):
     (dict(cache_seqlens=[20, 21]), ValueError, "over the cache size"),
     (dict(cache_seqlens=[2, 5], num_queries=3), ValueError, "under num_queries"),
     (dict(cache_seqlens=[5, 6, 7]), ValueError, r"shape \(2,\)"),
+    # A CPU tensor is checked value by value, as a list is.
+    (dict(cache_seqlens=torch.tensor([20, 21], dtype=torch.int32)), ValueError, "over the cache size"),
+    (dict(cache_seqlens=torch.tensor([2, 5]), num_queries=3), ValueError, "under num_queries"),
+    (dict(cache_seqlens=torch.tensor([5, 6, 7], dtype=torch.int32)), ValueError, r"shape \(2,\)"),
     (dict(num_queries=0), ValueError, "between 1 and 16"),
     (dict(num_queries=2.0), TypeError, "num_queries"),
     (dict(num_splits=-1), ValueError, "num_splits"),

@@ -63,7 +63,8 @@ def test_small_head_dims_padded_in_16_bits(D, dtype, poisoned_outputs):
     run_case(3, dtype, D=D)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3, 12])  # 12: more splits than key tiles (300 keys, 32 a tile on CPU)
+# 12: more splits than key tiles (300 keys, 32 a tile on CPU: 10 tiles, run as 10 splits, mta.decode.splits_run)
+@pytest.mark.parametrize("num_splits", [1, 3, 12])
 def test_forced_split_counts(num_splits, poisoned_outputs):
     run_case(3, num_splits=num_splits, D=32)
 
@@ -111,6 +112,16 @@ def test_step_by_step_decoding_reproduces_the_full_forward():
     torch.testing.assert_close(rows, full, rtol=1e-5, atol=1e-5)
     last3 = mta.decode_attention(q[:, :, N - 3:], k, v, num_splits=3)
     torch.testing.assert_close(last3, full[:, :, N - 3:], rtol=1e-5, atol=1e-5)
+
+
+def test_bitwise_deterministic():
+    """Two calls give the same bits, with several splits merged and with one."""
+    q = rand(2, 4, 3, 16)
+    k, v = ragged_cache(2, 2, 100, 16, [100, 37], torch.float32)
+    for num_splits in (None, 1, 3):
+        first = mta.decode_attention(q, k, v, cache_seqlens=[100, 37], num_splits=num_splits)
+        second = mta.decode_attention(q, k, v, cache_seqlens=[100, 37], num_splits=num_splits)
+        assert torch.equal(first, second), num_splits
 
 
 def test_device_lengths_are_clamped_to_the_cache():
@@ -212,6 +223,10 @@ def inputs(B=2, Hq=4, Hkv=2, nq=1, n_max=20, D=16):
     (dict(cache_seqlens=[20, 21]), ValueError, "over the cache size"),
     (dict(cache_seqlens=[0, 5]), ValueError, "under Nq"),
     (dict(cache_seqlens=[5]), ValueError, r"shape \(2,\)"),
+    # A CPU tensor is checked value by value, as a list is.
+    (dict(cache_seqlens=torch.tensor([20, 21], dtype=torch.int32)), ValueError, "over the cache size"),
+    (dict(cache_seqlens=torch.tensor([0, 5])), ValueError, "under Nq"),
+    (dict(cache_seqlens=torch.tensor([5], dtype=torch.int32)), ValueError, r"shape \(2,\)"),
     (dict(cache_seqlens=torch.tensor([5.0, 6.0])), TypeError, "int32 or int64"),
     (dict(cache_seqlens=[5, 6.5]), TypeError, "list of ints"),
     (dict(cache_seqlens="5"), TypeError, "int tensor"),

@@ -115,6 +115,90 @@ def test_causality():
     assert not torch.allclose(after[:, :, t:], before[:, :, t:])
 
 
+def grads(q, k, v, do, causal=True):
+    """``(o, lse, dq, dk, dv)`` of ``<flash_attention(q, k, v), do>``."""
+    xs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    o, lse = mta.flash_attention(*xs, causal=causal, return_lse=True)
+    o.backward(do)
+    return (o.detach(), lse) + tuple(x.grad for x in xs)
+
+
+def test_gradients_are_exactly_causal():
+    """A loss on the outputs before t gives exactly zero dq, dk, dv at t and after, however big the future
+    queries, keys and values are (1e3); the rows before t are those of the problem truncated to t."""
+    N, t = 50, 21
+    q, k, v = rand_qkv(1, 2, 1, N, N, 16)
+    for x in (q, k, v):
+        x[:, :, t:] = 1e3
+    do = torch.randn(1, 2, N, 16, device=DEVICE)
+    do[:, :, t:] = 0
+    _, _, *full = grads(q, k, v, do)
+    _, _, *prefix = grads(q[:, :, :t], k[:, :, :t], v[:, :, :t], do[:, :, :t])
+    for name, g, want in zip(("dq", "dk", "dv"), full, prefix):
+        assert torch.isfinite(g).all(), name
+        assert torch.equal(g[:, :, t:], torch.zeros_like(g[:, :, t:])), f"{name} leaks into rows >= {t}"
+        assert g[:, :, :t].abs().amax() > 0, name
+        if ON_GPU:  # tiles of other sizes there may sum in another order
+            torch.testing.assert_close(g[:, :, :t], want, rtol=1e-6, atol=1e-6, msg=name)
+        else:  # bit for bit in the interpreter
+            assert torch.equal(g[:, :, :t], want), f"{name} differs from the prefix's"
+
+
+def test_bitwise_deterministic():
+    """Two calls give the same bits: output, lse and the gradients (GQA: dk, dv sum over a group)."""
+    q, k, v = rand_qkv(2, 4, 2, 40, 40, 16)
+    do = torch.randn(2, 4, 40, 16, device=DEVICE)
+    for causal in (True, False):
+        first, second = grads(q, k, v, do, causal), grads(q, k, v, do, causal)
+        for name, x, y in zip(("o", "lse", "dq", "dk", "dv"), first, second):
+            assert torch.equal(x, y), (name, causal)
+
+
+def flash_method_in_fp32(q, k, v, do, scale):
+    """``(o, lse, dq, dk, dv)``, causal, by the flash method in plain fp32 torch: ``P = exp(S - lse)`` from an
+    fp32 ``lse``, ``dS = P (dP - Delta)`` with ``Delta`` from ``O``."""
+    q, k, v, do = (x.detach().cpu().float() for x in (q, k, v, do))
+    G, n = q.shape[1] // k.shape[1], q.shape[2]
+    ke, ve = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    s = (scale * q @ ke.transpose(-1, -2)).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None])
+    o = p @ ve
+    ds = p * (do @ ve.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    dk, dv = scale * ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ do
+    return o, lse, scale * ds @ ke, dk.unflatten(1, (-1, G)).sum(2), dv.unflatten(1, (-1, G)).sum(2)
+
+
+# Beyond 3x the error of the same method in fp32 torch, relative errors (in norm) allowed at logits of about 1e3,
+# for o, lse, dq, dk, dv. The kernels' scores in base 2 (``s * scale * log2 e``, the lse times log2 e) are rounded
+# by about eps * 1e3, which moves the recomputed P, hence dv, by about 1e-4 (measured up to 1.2e-4 in fp32); in
+# fp16, P is rounded to fp16 before dS = P (dP - Delta), which nearly cancels in a saturated row and is then
+# multiplied by keys of size 16 (dq, dk measured up to 5e-3 relative).
+LARGE_LOGITS_TOL = {torch.float32: (5e-5, 1e-6, 1e-3, 1e-3, 1e-3), torch.float16: (5e-4, 1e-6, 2e-2, 2e-2, 1e-3)}
+
+
+@pytest.mark.parametrize("dtype,scale", [(torch.float32, 30.0), (torch.float16, 16.0)], ids=str)
+def test_large_logits(dtype, scale):
+    """q, k scaled (by 30 in fp32, 16 in fp16): logits of order 1e3, saturated softmax rows (dq, dk then nearly
+    vanish: their errors are bounded by those of the same method in fp32 torch). Output, lse and gradients are
+    finite and close to the float64 reference."""
+    q, k, v = rand_qkv(1, 2, 1, 50, 50, 16, dtype=dtype)
+    q, k = q * scale, k * scale
+    do = torch.randn(1, 2, 50, 16, device=DEVICE).to(dtype)
+    out = grads(q, k, v, do)
+    q64, k64, v64 = (x.cpu().double().requires_grad_() for x in (q, k, v))
+    ref_o, ref_lse = mta.naive_attention(q64, k64, v64, causal=True, return_lse=True)
+    ref_o.backward(do.cpu().double())
+    assert ref_lse.abs().amax() > 500  # the logits are large
+    fp32 = flash_method_in_fp32(q, k, v, do, 16 ** -0.5)
+    for name, x, y, z, tol in zip(("o", "lse", "dq", "dk", "dv"), out, (ref_o, ref_lse, q64.grad, k64.grad, v64.grad),
+                                  fp32, LARGE_LOGITS_TOL[dtype]):
+        x, y, z = x.double().cpu(), y.detach(), z.double()
+        assert torch.isfinite(x).all(), name
+        bound = 3 * (z - y).norm() + tol * y.norm() + ATOL * math.sqrt(y.numel())
+        assert (x - y).norm() <= bound, f"{name}: error {(x - y).norm():.3g} > {bound:.3g}"
+
+
 def test_bad_inputs_raise_clear_errors():
     q, k, v = rand_qkv(1, 2, 1, 8, 8, 16)
     with pytest.raises(TypeError, match="fp16, bf16 or fp32"):
@@ -123,7 +207,7 @@ def test_bad_inputs_raise_clear_errors():
         mta.flash_attention(*rand_qkv(1, 1, 1, 4, 4, 272))
     with pytest.raises(ValueError, match="multiple of kv heads"):
         mta.flash_attention(q, rand_qkv(1, 3, 3, 8, 8, 16)[1], rand_qkv(1, 3, 3, 8, 8, 16)[2])
-    with pytest.raises(ValueError, match="must be"):
+    with pytest.raises(ValueError, match=r"q must be (on the cpu|a cuda tensor), got meta"):
         mta.flash_attention(q.to("meta"), k.to("meta"), v.to("meta"))
 
 

@@ -92,13 +92,20 @@ def test_naive_attention_grad_finite_with_empty_rows():
     assert torch.equal(q.grad[0, 0, :3], torch.zeros(3, 4))
 
 
+# One rounding of the output to each dtype (its unit roundoff), beside which fp32's own errors are small.
+ROUNDING = {torch.float16: 2 ** -11, torch.bfloat16: 2 ** -8, torch.float32: 1e-6}
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_naive_attention_low_precision_dtype(dtype):
+    """Low-precision inputs are computed in fp32, as documented: the output is the float64 result of the same
+    (rounded) inputs, rounded once to ``dtype``. Computed in fp16 or bf16 it would be several roundings off."""
     q, k, v = rand_qkv(2, 2, 1, 33, 33, 16, dtype=dtype, device="cpu")
-    out = mta.naive_attention(q, k, v, causal=True)
-    assert out.dtype == dtype
-    ref = mta.naive_attention(q.double(), k.double(), v.double(), causal=True)
-    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)
+    out, lse = mta.naive_attention(q, k, v, causal=True, return_lse=True)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    ref, ref_lse = mta.naive_attention(q.double(), k.double(), v.double(), causal=True, return_lse=True)
+    torch.testing.assert_close(out.double(), ref, rtol=ROUNDING[dtype], atol=1e-6)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -149,13 +156,23 @@ def test_conv_reference_is_causal():
 
 
 def test_conv_reference_mixed_dtypes_and_autograd():
+    """fp16 activations with an fp32 weight: output and gradients in their inputs' dtypes, and the float64
+    values (the double sum's output, autograd's gradients of the float64 reference) to fp16 accuracy."""
     q, k, v = (t.requires_grad_() for t in rand_qkv(1, 2, 1, 10, 10, 8, dtype=torch.float16, device="cpu"))
     weight = rand(2, 2, 3, device="cpu", scale=0.2).requires_grad_()
     out = mta.conv_attention_reference(q, k, v, weight)
     assert out.dtype == torch.float16
     out.float().square().sum().backward()
-    for t in (q, k, v, weight):
-        assert t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0
+    xs64 = [t.detach().double().requires_grad_() for t in (q, k, v, weight)]
+    ref = mta.conv_attention_reference(*xs64)
+    torch.testing.assert_close(ref.detach(), conv_attention_by_double_sum(*(t.detach() for t in xs64), True, 8 ** -0.5),
+                               rtol=1e-11, atol=1e-11)
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=2 ** -11, atol=1e-6)
+    ref.square().sum().backward()
+    for name, t, t64 in zip(("q", "k", "v", "weight"), (q, k, v, weight), xs64):
+        assert t.grad is not None and t.grad.dtype == t.dtype, name
+        g, want = t.grad.double(), t64.grad
+        assert (g - want).norm() <= 2e-3 * want.norm(), name
 
 
 def test_conv_reference_gradcheck():
