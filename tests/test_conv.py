@@ -32,6 +32,11 @@ def poisoned_outputs(monkeypatch):
     monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
 
 
+#: The lse's absolute tolerance: the folded keys are rounded to the inputs' dtype (fp16 measured up to 6e-4 at
+#: |lse| ~ 5, bf16 2.6e-3 on an H100).
+LSE_ATOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
 def run_case(N, cq, ck, causal, dtype, Hq=2, Hkv=1, D=32, B=1):
     q, k, v = rand_qkv(B, Hq, Hkv, N, N, D, dtype=dtype)
     weight = rand(Hq, cq, ck, scale=0.2)  # fp32 weight, as a model keeps it
@@ -40,7 +45,7 @@ def run_case(N, cq, ck, causal, dtype, Hq=2, Hkv=1, D=32, B=1):
                                                 causal=causal, return_lse=True)
     assert out.dtype == dtype and out.shape == q.shape
     check(out, ref, TOL[dtype])
-    assert torch.allclose(lse.cpu().double(), ref_lse, rtol=1e-4, atol=1e-4 if dtype == torch.float32 else 2e-3)
+    assert torch.allclose(lse.cpu().double(), ref_lse, rtol=1e-4, atol=LSE_ATOL[dtype])
 
 
 @pytest.mark.parametrize("N", LENGTHS)

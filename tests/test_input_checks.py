@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mta
-from conftest import rand
+from conftest import DEVICE, rand
 
 
 def qkv(B=1, Hq=4, Hkv=2, Nq=8, Nk=8, D=16, dtype=torch.float32):
@@ -91,8 +91,8 @@ def test_bad_block_size(block):
 @pytest.mark.parametrize("causal", ["no", None, 1, torch.tensor(True)])
 def test_causal_must_be_a_bool(causal):
     """``bool("no")`` is True: anything but a bool is refused, not coerced."""
-    q, k, v = qkv()
-    w = torch.zeros(4, 2, 3)
+    q, k, v = (x.to(DEVICE) for x in qkv())
+    w = torch.zeros(4, 2, 3, device=DEVICE)
     for call in (lambda: mta.naive_attention(q, k, v, causal=causal),
                  lambda: mta.blocked_attention(q, k, v, block_size=4, causal=causal),
                  lambda: mta.conv_attention_reference(q, k, v, w, causal=causal),
@@ -108,7 +108,7 @@ def test_causal_must_be_a_bool(causal):
 def test_numpy_bools_and_ints_are_accepted():
     import numpy as np
 
-    q, k, v = qkv(Nq=1)
+    q, k, v = (x.to(DEVICE) for x in qkv(Nq=1))
     expected = mta.flash_attention(q, k, v, causal=True)
     assert torch.equal(mta.flash_attention(q, k, v, causal=np.bool_(True)), expected)
     assert torch.allclose(mta.decode_attention(q, k, v, num_splits=np.int64(2)), expected, atol=1e-5)
@@ -117,7 +117,7 @@ def test_numpy_bools_and_ints_are_accepted():
 @pytest.mark.parametrize("num_splits,error", [(2.0, TypeError), (True, TypeError), ("2", TypeError),
                                               (0, ValueError), (-1, ValueError)])
 def test_num_splits_of_the_op_path_too(num_splits, error):
-    q, k, v = qkv(Nq=1)
+    q, k, v = (x.to(DEVICE) for x in qkv(Nq=1))
     with pytest.raises(error, match="num_splits"):
         mta.ops.decode_attention(q, k, v, num_splits=num_splits)
 
@@ -125,7 +125,7 @@ def test_num_splits_of_the_op_path_too(num_splits, error):
 @pytest.mark.parametrize("lengths", [[2 ** 40, 5], [0, 5], [2 ** 63 - 1, 5]])
 def test_out_of_range_list_lengths_are_named_on_the_op_path(lengths):
     """The op takes a list as an int64 tensor: a length past int32 is named, not overflowed."""
-    q, k, v = qkv(B=2, Nq=1)
+    q, k, v = (x.to(DEVICE) for x in qkv(B=2, Nq=1))
     with pytest.raises(ValueError, match="cache_seqlens has a length"):
         mta.ops.decode_attention(q, k, v, cache_seqlens=lengths)
 
