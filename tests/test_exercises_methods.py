@@ -180,3 +180,20 @@ def test_ch06_split_decode_with_every_score_transposed():
             outs.append(torch.softmax(st, -2).transpose(-1, -2) @ vb)
         return torch.stack(outs)
     fails(ch06.check_split_decode(transposed), "scores of all 40 keys")
+
+
+def test_ch06_mta_rows_from_the_whole_prefix_by_hand():
+    """All positions' convolved scores, written out (no refused call): the right rows, but [L, L] scores."""
+    def whole_prefix(qc, k, v, w, lens, n):
+        outs = []
+        for b, L in enumerate(lens):
+            kb, vb = (x[b, :, :L].repeat_interleave(qc.shape[1] // k.shape[1], 0) for x in (k, v))
+            q = torch.nan_to_num(qc[b, :, :L])                       # rows before the window are NaN: unused
+            s = qc.shape[-1] ** -0.5 * q @ kb.transpose(-1, -2)      # [Hq, L, L]
+            future = torch.ones(L, L, dtype=torch.bool).triu(1)
+            cq, ck = w.shape[1:]
+            s = F.pad(s.masked_fill(future, 0.0), ((ck - 1) // 2, (ck - 1) // 2, cq - 1, 0))
+            c = F.conv2d(s[None], w[:, None], groups=w.shape[0])[0].masked_fill(future, float("-inf"))
+            outs.append(torch.softmax(c, -1)[:, L - n:] @ vb)
+        return torch.stack(outs)
+    fails(ch06.check_mta_decode_rows(whole_prefix), "only the window", "all 30 positions")

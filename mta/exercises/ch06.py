@@ -187,8 +187,18 @@ def check_mta_decode_rows(fn: Callable) -> Result:
             expect_close("o", got, want, atol=1e-10, rtol=1e-8)
         return case
 
+    def window_only():
+        (qc, k, v), gen = poisoned_caches(1, 2, 1, 30, 8, [30], 89, with_q_cache=True)
+        with WatchScores(30, 30) as watch, refusing(finished_attention()):
+            fn(qc, k, v, _randn(gen, 2, 3, 5, std=0.3), [30], 3)
+        if watch.seen is not None:
+            name, shape = watch.seen
+            raise CaseFailed(f"{name} made a float tensor of shape {shape}, the scores of all 30 positions against "
+                             "all 30 keys; only the window's cq - 1 + n = 5 queries are needed")
+
     return run_cases("exercise 3 (MTA decode rows from the query window)",
-                     [(name, make(shape, 80 + i)) for i, (name, shape) in enumerate(MTA_CASES)])
+                     [(name, make(shape, 80 + i)) for i, (name, shape) in enumerate(MTA_CASES)]
+                     + [("L=30, kernel 3x5, n=3: only the window's 5 queries' scores", window_only)])
 
 
 __all__ = ["COMBINE_CASES", "MTA_CASES", "SPLIT_CASES", "check_combine", "check_mta_decode_rows", "check_split_decode",
