@@ -83,6 +83,11 @@ def check_causal(causal) -> bool:
     raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
 
 
+def is_int_list(values) -> bool:
+    """Whether ``values`` is a list or tuple of Python ints (bools excluded: ``True`` is not a length)."""
+    return isinstance(values, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in values)
+
+
 def check_count(name: str, value, *, minimum: int = 1) -> int:
     """An integer argument (a Python or numpy int, not a bool) of at least ``minimum``: TypeError for another kind of
     object, ValueError for a smaller value."""

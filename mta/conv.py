@@ -484,8 +484,8 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
         raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={conv_forward.MAX_CQ} and ck={conv_forward.MAX_CK} here")
     if torch.compiler.is_compiling():  # traced: the custom op keeps the launcher out of the graph (mta.ops)
         from . import ops
-        return ops.conv_attention(q, k, v, weight, causal=bool(causal), scale=scale, return_lse=return_lse)
+        return ops.conv_attention(q, k, v, weight, causal=causal, scale=scale, return_lse=return_lse)
     scale = resolve_scale(scale, D)
-    compile_conv_ahead(q, k, v, weight, bool(causal), scale)
-    o, lse = ConvAttention.apply(q, k, v, weight, bool(causal), scale)
+    compile_conv_ahead(q, k, v, weight, causal, scale)
+    o, lse = ConvAttention.apply(q, k, v, weight, causal, scale)
     return (o, lse) if return_lse else o

@@ -11,7 +11,7 @@ import functools
 import torch
 
 from . import runtime, tuning
-from ._checks import check_count, resolve_scale
+from ._checks import check_count, is_int_list, resolve_scale
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
 from .launch import batch_chunks, cdiv, check_kernel_inputs, dot_precision, head_dim_block, launch, next_power_of_2
 
@@ -166,7 +166,7 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
     if cache_seqlens is None:
         return None
     if isinstance(cache_seqlens, (list, tuple)):
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in cache_seqlens):
+        if not is_int_list(cache_seqlens):
             raise TypeError("cache_seqlens must be a list of ints or an int tensor")
         if cache_seqlens:  # values checked before the int32 conversion, which would overflow on a huge one
             _check_length_range(min(cache_seqlens), max(cache_seqlens), n_min, n_max, what)

@@ -121,8 +121,8 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     causal = check_causal(causal)
     if torch.compiler.is_compiling():  # traced: the custom op keeps the launcher out of the graph (mta.ops)
         from . import ops
-        return ops.flash_attention(q, k, v, causal=bool(causal), scale=scale, return_lse=return_lse)
+        return ops.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
     scale = resolve_scale(scale, D)
-    compile_flash_ahead(q, k, v, bool(causal), scale)
-    o, lse = FlashAttention.apply(q, k, v, bool(causal), scale)
+    compile_flash_ahead(q, k, v, causal, scale)
+    o, lse = FlashAttention.apply(q, k, v, causal, scale)
     return (o, lse) if return_lse else o

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from ._checks import check_count
+from ._checks import check_count, is_int_list
 
 #: What the decode kernels read.
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -133,8 +133,7 @@ def _int_lengths(lengths) -> torch.Tensor:
         if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
             raise TypeError(f"lengths must be integers, got a {lengths.dtype} tensor")
         return lengths.to("cpu", torch.int64)
-    if not isinstance(lengths, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                         for x in lengths):
+    if not is_int_list(lengths):
         raise TypeError(f"lengths must be an integer tensor or a list of ints, got {lengths!r}")
     return torch.tensor(lengths, dtype=torch.int64)
 

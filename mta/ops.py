@@ -29,7 +29,7 @@ import torch
 
 from . import conv as _conv
 from . import flash as _flash
-from ._checks import check_causal, check_weight, resolve_scale
+from ._checks import check_causal, check_weight, is_int_list, resolve_scale
 from .decode import check_num_splits
 from .launch import check_kernel_inputs
 from .conv_decode import conv_decode_attention as _conv_decode_attention
@@ -94,8 +94,8 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     check_weight(weight, num_heads=q.shape[1], device=q.device)
     causal = check_causal(causal)
     scale = resolve_scale(scale, q.shape[-1])
-    _conv.compile_conv_ahead(q, k, v, weight, bool(causal), scale)  # eager first calls only
-    o, lse = torch.ops.mta.conv_attention(q, k, v, weight, bool(causal), scale)
+    _conv.compile_conv_ahead(q, k, v, weight, causal, scale)  # eager first calls only
+    o, lse = torch.ops.mta.conv_attention(q, k, v, weight, causal, scale)
     return (o, lse) if return_lse else o
 
 
@@ -149,8 +149,8 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     check_kernel_inputs(q, k, v)
     causal = check_causal(causal)
     scale = resolve_scale(scale, q.shape[-1])
-    _flash.compile_flash_ahead(q, k, v, bool(causal), scale)  # eager first calls only
-    o, lse = torch.ops.mta.flash_attention(q, k, v, bool(causal), scale)
+    _flash.compile_flash_ahead(q, k, v, causal, scale)  # eager first calls only
+    o, lse = torch.ops.mta.flash_attention(q, k, v, causal, scale)
     return (o, lse) if return_lse else o
 
 
@@ -188,7 +188,7 @@ def _seqlens(cache_seqlens) -> Optional[torch.Tensor]:
     # A custom op takes tensors, not lists: a list becomes a CPU int64 tensor, checked on the host inside the op
     # (int64, so that a huge length is named there rather than overflowing an int32 conversion here).
     if isinstance(cache_seqlens, (list, tuple)):
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in cache_seqlens):
+        if not is_int_list(cache_seqlens):
             raise TypeError("cache_seqlens must be a list of ints or an int tensor")
         return torch.tensor(cache_seqlens, dtype=torch.int64)
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):

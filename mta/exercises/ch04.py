@@ -22,8 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .. import runtime
-from .. import conv
+from .. import conv, runtime
 from ..conv import diagonal_reach
 from ..kernel_parts import key_tile_bounds
 from . import (CaseFailed, Result, expect_close, expect_equal, finished_attention, own_triton_kernel, refusing,
