@@ -197,3 +197,26 @@ def test_ch06_mta_rows_from_the_whole_prefix_by_hand():
             outs.append(torch.softmax(c, -1)[:, L - n:] @ vb)
         return torch.stack(outs)
     fails(ch06.check_mta_decode_rows(whole_prefix), "only the window", "all 30 positions")
+
+
+def test_ch06_mta_rows_walking_every_position():
+    """Every position's row from its own cq queries, one position at a time: the kept rows are right (their
+    windows hold no NaN), but the walk multiplies the query rows before the window."""
+    def walk(qc, k, v, w, lens, n):
+        Hq, D = qc.shape[1], qc.shape[-1]
+        cq, ck = w.shape[1:]
+        pk = (ck - 1) // 2
+        outs = []
+        for b, L in enumerate(lens):
+            kb, vb = (x[b, :, :L].repeat_interleave(Hq // k.shape[1], 0) for x in (k, v))
+            keys = torch.arange(L)
+            rows = []
+            for t in range(L):
+                pos = torch.arange(t - cq + 1, t + 1)
+                q = torch.where((pos >= 0)[:, None], qc[b][:, pos.clamp_min(0)], 0.0)      # [Hq, cq, D]
+                s = (D ** -0.5 * q @ kb.transpose(-1, -2)).masked_fill(keys > pos[:, None], 0.0)
+                c = F.conv2d(F.pad(s, (pk, pk))[None], w[:, None], groups=Hq)[0]          # [Hq, 1, L]
+                rows.append(torch.softmax(c.masked_fill(keys > t, float("-inf")), -1) @ vb)
+            outs.append(torch.cat(rows, 1)[:, L - n:])
+        return torch.stack(outs)
+    fails(ch06.check_mta_decode_rows(walk), "gave NaN", "walking every position")

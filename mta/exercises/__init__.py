@@ -51,6 +51,27 @@ class WatchScores(TorchFunctionMode):
         return out
 
 
+#: The products a score matrix comes from.
+PRODUCTS = frozenset({"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm", "einsum", "linear", "tensordot"})
+
+
+class WatchNaNProducts(TorchFunctionMode):
+    """Notes the first product (:data:`PRODUCTS`) whose floating-point result holds a NaN while active: with the
+    unneeded rows of a cache set to NaN, such a product read rows it had no use for (even if the rows it kept are
+    right)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (self.seen is None and getattr(func, "__name__", None) in PRODUCTS and isinstance(out, torch.Tensor)
+                and out.is_floating_point() and bool(out.isnan().any())):
+            self.seen = (func.__name__, tuple(out.shape))
+        return out
+
+
 class CaseFailed(Exception):
     """Raised inside a case to report why it fails (the checker catches it)."""
 

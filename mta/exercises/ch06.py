@@ -19,8 +19,8 @@ import torch
 
 from ..online_softmax import attention_state, finalize_state
 from ..reference import conv_attention_reference, naive_attention
-from . import (CaseFailed, Result, WatchScores, expect_close, expect_equal, finished_attention, own_triton_kernel,
-               refusing, run_cases)
+from . import (CaseFailed, Result, WatchNaNProducts, WatchScores, expect_close, expect_equal, finished_attention,
+               own_triton_kernel, refusing, run_cases)
 
 
 def _randn(gen, *shape, std=1.0):
@@ -189,12 +189,18 @@ def check_mta_decode_rows(fn: Callable) -> Result:
 
     def window_only():
         (qc, k, v), gen = poisoned_caches(1, 2, 1, 30, 8, [30], 89, with_q_cache=True)
-        with WatchScores(30, 30) as watch, refusing(finished_attention()):
+        qc[:, :, :30 - 5] = float("nan")  # before the window: never needed
+        with WatchScores(30, 30) as watch, WatchNaNProducts() as nan_watch, refusing(finished_attention()):
             fn(qc, k, v, _randn(gen, 2, 3, 5, std=0.3), [30], 3)
         if watch.seen is not None:
             name, shape = watch.seen
             raise CaseFailed(f"{name} made a float tensor of shape {shape}, the scores of all 30 positions against "
                              "all 30 keys; only the window's cq - 1 + n = 5 queries are needed")
+        if nan_watch.seen is not None:
+            name, shape = nan_watch.seen
+            raise CaseFailed(f"{name} gave NaN (shape {shape}): it multiplied query rows before the window (set to "
+                             "NaN here), e.g. walking every position one at a time; only the window's cq - 1 + n = 5 "
+                             "queries are needed")
 
     return run_cases("exercise 3 (MTA decode rows from the query window)",
                      [(name, make(shape, 80 + i)) for i, (name, shape) in enumerate(MTA_CASES)]
