@@ -270,6 +270,18 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
     return config
 
 
+def post_pass_tile(width: int, max_rows: int, warps: int = 2) -> tuple[int, int]:
+    """``(rows, num_warps)`` of a backward post-pass over ``[rows, width]`` fp32 tiles: each tile 32 registers a
+    thread over ``warps`` warps (at least 16 rows, at most ``max_rows``; more warps where 16 rows are wider than
+    that). On an H100 (6 x 11, bf16, N = 8192) the near kernel at 128 rows over 2 warps and the dK fold at 32 (d = 64)
+    or 16 (d = 128) rows over 2 warps took 0.054 / 0.108 ms and 0.134 / 0.508 ms, against 0.096 / 0.282 and
+    0.164 / 0.659 with 64 or 32 rows over 4 (``notes/h100_2026-11-24h/post_pass_tiles.log``)."""
+    if runtime.INTERPRET:  # the interpreter pays per operation: long tiles
+        return 128, 4
+    rows = max(16, min(max_rows, 32 * 32 * warps // width))
+    return rows, max(warps, rows * width // 1024)
+
+
 def _one_stage_for_groups(config: dict) -> dict:
     """The dK/dV side's tile with queries as rows, for GQA: its program loops over a group's query heads around
     its pipelined walk, and with two stages there Triton 3.6 on an H100 gave wrong dK and dweight at some tiles
@@ -372,9 +384,10 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     if near:
         pv = past_scores(do, v, e - 1)  # dO_i . v_{i - delta} on the E masked diagonals
         g = torch.empty((B, Hq, N, ep_pad), device=dev, dtype=torch.float32)
-        dwn = torch.empty((tiles, B, Hq, cq, ck), device=dev, dtype=torch.float32)
-        launch(conv_near_kernel, (tiles, B * Hq), cd, pv, pq, lse, delta, w, g, dwn, N, Hq, scale,
-               CQ=cq, CK=ck, E=e, E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=block_r, num_warps=4)
+        near_rows, near_warps = post_pass_tile(ep_pad, 128)
+        dwn = torch.empty((cdiv(N, near_rows), B, Hq, cq, ck), device=dev, dtype=torch.float32)
+        launch(conv_near_kernel, (cdiv(N, near_rows), B * Hq), cd, pv, pq, lse, delta, w, g, dwn, N, Hq, scale,
+               CQ=cq, CK=ck, E=e, E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=near_rows, num_warps=near_warps)
         dw_parts.append(dwn)
         del pv
     else:
@@ -407,10 +420,11 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
                  dtype=q.dtype, config=dkdv_tile, fit=fit_dkdv, key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     del kf
     dk = empty_contiguous(k)
-    dwf = torch.empty((tiles, B, Hq, cq, ck), device=dev, dtype=torch.float32)
-    launch(conv_dk_fold_kernel, (tiles, B * Hkv), u, g, q, k, w, dk, dwf, *q.stride(), *k.stride(), *dk.stride(),
-           N, Hkv, Hq // Hkv, scale, NEAR=near, CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past,
-           EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4)
+    fold_rows, fold_warps = post_pass_tile(block_d, 64)
+    dwf = torch.empty((cdiv(N, fold_rows), B, Hq, cq, ck), device=dev, dtype=torch.float32)
+    launch(conv_dk_fold_kernel, (cdiv(N, fold_rows), B * Hkv), u, g, q, k, w, dk, dwf, *q.stride(), *k.stride(),
+           *dk.stride(), N, Hkv, Hq // Hkv, scale, NEAR=near, CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past,
+           EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=fold_rows, num_warps=fold_warps)
     dw_parts.append(dwf)
     if in_dry_run():
         return dq, dk, dv, None
