@@ -271,12 +271,11 @@ def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d
 
 
 def post_pass_tile(width: int, max_rows: int, warps: int = 2) -> tuple[int, int]:
-    """``(rows, num_warps)`` of a backward post-pass over ``[rows, width]`` fp32 tiles: each tile 32 registers a
-    thread over ``warps`` warps (at least 16 rows, at most ``max_rows``; more warps where 16 rows are wider than
-    that). On an H100 (6 x 11, bf16, N = 8192) the near kernel at 128 rows over 2 warps and the dK fold at 32 (d = 64)
-    or 16 (d = 128) rows over 2 warps took 0.054 / 0.108 ms and 0.134 / 0.508 ms, against 0.096 / 0.282 and
-    0.164 / 0.659 with 64 or 32 rows over 4 (``notes/h100_2026-11-24h/post_pass_tiles.log``)."""
-    if runtime.INTERPRET:  # the interpreter pays per operation: long tiles
+    """``(rows, num_warps)`` of a memory-bound backward post-pass over ``[rows, width]`` fp32 tiles: each tile 32
+    registers a thread over ``warps`` warps (at least 16 rows, at most ``max_rows``; more warps where 16 rows are
+    wider than that), so a few tiles live in registers without spills. The near kernel and the dK fold run fastest
+    over 2 warps on an H100, the dQ fold over 4 (``notes/performance.md``, 2026-11-24, eighth session)."""
+    if runtime.INTERPRET:  # the interpreter pays per operation, not per element: long tiles
         return 128, 4
     rows = max(16, min(max_rows, 32 * 32 * warps // width))
     return rows, max(warps, rows * width // 1024)
@@ -375,10 +374,6 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     # logits of 1e3, tf32x3's 4x larger product error moved dV by 4x the fp32 rounding of the same method).
     meta = dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=e_pad, QA=qa, QB=qb, D=D, BLOCK_D=block_d,
                 PRECISION=dot_precision(q.dtype, split_fp32=False))
-    # Post-passes: memory-bound. The interpreter pays per operation, so it gets long tiles; on a GPU the folds'
-    # tiles shrink with the head dim (a few fp32 [rows, block_d] tiles live in registers: no spills).
-    block_r = 128 if runtime.INTERPRET else max(16, min(64, 4096 // block_d))
-    tiles = cdiv(N, block_r)
     ep_pad = _pad16(e_past + 1)
     dw_parts = []
     if near:
@@ -401,8 +396,10 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
                  fit=lambda tile: _fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
                  key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     dq = empty_contiguous(q)
-    launch(conv_dq_fold_kernel, (tiles, B * Hq), gq, g, k, dq, *k.stride(), *dq.stride(), N, Hq, Hq // Hkv, scale,
-           NEAR=near, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4)
+    dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
+    launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), gq, g, k, dq, *k.stride(), *dq.stride(), N, Hq,
+           Hq // Hkv, scale, NEAR=near, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=dq_rows,
+           num_warps=dq_warps)
     del gq
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
