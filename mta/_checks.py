@@ -19,6 +19,8 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def check_tensor(name: str, x, *, ndim: int) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided:  # the kernels address memory through strides
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be a floating-point tensor (fp16, bf16, fp32, fp64), got {x.dtype}")
     if x.ndim != ndim:
@@ -69,11 +71,15 @@ def resolve_scale(scale, head_dim: int) -> float:
         return head_dim ** -0.5
     if isinstance(scale, torch.SymFloat):  # traced with dynamic shapes: a value only known when the graph runs
         return scale
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a Python number or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
-    return float(scale)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    try:
+        value = float(scale)
+    except OverflowError:  # an int too large for a float
+        value = math.inf
+    if not math.isfinite(value):
+        raise ValueError(f"scale must be finite, got {value}")
+    return value
 
 
 def check_causal(causal) -> bool:
@@ -83,9 +89,14 @@ def check_causal(causal) -> bool:
     raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
 
 
+def is_int(value) -> bool:
+    """Whether ``value`` is an integer (Python's or numpy's), not a bool: ``True`` is not a length."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def is_int_list(values) -> bool:
-    """Whether ``values`` is a list or tuple of Python ints (bools excluded: ``True`` is not a length)."""
-    return isinstance(values, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in values)
+    """Whether ``values`` is a list or tuple of integers (:func:`is_int`)."""
+    return isinstance(values, (list, tuple)) and all(is_int(x) for x in values)
 
 
 def check_count(name: str, value, *, minimum: int = 1) -> int:

@@ -11,7 +11,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from . import conv_forward
-from ._checks import check_weight, resolve_scale
+from ._checks import check_weight, is_int, resolve_scale
 from .conv_decode_rows import conv_decode_rows
 from .decode import check_new_queries, check_num_splits, check_seqlens, launch_decode
 from .decode_kernels import fold_queries_kernel
@@ -66,13 +66,15 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
         ``[B, Hq, num_queries, D]`` in q_cache's dtype. Where the split kernel does not fit in the GPU's shared
         memory (fp32 with wide key-axis kernels at head dims over 64), the same rows from
         :func:`mta.conv_decode_rows.conv_decode_rows` (PyTorch, unfused, one pass over the cache).
-        Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only.
+        Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only. For inference: the result
+        carries no gradient, even where an input requires one (eager or compiled).
     """
     B, Hq, Hkv, n_q, n_max, D = check_kernel_inputs(q_cache, k_cache, v_cache, per_kv_head=True)
     if n_q != n_max:
         raise ValueError(f"q_cache and k_cache must hold as many positions, got {n_q} and {n_max}")
-    if isinstance(num_queries, bool) or not isinstance(num_queries, int):
+    if not is_int(num_queries):
         raise TypeError(f"num_queries must be an int, got {type(num_queries).__name__}")
+    num_queries = int(num_queries)
     check_new_queries(num_queries, n_max, "num_queries")
     cq, ck = check_weight(weight, num_heads=Hq, device=q_cache.device)
     if cq > conv_forward.MAX_CQ or ck > conv_forward.MAX_CK:

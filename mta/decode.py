@@ -282,6 +282,7 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
 
     Returns:
         ``[B, Hq, Nq, D]`` in q's dtype. Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32.
+        For inference: the result carries no gradient, even where an input requires one (eager or compiled).
     """
     B, Hq, Hkv, Nq, n_max, D = check_kernel_inputs(q, k_cache, v_cache, per_kv_head=True)
     check_new_queries(Nq, n_max, "Nq (new queries)")

@@ -29,7 +29,7 @@ import torch
 
 from . import conv as _conv
 from . import flash as _flash
-from ._checks import check_causal, check_weight, is_int_list, resolve_scale
+from ._checks import check_causal, check_weight, is_int, is_int_list, resolve_scale
 from .decode import check_num_splits
 from .launch import check_kernel_inputs
 from .conv_decode import conv_decode_attention as _conv_decode_attention
@@ -184,6 +184,20 @@ def _(q_cache, k_cache, v_cache, weight, cache_seqlens, num_queries, scale, num_
     return q_cache.new_empty((B, Hq, num_queries, D))
 
 
+def _not_differentiable(ctx, inputs, output):
+    # Decode is for inference: its output carries no gradient, under torch.compile as when called eagerly (the
+    # launchers run outside autograd), instead of failing to compile where an input requires grad.
+    ctx.mark_non_differentiable(output)
+
+
+def _no_backward(ctx, do):
+    raise RuntimeError("mta's decode kernels have no backward (their outputs are marked non-differentiable)")
+
+
+for _op in (_decode_attention_op, _conv_decode_attention_op):
+    _op.register_autograd(_no_backward, setup_context=_not_differentiable)
+
+
 def _seqlens(cache_seqlens) -> Optional[torch.Tensor]:
     # A custom op takes tensors, not lists: a list becomes a CPU int64 tensor, checked on the host inside the op
     # (int64, so that a huge length is named there rather than overflowing an int32 conversion here).
@@ -224,8 +238,9 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
     check_kernel_inputs(q_cache, k_cache, v_cache, per_kv_head=True)
     check_weight(weight, num_heads=q_cache.shape[1], device=q_cache.device)
     num_splits = check_num_splits(num_splits)
-    if isinstance(num_queries, bool) or not isinstance(num_queries, int):
+    if not is_int(num_queries):
         raise TypeError(f"num_queries must be an int, got {type(num_queries).__name__}")
+    num_queries = int(num_queries)
     return torch.ops.mta.conv_decode_attention(q_cache, k_cache, v_cache, weight, _seqlens(cache_seqlens),
                                                num_queries, resolve_scale(scale, q_cache.shape[-1]), num_splits)
 

@@ -80,6 +80,32 @@ def test_bad_scale(scale, error):
         mta.naive_attention(*qkv(), scale=scale)
 
 
+def test_numpy_scales_and_an_overflowing_one():
+    import numpy as np
+
+    q, k, v = qkv()
+    expected = mta.naive_attention(q, k, v, scale=0.25)
+    for scale in (np.float32(0.25), np.float64(0.25), np.int64(1) / 4):
+        assert torch.equal(mta.naive_attention(q, k, v, scale=scale), expected)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        mta.naive_attention(q, k, v, scale=2 ** 1100)  # no float holds it: named, not an OverflowError
+
+
+@pytest.mark.parametrize("which", ["q", "k", "weight"])
+def test_sparse_tensors_are_refused_by_name(which):
+    """The kernels address memory through strides: a sparse layout is named, not met inside Triton."""
+    q, k, v = (x.to(DEVICE) for x in qkv(Nq=6, Nk=6))
+    x = {"q": q, "k": k, "v": v, "w": torch.zeros(4, 2, 3, device=DEVICE)}
+    x[which[0]] = x[which[0]].to_sparse()
+    calls = [lambda: mta.conv_attention(x["q"], x["k"], x["v"], x["w"]),
+             lambda: mta.conv_decode_attention(x["q"], x["k"], x["v"], x["w"])]
+    if which != "weight":
+        calls += [lambda: mta.flash_attention(x["q"], x["k"], x["v"]), lambda: mta.decode_attention(x["q"], x["k"], x["v"])]
+    for call in calls:
+        with pytest.raises(TypeError, match=f"{which} must be a dense"):
+            call()
+
+
 @pytest.mark.parametrize("block", [0, -3, 2.5, True])
 def test_bad_block_size(block):
     with pytest.raises(ValueError, match="block_size"):
@@ -112,6 +138,13 @@ def test_numpy_bools_and_ints_are_accepted():
     expected = mta.flash_attention(q, k, v, causal=True)
     assert torch.equal(mta.flash_attention(q, k, v, causal=np.bool_(True)), expected)
     assert torch.allclose(mta.decode_attention(q, k, v, num_splits=np.int64(2)), expected, atol=1e-5)
+    lengths = [np.int64(8)]
+    assert torch.allclose(mta.decode_attention(q, k, v, cache_seqlens=lengths), expected, atol=1e-5)
+    assert torch.allclose(mta.ops.decode_attention(q, k, v, cache_seqlens=lengths), expected, atol=1e-5)
+    q_cache, w = q.expand(-1, -1, 8, -1), torch.zeros(4, 2, 3, device=DEVICE)
+    want = mta.conv_decode_attention(q_cache, k, v, w, num_queries=2)
+    for fn in (mta.conv_decode_attention, mta.ops.conv_decode_attention):
+        assert torch.equal(fn(q_cache, k, v, w, num_queries=np.int64(2), cache_seqlens=lengths), want)
 
 
 @pytest.mark.parametrize("num_splits,error", [(2.0, TypeError), (True, TypeError), ("2", TypeError),

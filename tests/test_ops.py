@@ -150,3 +150,18 @@ def test_compile_fullgraph_through_the_public_functions():
         torch.testing.assert_close(got, want, **TOL)
     with pytest.raises(ValueError, match="over the cache size"):
         compiled_step([10, 4])
+
+
+def test_compiled_decode_with_inputs_that_require_grad():
+    """Decode is for inference: eager or compiled, its output carries no gradient, also where an input (a weight
+    that is a parameter, queries from a projection) requires grad; the compiled function runs instead of failing."""
+    q_cache, k, v = rand(1, 2, 9, 16).requires_grad_(), rand(1, 1, 9, 16), rand(1, 1, 9, 16)
+    w = torch.nn.Parameter(rand(2, 2, 3, scale=0.3))
+
+    def step(q_cache, w):
+        return (mta.decode_attention(q_cache[:, :, -2:], k, v),
+                mta.conv_decode_attention(q_cache, k, v, w, num_queries=2))
+
+    for got, want in zip(torch.compile(step, fullgraph=True, backend="aot_eager")(q_cache, w), step(q_cache, w)):
+        assert not got.requires_grad and not want.requires_grad
+        torch.testing.assert_close(got, want, **TOL)
