@@ -484,7 +484,9 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     (:func:`backward_fits`; e.g. ``cq > 12`` at d = 256 in bf16): their gradients come from
     :mod:`mta.conv_chunked`, exact and deterministic but unfused (blocks of query rows in PyTorch, much slower).
 
-    Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only.
+    Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only. The folded keys
+    ``sum_b W[a, b] k[j - pk + b]`` are tensor-core operands in the input dtype, so in fp16 they must stay within
+    its range (``|.| < 65504``; inputs near that limit overflow to NaN); bf16 and fp32 have the range of fp32.
     """
     _, Hq, _, Nq, Nk, D = check_kernel_inputs(q, k, v)
     if Nq != Nk:

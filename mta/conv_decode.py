@@ -67,7 +67,8 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
         memory (fp32 with wide key-axis kernels at head dims over 64), the same rows from
         :func:`mta.conv_decode_rows.conv_decode_rows` (PyTorch, unfused, one pass over the cache).
         Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only. For inference: the result
-        carries no gradient, even where an input requires one (eager or compiled).
+        carries no gradient, even where an input requires one (eager or compiled). The folded queries are
+        tensor-core operands in the input dtype: in fp16 they must stay under 65504 in magnitude.
     """
     B, Hq, Hkv, n_q, n_max, D = check_kernel_inputs(q_cache, k_cache, v_cache, per_kv_head=True)
     if n_q != n_max:
