@@ -73,6 +73,8 @@ def resolve_scale(scale, head_dim: int) -> float:
         return scale
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if torch.compiler.is_compiling():  # the value may be symbolic here: the op checks it when the graph runs
+        return scale
     try:
         value = float(scale)
     except OverflowError:  # an int too large for a float
@@ -82,11 +84,12 @@ def resolve_scale(scale, head_dim: int) -> float:
     return value
 
 
-def check_causal(causal) -> bool:
-    """``causal`` as a Python bool: a bool (Python's or numpy's), nothing else (``causal="no"`` is not False)."""
+def check_causal(causal, name: str = "causal") -> bool:
+    """``causal`` (or another flag, ``name``) as a Python bool: a bool (Python's or numpy's), nothing else
+    (``causal="no"`` is not False)."""
     if isinstance(causal, bool) or (type(causal).__module__ == "numpy" and type(causal).__name__ in ("bool", "bool_")):
         return bool(causal)
-    raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    raise TypeError(f"{name} must be a bool, got {type(causal).__name__} {causal!r}")
 
 
 def is_int(value) -> bool:

@@ -485,14 +485,16 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     :mod:`mta.conv_chunked`, exact and deterministic but unfused (blocks of query rows in PyTorch, much slower).
 
     Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only. The folded keys
-    ``sum_b W[a, b] k[j - pk + b]`` are tensor-core operands in the input dtype, so in fp16 they must stay within
-    its range (``|.| < 65504``; inputs near that limit overflow to NaN); bf16 and fp32 have the range of fp32.
+    ``Kf_a[j] = sum_b W[a, b] k[j - pk + b]`` are tensor-core operands in the input dtype: one rounding of that
+    dtype that the definition (scores in fp32 from the inputs) does not have. It weighs as much as the scores are
+    large (fp16 with logits in the hundreds: gradients a few tens of percent off), and in fp16 each ``Kf_a`` entry
+    must stay under 65504 in magnitude (keys of 3000 under a 1 x 33 kernel of ones already overflow, to NaN rows).
     """
     _, Hq, _, Nq, Nk, D = check_kernel_inputs(q, k, v)
     if Nq != Nk:
         raise ValueError(f"conv attention needs as many queries as keys, got Nq={Nq}, Nk={Nk}")
     cq, ck = check_weight(weight, num_heads=Hq, device=q.device)
-    causal = check_causal(causal)
+    causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
     if cq > conv_forward.MAX_CQ or ck > conv_forward.MAX_CK:
         raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={conv_forward.MAX_CQ} and ck={conv_forward.MAX_CK} here")
     if torch.compiler.is_compiling():  # traced: the custom op keeps the launcher out of the graph (mta.ops)

@@ -118,7 +118,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     fp32 inputs get fp32-accurate products (three TF32 products each, :func:`mta.launch.dot_precision`).
     """
     D = check_kernel_inputs(q, k, v)[5]
-    causal = check_causal(causal)
+    causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
     if torch.compiler.is_compiling():  # traced: the custom op keeps the launcher out of the graph (mta.ops)
         from . import ops
         return ops.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse)

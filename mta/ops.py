@@ -92,7 +92,7 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     """
     check_kernel_inputs(q, k, v)  # here too: the op's schema would turn a wrong argument into another error
     check_weight(weight, num_heads=q.shape[1], device=q.device)
-    causal = check_causal(causal)
+    causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
     scale = resolve_scale(scale, q.shape[-1])
     _conv.compile_conv_ahead(q, k, v, weight, causal, scale)  # eager first calls only
     o, lse = torch.ops.mta.conv_attention(q, k, v, weight, causal, scale)
@@ -147,7 +147,7 @@ _flash_attention_op.register_autograd(_flash_backward, setup_context=_flash_setu
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):
     """:func:`mta.flash_attention` through the ``mta::flash_attention`` op (same arguments, same results)."""
     check_kernel_inputs(q, k, v)
-    causal = check_causal(causal)
+    causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
     scale = resolve_scale(scale, q.shape[-1])
     _flash.compile_flash_ahead(q, k, v, causal, scale)  # eager first calls only
     o, lse = torch.ops.mta.flash_attention(q, k, v, causal, scale)
@@ -155,7 +155,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Decode (inference only: no autograd formula)
+# Decode (inference only: the outputs are marked non-differentiable)
 
 
 @torch.library.custom_op("mta::decode_attention", mutates_args=())

@@ -129,6 +129,12 @@ def test_causal_must_be_a_bool(causal):
                  lambda: mta.ops.conv_attention(q, k, v, w, causal=causal)):
         with pytest.raises(TypeError, match="causal must be a bool"):
             call()
+    for call in (lambda: mta.flash_attention(q, k, v, return_lse=causal),
+                 lambda: mta.conv_attention(q, k, v, w, return_lse=causal),
+                 lambda: mta.ops.flash_attention(q, k, v, return_lse=causal),
+                 lambda: mta.ops.conv_attention(q, k, v, w, return_lse=causal)):
+        with pytest.raises(TypeError, match="return_lse must be a bool"):
+            call()
 
 
 def test_numpy_bools_and_ints_are_accepted():

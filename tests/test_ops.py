@@ -96,6 +96,27 @@ def test_compile_with_dynamic_shapes_and_the_default_scale(fn):
         torch.testing.assert_close(compiled(q, k, v), f(q, k, v), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("fn", ["flash", "conv"])
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_compile_with_an_explicit_scale(fn, dynamic):
+    """A scale passed in (or derived from a shape) becomes symbolic when dynamo recompiles for a second value: it
+    too reaches the op unchecked and is checked there, where it is a number again."""
+    w = rand(2, 2, 3, scale=0.3)
+
+    def f(q, k, v, s):
+        if fn == "flash":
+            return mta.flash_attention(q, k, v, causal=True, scale=s)
+        return mta.conv_attention(q, k, v, w, scale=s) + mta.conv_attention(q, k, v, w, scale=q.shape[-1] ** -0.5)
+
+    torch._dynamo.reset()  # f's code is the same in every case: its recompiles would add up to dynamo's limit
+    compiled = torch.compile(f, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    q, k, v = rand_qkv(1, 2, 1, 7, 7, 16)
+    for s in (0.3, 0.5, 0.7):
+        torch.testing.assert_close(compiled(q, k, v, s), f(q, k, v, s), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        compiled(q, k, v, float("inf"))
+
+
 @pytest.mark.parametrize("op,args", [
     ("conv_attention", lambda: (*rand_qkv(1, 2, 1, 6, 6, 16), rand(2, 2, 3), True, 0.25)),
     ("flash_attention", lambda: (*rand_qkv(1, 2, 1, 6, 6, 16), True, 0.25)),
