@@ -19,11 +19,12 @@ MESSAGE = ("mta's fused kernels are differentiable once: trying to differentiate
 
 
 class _RaisesWhenDifferentiated(torch.autograd.Function):
-    """Identity on its inputs; its backward raises."""
+    """Identity on its inputs (copies: a view made inside a Function could not be modified in place, as a
+    gradient may be); its backward raises."""
 
     @staticmethod
     def forward(ctx, *grads):
-        return tuple(g.view_as(g) for g in grads)
+        return tuple(g.clone() for g in grads)
 
     @staticmethod
     def backward(ctx, *_):
