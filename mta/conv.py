@@ -487,8 +487,9 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only. The folded keys
     ``Kf_a[j] = sum_b W[a, b] k[j - pk + b]`` are tensor-core operands in the input dtype: one rounding of that
     dtype that the definition (scores in fp32 from the inputs) does not have. It weighs as much as the scores are
-    large (fp16 with logits in the hundreds: gradients a few tens of percent off), and in fp16 each ``Kf_a`` entry
-    must stay under 65504 in magnitude (keys of 3000 under a 1 x 33 kernel of ones already overflow, to NaN rows).
+    large (fp16 with logits in the hundreds: gradients off by percents, where flash attention's are not), and in
+    fp16 each ``Kf_a`` entry must stay under 65504 in magnitude (keys of 3000 under a 1 x 33 kernel of ones
+    already overflow, to NaN rows).
     """
     _, Hq, _, Nq, Nk, D = check_kernel_inputs(q, k, v)
     if Nq != Nk:
