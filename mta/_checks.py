@@ -27,22 +27,24 @@ def check_tensor(name: str, x, *, ndim: int) -> None:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
 
 
-def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
-    """Check ``q [B, Hq, Nq, D]``, ``k, v [B, Hkv, Nk, D]``; return (B, Hq, Hkv, Nq, Nk, D)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
+def check_qkv(q, k, v, names: tuple[str, str, str] = ("q", "k", "v")) -> tuple[int, int, int, int, int, int]:
+    """Check ``q [B, Hq, Nq, D]``, ``k, v [B, Hkv, Nk, D]`` (called ``names`` in the messages); return
+    (B, Hq, Hkv, Nq, Nk, D)."""
+    qn, kn, vn = names
+    for name, x in zip(names, (q, k, v)):
         check_tensor(name, x, ndim=4)
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(f"{qn}, {kn} and {vn} must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+        raise ValueError(f"{qn}, {kn} and {vn} must be on one device, got {q.device}, {k.device}, {v.device}")
     B, Hq, Nq, D = q.shape
     Bk, Hkv, Nk, Dk = k.shape
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(f"{kn} and {vn} must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if Bk != B:
-        raise ValueError(f"batch sizes differ: q has {B}, k and v have {Bk}")
+        raise ValueError(f"batch sizes differ: {qn} has {B}, {kn} and {vn} have {Bk}")
     if Dk != D:
-        raise ValueError(f"head dims differ: q has D={D}, k and v have D={Dk}")
+        raise ValueError(f"head dims differ: {qn} has D={D}, {kn} and {vn} have D={Dk}")
     if Hkv == 0 or Hq % Hkv != 0:
         raise ValueError(f"query heads must be a multiple of kv heads (GQA), got Hq={Hq}, Hkv={Hkv}")
     if D == 0:

@@ -70,7 +70,8 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
         carries no gradient, even where an input requires one (eager or compiled). The folded queries are
         tensor-core operands in the input dtype: in fp16 they must stay under 65504 in magnitude.
     """
-    B, Hq, Hkv, n_q, n_max, D = check_kernel_inputs(q_cache, k_cache, v_cache, per_kv_head=True)
+    B, Hq, Hkv, n_q, n_max, D = check_kernel_inputs(q_cache, k_cache, v_cache, per_kv_head=True,
+                                                    names=("q_cache", "k_cache", "v_cache"))
     if n_q != n_max:
         raise ValueError(f"q_cache and k_cache must hold as many positions, got {n_q} and {n_max}")
     if not is_int(num_queries):

@@ -284,7 +284,8 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
         ``[B, Hq, Nq, D]`` in q's dtype. Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32.
         For inference: the result carries no gradient, even where an input requires one (eager or compiled).
     """
-    B, Hq, Hkv, Nq, n_max, D = check_kernel_inputs(q, k_cache, v_cache, per_kv_head=True)
+    B, Hq, Hkv, Nq, n_max, D = check_kernel_inputs(q, k_cache, v_cache, per_kv_head=True,
+                                                   names=("q", "k_cache", "v_cache"))
     check_new_queries(Nq, n_max, "Nq (new queries)")
     if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) checks the lengths when it runs
         from . import ops

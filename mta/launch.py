@@ -76,10 +76,11 @@ def concat_chunks(chunks: list[tuple[int, int]], fn, batched: tuple, *rest) -> t
     return tuple(torch.cat(x) for x in zip(*parts))
 
 
-def check_kernel_inputs(q, k, v, *, per_kv_head: bool = False) -> tuple[int, int, int, int, int, int]:
+def check_kernel_inputs(q, k, v, *, per_kv_head: bool = False,
+                        names: tuple[str, str, str] = ("q", "k", "v")) -> tuple[int, int, int, int, int, int]:
     """Shapes as :func:`mta._checks.check_qkv`, plus what the Triton kernels need. ``per_kv_head``: the kernels'
     grids count ``Hkv`` programs per sequence on the axis of :data:`MAX_GRID_AXIS_1` (decode), not ``Hq``."""
-    dims = check_qkv(q, k, v)
+    dims = check_qkv(q, k, v, names)
     heads = dims[2] if per_kv_head else dims[1]
     if heads > MAX_GRID_AXIS_1:  # more batch x heads is launched in chunks of sequences; one sequence must fit
         raise ValueError(f"{heads} {'kv heads' if per_kv_head else 'heads'} are over {MAX_GRID_AXIS_1}, the most "

@@ -220,7 +220,7 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
     Returns:
         ``[B, Hq, Nq, D]`` in q's dtype.
     """
-    check_kernel_inputs(q, k_cache, v_cache, per_kv_head=True)
+    check_kernel_inputs(q, k_cache, v_cache, per_kv_head=True, names=("q", "k_cache", "v_cache"))
     num_splits = check_num_splits(num_splits)
     return torch.ops.mta.decode_attention(q, k_cache, v_cache, _seqlens(cache_seqlens),
                                           resolve_scale(scale, q.shape[-1]), num_splits)
@@ -235,7 +235,7 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
     Returns:
         ``[B, Hq, num_queries, D]`` in q_cache's dtype.
     """
-    check_kernel_inputs(q_cache, k_cache, v_cache, per_kv_head=True)
+    check_kernel_inputs(q_cache, k_cache, v_cache, per_kv_head=True, names=("q_cache", "k_cache", "v_cache"))
     check_weight(weight, num_heads=q_cache.shape[1], device=q_cache.device)
     num_splits = check_num_splits(num_splits)
     if not is_int(num_queries):

@@ -194,8 +194,10 @@ def test_bad_shapes_and_kernels():
         mta.conv_decode_attention(q, k, v, rand(4, 33, 11))
     with pytest.raises(ValueError, match="more than the cache holds"):
         mta.conv_decode_attention(q[:, :, :2], k[:, :, :2], v[:, :, :2], w, num_queries=3)
-    with pytest.raises(TypeError, match="share a dtype"):
+    with pytest.raises(TypeError, match="q_cache, k_cache and v_cache must share a dtype"):
         mta.conv_decode_attention(q.half(), k, v, w)
+    with pytest.raises(ValueError, match="v_cache must have 4 dimensions"):
+        mta.ops.conv_decode_attention(q, k, v[0], w)
     with pytest.raises(ValueError, match="multiple of kv heads"):
         mta.conv_decode_attention(q[:, :3], k, v, w[:3])
 

@@ -248,11 +248,13 @@ def test_bad_shapes_and_dtypes():
         mta.decode_attention(rand(2, 4, 3, 16), k[:, :, :2], v[:, :, :2])
     with pytest.raises(ValueError, match="multiple of kv heads"):
         mta.decode_attention(rand(2, 3, 1, 16), k, v)
-    with pytest.raises(ValueError, match="head dims differ"):
+    with pytest.raises(ValueError, match="head dims differ: q has D=8, k_cache and v_cache have D=16"):
         mta.decode_attention(rand(2, 4, 1, 8), k, v)
     with pytest.raises(ValueError, match="4 dimensions"):
         mta.decode_attention(q[0], k, v)
-    with pytest.raises(TypeError, match="share a dtype"):
+    with pytest.raises(ValueError, match="k_cache must have 4 dimensions"):
+        mta.ops.decode_attention(q, k[0], v)
+    with pytest.raises(TypeError, match="q, k_cache and v_cache must share a dtype"):
         mta.decode_attention(q.half(), k, v)
     with pytest.raises(TypeError, match="fp16, bf16 or fp32"):
         mta.decode_attention(q.double(), k.double(), v.double())
