@@ -5,7 +5,7 @@ The fused backward (:mod:`mta.conv_backward`) holds ``cq`` shifted copies of a t
 :func:`mta.conv.backward_fits` (e.g. ``cq > 12`` at d = 256 in bf16, ``cq > 12`` at d = 96 in fp32) they do not
 fit in a GPU program's shared memory. There, :func:`conv_attention_backward_chunked` gives the same gradients a
 block of query rows at a time: the rows' convolved scores against every key they see (their ``cq - 1`` rows of
-halo above included), the softmax, the output, and autograd back to ``q``, ``k``, ``v`` and the weight. A row's
+halo above included), the softmax, the output, and the chain rule back to ``q``, ``k``, ``v`` and the weight. A row's
 softmax needs only its own row of scores, so each chunk is exact; the gradients of the chunks are summed in
 their fixed order (deterministic: cuDNN in its deterministic mode, without TF32). Memory: a few fp32
 ``[B, Hq, rows, N]`` blocks, with ``rows`` chosen to keep them near :data:`CHUNK_BYTES`, so O(N) for a fixed
@@ -49,12 +49,6 @@ def _chunk_scores(q_rows, k, weight, halo: int, causal: bool, scale: float) -> t
     return c
 
 
-def _chunk_output(q_rows, k, v, weight, halo: int, causal: bool, scale: float) -> torch.Tensor:
-    """``o`` of the rows of :func:`_chunk_scores` in fp32."""
-    c = _chunk_scores(q_rows, k, weight, halo, causal, scale)
-    return torch.softmax(c, dim=-1) @ expand_kv(v, q_rows.shape[1]).float()
-
-
 def _chunks(n: int, rows: int, cq: int, causal: bool):
     """``(r0, r1, halo, keys)`` per block of query rows ``[r0, r1)``: its halo of rows above and the keys it sees."""
     for r0 in range(0, n, rows):
@@ -70,24 +64,43 @@ def exact_convolutions():
 def conv_attention_backward_chunked(do, q, k, v, weight, causal: bool, scale: float, rows: int | None = None):
     """``dq, dk, dv, dweight`` of :func:`mta.conv_attention` (``dq, dk, dv`` in the dtypes of ``q, k, v``;
     ``dweight [Hq, cq, ck]`` fp32, summed over the batch), ``rows`` query rows at a time (default
-    :func:`chunk_rows`). ``do, q [B, Hq, N, D]``, ``k, v [B, Hkv, N, D]``, ``weight [Hq, cq, ck]``."""
-    B, Hq, N, _ = q.shape
-    cq = weight.shape[1]
+    :func:`chunk_rows`). ``do, q [B, Hq, N, D]``, ``k, v [B, Hkv, N, D]``, ``weight [Hq, cq, ck]``.
+
+    The chain rule is written out (the backward of ``docs/mta-semantics.md``), not asked of autograd: this runs
+    inside the backward of a custom op too (:mod:`mta.ops`, under ``torch.compile``), where autograd is off."""
+    B, Hq, N, D = q.shape
+    Hkv, (cq, ck) = k.shape[1], weight.shape[1:]
+    pad_k = (ck - 1) // 2
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     dk = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
     dv = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
     dweight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
-    w = weight.detach().float()
-    with torch.enable_grad(), exact_convolutions():
+    w = weight.detach().float()[:, None]  # [Hq, 1, cq, ck]: one depthwise kernel per head
+    with torch.no_grad(), exact_convolutions():
         for r0, r1, halo, n_keys in _chunks(N, rows or chunk_rows(B, Hq, N), cq, causal):
-            leaves = [t.detach().requires_grad_() for t in (q[:, :, r0 - halo:r1], k[:, :, :n_keys],
-                                                           v[:, :, :n_keys], w)]
-            o = _chunk_output(*leaves, halo, causal, scale)
-            gq, gk, gv, gw = torch.autograd.grad(o, leaves, do[:, :, r0:r1].float())
-            dq[:, :, r0 - halo:r1] += gq
-            dk[:, :, :n_keys] += gk
-            dv[:, :, :n_keys] += gv
-            dweight += gw
+            q_rows = q[:, :, r0 - halo:r1].float()
+            k_seen, v_seen = (expand_kv(t[:, :, :n_keys], Hq).float() for t in (k, v))
+            s = scale * (q_rows @ k_seen.transpose(-1, -2))  # S for the rows and their halo
+            pre = causal_future(halo + r1 - r0, n_keys, s.device) if causal else None
+            if causal:
+                s = s.masked_fill(pre, 0.0)
+            s_pad = F.pad(s, (pad_k, pad_k, cq - 1 - halo, 0))
+            c = F.conv2d(s_pad, w, groups=Hq)
+            if causal:
+                c = c.masked_fill(causal_future(r1 - r0, n_keys, c.device), float("-inf"))
+            p = torch.softmax(c, dim=-1)
+            do_rows = do[:, :, r0:r1].float()
+            dp = do_rows @ v_seen.transpose(-1, -2)
+            dc = p * (dp - (dp * p).sum(-1, keepdim=True))  # the softmax's backward; 0 where masked after
+            ds_pad = torch.nn.grad.conv2d_input(s_pad.shape, w, dc, groups=Hq)  # the convolution transposed
+            dweight += torch.nn.grad.conv2d_weight(s_pad, w.shape, dc, groups=Hq)[:, 0]  # a correlation
+            ds = ds_pad[:, :, cq - 1 - halo:, pad_k:pad_k + n_keys]
+            if causal:  # the future was zeroed before the convolution: no gradient reaches it
+                ds = ds.masked_fill(pre, 0.0)
+            dq[:, :, r0 - halo:r1] += scale * (ds @ k_seen)
+            per_group = (B, Hkv, Hq // Hkv, n_keys, D)  # dk, dv sum over a GQA group's query heads
+            dk[:, :, :n_keys] += (scale * (ds.transpose(-1, -2) @ q_rows)).view(per_group).sum(2)
+            dv[:, :, :n_keys] += (p.transpose(-1, -2) @ do_rows).view(per_group).sum(2)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dweight
 
 

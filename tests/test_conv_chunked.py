@@ -48,6 +48,22 @@ def test_conv_attention_takes_the_chunks_where_the_fused_backward_does_not_fit(d
         check(name, x, y, TOL[dtype])
 
 
+def test_the_chunks_inside_the_custom_op_and_the_layer(monkeypatch):
+    """The backward of the ``mta::conv_attention`` op (what ``torch.compile`` and the layer call) runs with autograd
+    off: the chunks there give the reference's gradients too, compiled or not."""
+    monkeypatch.setattr(mta.conv, "runs_chunked", lambda *a: True)
+    q, k, v = rand_qkv(1, 4, 2, 21, 21, 16)
+    weight, do = rand(4, 5, 7, scale=0.2), rand(1, 4, 21, 16)
+    want = reference_grads(q, k, v, weight, do, True)
+    compiled = torch.compile(lambda *t: mta.conv_attention(*t), backend="aot_eager")
+    for fn in (mta.ops.conv_attention, compiled):
+        for name, x, y in zip(NAMES, grads(fn, q, k, v, weight, do), want):
+            check(name, x, y, TOL[torch.float32])
+    layer = mta.MultiTokenAttention(32, 2, kernel_size=(3, 5)).to(q.device)
+    layer(rand(1, 8, 32)).square().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
 def test_chunks_are_bitwise_deterministic_and_causal():
     """Two calls give equal bits; a loss on the outputs before t gives exactly zero gradient to q, k and v at
     t and after (future rows set to 1e3, so a leak would show)."""
