@@ -99,7 +99,30 @@ def causal_fixed_scale(q, k, v):
     return torch.softmax(S.masked_fill(future, float("-inf")), dim=-1) @ v
 
 
+def causal_scaled_in_place(q, k, v):
+    """Wrong: q *= scale on the caller's q, then the scale again (1/d in all); a reference computed from the same
+    q after the call would agree."""
+    k, v = _gqa(k, q.shape[1]), _gqa(v, q.shape[1])
+    Nq, Nk = q.shape[-2], k.shape[-2]
+    q *= q.shape[-1] ** -0.5
+    S = q.shape[-1] ** -0.5 * (q @ k.transpose(-2, -1))
+    future = torch.ones(Nq, Nk, dtype=torch.bool).triu(Nk - Nq + 1)
+    return torch.softmax(S.masked_fill(future, float("-inf")), dim=-1) @ v
+
+
+def causal_int_mask_softmax(q, k, v):
+    """Crashes inside torch (softmax of an int tensor raises NotImplementedError): a crash, not "not attempted"."""
+    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.long).tril(k.shape[-2] - q.shape[-2])
+    return torch.softmax(keep, -1)
+
+
+def test_a_not_implemented_error_from_torch_is_a_crash_not_a_stub():
+    result = ch01.check_causal_attention(causal_int_mask_softmax)
+    expect_failure(result, "Nq = Nk = 8", "raised NotImplementedError")
+
+
 @pytest.mark.parametrize("wrong, case", [
+    (causal_scaled_in_place, "Nq = Nk = 8"),
     (causal_top_left, "Nq = 3 < Nk = 8 (bottom-right alignment)"),
     (causal_repeat, "GQA: 6 query heads share 2 kv heads, Nq = 4, Nk = 7"),
     (causal_fixed_scale, "head dimension d = 40 (scale 1/sqrt(d))"),
@@ -107,6 +130,10 @@ def causal_fixed_scale(q, k, v):
 ])
 def test_causal_attention_rejects(wrong, case):
     expect_failure(ch01.check_causal_attention(wrong), case)
+
+
+def test_causal_attention_names_an_input_changed_in_place():
+    expect_failure(ch01.check_causal_attention(causal_scaled_in_place), "Nq = Nk = 8", "changed its input q in place")
 
 
 def test_causal_attention_names_the_masked_fill_count():
@@ -304,7 +331,16 @@ def state_normalized(s, v):
     return mta.AttentionState(m=m, l=p.sum(-1), acc=p @ v)
 
 
+def state_in_place(s, v):
+    """Right values, but s -= m in place on the caller's scores."""
+    m = s.amax(dim=-1)
+    s -= torch.where(torch.isneginf(m), 0.0, m)[..., None]
+    p = s.exp_()
+    return mta.AttentionState(m=m, l=p.sum(-1), acc=p @ v)
+
+
 @pytest.mark.parametrize("wrong, case, word", [
+    (state_in_place, "one query row, 6 keys", "changed its input s in place"),
     (state_global_max, "rows on different scales (m is each row's own max)", "m:"),
     (state_normalized, "one query row, 6 keys", "l:"),
     (state_unguarded, "one fully masked row", "NaN"),
@@ -368,11 +404,27 @@ def attention_materialized(q, k, v, *, block_size, causal=False):
     return p @ v, lse
 
 
+def attention_row_by_row(q, k, v, *, block_size, causal=False):
+    """Right values, but one query at a time against all the keys: no key blocks, no running state."""
+    k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], 1) for x in (k, v))
+    nq, nk = q.shape[-2], k.shape[-2]
+    outs, lses = [], []
+    for i in range(nq):
+        s = q.shape[-1] ** -0.5 * q[..., i:i + 1, :] @ k.transpose(-1, -2)
+        if causal:
+            s = s.masked_fill(torch.arange(nk) > i + nk - nq, float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        outs.append(torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse)[..., None]) @ v)
+        lses.append(lse)
+    return torch.cat(outs, -2), torch.cat(lses, -1)
+
+
 @pytest.mark.parametrize("wrong, case", [
+    (attention_row_by_row, "never the scores of all keys at once"),
     (attention_drops_tail, "not causal, Nk = 37 (not a multiple of block 8)"),
     (attention_top_left, "causal, Nq = 5 < Nk = 37 (bottom-right)"),
     (attention_unguarded_finalize, "causal, Nq = 12 > Nk = 5: 7 queries see no key"),
-    (attention_materialized, "never a whole [Nq, Nk] score matrix"),
+    (attention_materialized, "never the scores of all keys at once"),
 ])
 def test_online_attention_rejects(wrong, case):
     expect_failure(ch02.check_online_attention(wrong), case)

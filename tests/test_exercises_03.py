@@ -73,7 +73,8 @@ def _wrong_causal_kernel(Q, K, V, O, LSE, VISITS, n_q, n_k, stride_qbh, stride_q
     #   0: one masked loop over every key tile (right answer, but loads the tiles right of the diagonal);
     #   1: one masked loop up to masked_stop (right answer and loads, but no unmasked stage);
     #   2: full_stop not rounded down to a whole tile (a partial tile runs the unmasked body);
-    #   3: the masked stage without the -inf guard.
+    #   3: the masked stage without the -inf guard;
+    #   4: masked_stop one key short ("the last row's last key", read as inclusive).
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     Q += pid_bh * stride_qbh
@@ -98,6 +99,8 @@ def _wrong_causal_kernel(Q, K, V, O, LSE, VISITS, n_q, n_k, stride_qbh, stride_q
         full_stop = 0
     if MODE == 2:
         full_stop = tl.minimum(tl.maximum(m0 + diag + 1, 0), n_k)
+    if MODE == 4:
+        masked_stop = tl.minimum(tl.maximum(m0 + T_Q + diag - 1, 0), n_k)
     acc, m, l, n_full = _fold_key_tiles(acc, m, l, q, K, V, stride_kn, offs_m, 0, full_stop, n_k, diag, qk_scale,
                                         False, D, T_K, PRECISION)
     if MODE == 3:
@@ -154,6 +157,13 @@ def test_wrong_1_does_not_round_full_stop():
     # Its last unmasked tile may also reach past the keys (an unmasked load): wrong numbers or NaN, either way "o".
     result = ch03.check_causal_kernel(_wrong_causal(2))
     assert "case 'Nq=Nk=40, tiles 16x16' fails: o: " in result.message
+
+
+def test_wrong_1_stops_one_key_short():
+    # Loses a key tile only where the last row's diagonal ends on a tile's first key.
+    result = ch03.check_causal_kernel(_wrong_causal(4))
+    assert ("case 'Nq=20 < Nk=37, tiles 16x16 (a diagonal that ends on the first key of a key tile)' fails: o: "
+            in result.message), result.message
 
 
 def test_wrong_1_forgets_the_guard():

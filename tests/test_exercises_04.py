@@ -67,20 +67,35 @@ def test_wrong_1_flips_the_kernel():
     assert "case 'N=12, 3x5' fails: diagonal scores: max abs error" in result.message
 
 
-def test_wrong_2_forgets_the_reach():
-    # Plain flash attention's rule: a tile is unmasked once it lies on or below the diagonal (E taken as 0).
-    def flash_rule(i0, j0, BM, BN, N, cq, ck):
+def _tile_rule(reach, folded_on_real_entries=False):
+    """A tile-kinds answer: SKIPPED if every real entry is in the future, FOLDED if every entry (or only every
+    real one) is at least ``reach(cq, ck)`` diagonals below, else DIAGONAL."""
+    def kind(i0, j0, BM, BN, N, cq, ck):
         i = np.arange(i0, i0 + BM)[:, None]
         j = np.arange(j0, j0 + BN)[None, :]
         real = (i < N) & (j < N)
         if (j > i)[real].all():
             return ch04.SKIPPED
-        return ch04.FOLDED if (i - j >= 0).all() else ch04.DIAGONAL
+        far = i - j >= reach(cq, ck)
+        return ch04.FOLDED if (far[real] if folded_on_real_entries else far).all() else ch04.DIAGONAL
+    return kind
 
-    result = ch04.check_tile_kinds(flash_rule)
+
+def test_wrong_2_forgets_the_reach():
+    # Plain flash attention's rule: a tile is unmasked once it lies on or below the diagonal (E taken as 0).
+    result = ch04.check_tile_kinds(_tile_rule(lambda cq, ck: 0))
     assert result.attempted and not result.passed
     assert "case 'N=37, tiles 16x16, 2x9' fails: tile (i0=16, j0=0): got FOLDED, the kernel's rule says DIAGONAL" \
         in result.message
+
+
+def test_wrong_2_folded_judged_on_the_real_entries_only():
+    # FOLDED is decided over the whole B_M x B_N rectangle (the kernel does not know which rows are real): with a
+    # 1 x 1 kernel (E = 0) the ragged last tile of N = 33 differs.
+    result = ch04.check_tile_kinds(_tile_rule(lambda cq, ck: cq - 1 + (ck - 1) // 2, folded_on_real_entries=True))
+    assert "case 'N=33, tiles 16x16, 1x1 (a ragged last tile: decided over the whole rectangle)' fails:" \
+        in result.message, result.message
+    assert ch04.check_tile_kinds(_tile_rule(lambda cq, ck: cq - 1 + (ck - 1) // 2)).passed  # the whole rectangle
 
 
 def test_wrong_2_reach_off_by_one():

@@ -73,6 +73,23 @@ def test_decode_without_splits_fails(capsys):
     assert result.attempted and not result.passed and "scores of all 40 keys" in result.message
 
 
+def test_decode_one_query_at_a_time_without_splits_fails(capsys):
+    """One query at a time against all its keys (no splits, no states): right numbers, and still every key's
+    score at once."""
+    def per_query(q, k, v, lens, num_splits):
+        out = torch.zeros_like(q)
+        group, nq = q.shape[1] // k.shape[1], q.shape[2]
+        for b, L in enumerate(lens):
+            kb, vb = (x[b, :, :L].repeat_interleave(group, 0) for x in (k, v))
+            for t in range(nq):
+                s = q.shape[-1] ** -0.5 * q[b, :, t:t + 1] @ kb.transpose(-1, -2)   # [Hq, 1, L]
+                s = s.masked_fill(torch.arange(L) > L - nq + t, float("-inf"))
+                out[b, :, t:t + 1] = torch.softmax(s, -1) @ vb
+        return out
+    result = ch06.check_split_decode(per_query)
+    assert result.attempted and not result.passed and "scores of all 40 keys" in result.message, result.message
+
+
 def test_stubs_are_not_attempted(capsys):
     assert_stubs_not_attempted((ch06.check_split_decode, ch06.check_combine, ch06.check_mta_decode_rows), capsys)
 

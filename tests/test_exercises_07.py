@@ -53,6 +53,14 @@ def test_wrong_2_counts_tokens_not_sequences():
     assert "case 'one sequence with one wrong token of five' fails: error: got 0.05, expected 0.25" in result.message
 
 
+def test_wrong_2_misses_the_first_target_token():
+    def from_second(logits, tokens, block_len):
+        return (logits[:, -(block_len - 1):].argmax(-1) != tokens[:, -(block_len - 1):]).any(1).float().mean().item()
+
+    result = ch07.check_sequence_error(from_second)
+    assert "case \"one sequence wrong only at the target's first token\" fails" in result.message, result.message
+
+
 def test_wrong_2_off_by_one():
     # Compares each prediction with the token at its own position instead of the next one.
     def same_position(logits, tokens, block_len):

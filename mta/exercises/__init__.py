@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import linecache
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -33,26 +34,29 @@ class Result:
         return self.passed
 
 
+#: The products a score matrix comes from.
+PRODUCTS = frozenset({"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm", "einsum", "linear", "tensordot"})
+
+
 class WatchScores(TorchFunctionMode):
     """Notes any floating-point tensor whose last two axes are ``(Nq, Nk)``, in either order, created while active:
-    a whole score matrix, transposed or not."""
+    a whole score matrix, transposed or not. With ``any_rows``, also a product (:data:`PRODUCTS`) with ``Nk`` in
+    its last two axes: the scores of some rows (one query, a block of them) against all the keys at once."""
 
-    def __init__(self, nq, nk):
+    def __init__(self, nq, nk, *, any_rows: bool = False):
         super().__init__()
-        self.nq, self.nk, self.seen = nq, nk, None
+        self.nq, self.nk, self.any_rows, self.seen = nq, nk, any_rows, None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         outs = out if isinstance(out, (tuple, list)) else (out,)
+        name = getattr(func, "__name__", str(func))
         for t in outs:
-            if (self.seen is None and isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2
-                    and tuple(t.shape[-2:]) in ((self.nq, self.nk), (self.nk, self.nq))):
-                self.seen = (getattr(func, "__name__", str(func)), tuple(t.shape))
+            if self.seen is None and isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2 and (
+                    tuple(t.shape[-2:]) in ((self.nq, self.nk), (self.nk, self.nq))
+                    or self.any_rows and name in PRODUCTS and self.nk in t.shape[-2:]):
+                self.seen = (name, tuple(t.shape))
         return out
-
-
-#: The products a score matrix comes from.
-PRODUCTS = frozenset({"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm", "einsum", "linear", "tensordot"})
 
 
 class WatchNaNProducts(TorchFunctionMode):
@@ -194,6 +198,25 @@ def expect_close(what: str, got, want, *, atol: float, rtol: float) -> None:
                          f"got {got64[index].item():.6g}, expected {want64[index].item():.6g})")
 
 
+def call_on_copies(fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on copies of the tensor arguments, failing the case if it changed one of them in
+    place: a caller's tensors are not the function's to change (and the checker's reference is computed from
+    them)."""
+    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    result = fn(*copies, **kwargs)
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin or another callable without a signature
+        names = []
+    for i, (arg, copy) in enumerate(zip(args, copies)):
+        if isinstance(arg, torch.Tensor) and not (torch.equal(arg.isnan(), copy.isnan())
+                                                  and torch.equal(arg.nan_to_num(), copy.nan_to_num())):
+            name = names[i] if i < len(names) else f"argument {i + 1}"
+            raise CaseFailed(f"the function changed its input {name} in place; leave the inputs as they are "
+                             "(work on a copy, e.g. q = q * scale rather than q *= scale)")
+    return result
+
+
 def expect_equal(what: str, got, want) -> None:
     """Raise :class:`CaseFailed` unless ``got == want`` (plain Python values)."""
     if got != want:
@@ -210,7 +233,10 @@ def run_cases(exercise: str, cases: Iterable[tuple[str, Callable[[], None]]]) ->
     for name, case in cases:
         try:
             case()
-        except NotImplementedError:
+        except NotImplementedError as error:
+            if not _raised_by_a_stub(error):  # from a library the learner's code called: a crash like any other
+                return _report(Result(exercise, False, True,
+                                      f"{exercise}: case {name!r} raised NotImplementedError: {error}"))
             return _report(Result(exercise, False, False, f"{exercise}: not attempted yet "
                                   "(the stub raises NotImplementedError)"))
         except CaseFailed as failure:
@@ -220,6 +246,19 @@ def run_cases(exercise: str, cases: Iterable[tuple[str, Callable[[], None]]]) ->
                                   f"{exercise}: case {name!r} raised {type(error).__name__}: {error}"))
         count += 1
     return _report(Result(exercise, True, True, f"{exercise}: all {count} cases pass"))
+
+
+def _raised_by_a_stub(error: NotImplementedError) -> bool:
+    """Whether ``error`` comes from a ``raise NotImplementedError`` line (a stub), not from inside a library that
+    the learner's code called (``torch.softmax`` of an int tensor raises one too). Where the source line cannot
+    be read, a stub is assumed."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return True
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+    return not line or "NotImplementedError" in line
 
 
 def _report(result: Result) -> Result:

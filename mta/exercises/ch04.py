@@ -128,6 +128,7 @@ TILE_CASES = (
     ("N=100, tiles 16x32, 6x11", (100, 16, 32, 6, 11)),
     ("N=130, tiles 32x16, 11x15", (130, 32, 16, 11, 15)),
     ("N=64, tiles 16x16, 1x1", (64, 16, 16, 1, 1)),
+    ("N=33, tiles 16x16, 1x1 (a ragged last tile: decided over the whole rectangle)", (33, 16, 16, 1, 1)),
     ("N=200, tiles 64x64, 6x11", (200, 64, 64, 6, 11)),
 )
 

@@ -64,6 +64,7 @@ ERROR_CASES = (
     ("one sequence with one wrong token of five", (4, 5, [[], [2], [], []])),
     ("one sequence wrong everywhere, one wrong on its last token", (4, 5, [list(range(5)), [], [4], []])),
     ("a wrong prediction just before the target does not count", (2, 3, [[-1], []])),
+    ("one sequence wrong only at the target's first token", (3, 5, [[], [0], []])),
 )
 
 
