@@ -23,7 +23,7 @@ from ._checks import check_count, is_int_list
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: a field-wise == of tensors has no single truth value
 class KVCache:
     """Keys, values (and queries, for MTA) of one attention layer, for ``B`` sequences of at most ``Nmax`` tokens.
 

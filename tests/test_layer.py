@@ -164,6 +164,20 @@ def test_compile_fullgraph_no_graph_breaks():
         torch.testing.assert_close(g, p.grad, atol=1e-4, rtol=1e-4)
 
 
+def test_a_compiled_layer_generates_the_rows_of_its_forward():
+    """``torch.compile(layer)`` (not fullgraph: the cache's lengths are data) prefills and steps through the same
+    rows as the whole forward; a cache is compared by identity, so it can be hashed and looked up."""
+    layer = make_layer(heads=2, kernel_size=(3, 5))
+    x = rand(2, 9, 32)
+    want = layer(x)
+    model = torch.compile(layer, backend="aot_eager")
+    cache = layer.new_cache(2, 12)
+    with torch.no_grad():
+        got = torch.cat([model(x[:, :6], cache=cache), *(model(x[:, t:t + 1], cache=cache) for t in range(6, 9))], 1)
+    torch.testing.assert_close(got, want, **TOL)
+    assert cache == cache and cache != layer.new_cache(2, 12) and len({cache, cache}) == 1
+
+
 def test_compile_plain_arm_no_graph_breaks():
     layer = make_layer(heads=2, kernel_size=(1, 1))
     explained = torch._dynamo.explain(layer)(rand(1, 6, 32))
