@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_block_size, check_causal, check_qkv, resolve_scale
+from ._checks import check_block_size, check_causal, check_qkv, is_int, resolve_scale
 from .reference import causal_future, compute_dtype, expand_kv
 
 
@@ -82,9 +82,15 @@ class AttentionState(NamedTuple):
 def empty_state(prefix_shape, head_dim: int, *, dtype=torch.float32, device=None) -> AttentionState:
     """The state over no keys: the identity element of :func:`merge_states`. ``prefix_shape``: a shape (or an
     int); ``head_dim``: ``D >= 0``."""
-    prefix_shape = (prefix_shape,) if isinstance(prefix_shape, int) else tuple(prefix_shape)
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 0:
-        raise ValueError(f"head_dim must be an int >= 0, got {head_dim!r}")
+    if is_int(prefix_shape):
+        prefix_shape = (prefix_shape,)
+    if not isinstance(prefix_shape, (tuple, list, torch.Size)) or not all(is_int(n) for n in prefix_shape):
+        raise TypeError(f"prefix_shape must be an int or a shape (ints), got {prefix_shape!r}")
+    if not is_int(head_dim):
+        raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__} {head_dim!r}")
+    prefix_shape, head_dim = tuple(int(n) for n in prefix_shape), int(head_dim)
+    if head_dim < 0 or any(n < 0 for n in prefix_shape):
+        raise ValueError(f"sizes must be >= 0, got prefix_shape {prefix_shape} and head_dim {head_dim}")
     return AttentionState(
         m=torch.full(prefix_shape, float("-inf"), dtype=dtype, device=device),
         l=torch.zeros(prefix_shape, dtype=dtype, device=device),
@@ -97,15 +103,28 @@ def attention_state(s: torch.Tensor, v: torch.Tensor) -> AttentionState:
     state over no keys (:func:`empty_state`)."""
     _check_float("s", s, min_dims=2)
     _check_float("v", v, min_dims=2)
+    if s.dtype != v.dtype:
+        raise TypeError(f"s and v must share a dtype, got {s.dtype} and {v.dtype}")
     if s.shape[-1] != v.shape[-2]:
         raise ValueError(f"s has {s.shape[-1]} keys (last axis) but v has {v.shape[-2]} (second to last): "
                          f"s {tuple(s.shape)}, v {tuple(v.shape)}")
+    try:
+        torch.broadcast_shapes(s.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"the leading axes of s {tuple(s.shape)} and v {tuple(v.shape)} do not broadcast") from None
     if s.shape[-1] == 0:  # amax over an empty axis raises; p @ v of no keys is zeros of its shape
         return AttentionState(m=torch.full(s.shape[:-1], float("-inf"), dtype=s.dtype, device=s.device),
-                              l=s.new_zeros(s.shape[:-1]), acc=s @ v.to(s.dtype))
+                              l=s.new_zeros(s.shape[:-1]), acc=s @ v)
     m = s.amax(dim=-1)
     p = torch.exp(s - finite_or_zero(m)[..., None])
     return AttentionState(m=m, l=p.sum(dim=-1), acc=p @ v)
+
+
+def _as_state(name: str, x) -> AttentionState:
+    """``x`` as an :class:`AttentionState`: one already, or an ``(m, l, acc)`` triple of tensors."""
+    if isinstance(x, (tuple, list)) and len(x) == 3 and all(isinstance(t, torch.Tensor) for t in x):
+        return x if isinstance(x, AttentionState) else AttentionState(*x)
+    raise TypeError(f"{name} must be an mta.AttentionState (m, l, acc), got {type(x).__name__}")
 
 
 def merge_states(a: AttentionState, b: AttentionState) -> AttentionState:
@@ -114,6 +133,7 @@ def merge_states(a: AttentionState, b: AttentionState) -> AttentionState:
     ``m = max(m_a, m_b)``; each side is rescaled to the common max by
     ``exp(m_side - m)`` before ``l`` and ``acc`` are added.
     """
+    a, b = _as_state("a", a), _as_state("b", b)
     for name, x, y in (("m", a.m, b.m), ("l", a.l, b.l), ("acc", a.acc, b.acc)):
         if x.shape != y.shape:  # no broadcasting: two states of the same rows
             raise ValueError(f"merge_states needs states of one shape: {name} {tuple(x.shape)} and {tuple(y.shape)}")
@@ -128,6 +148,7 @@ def merge_states(a: AttentionState, b: AttentionState) -> AttentionState:
 
 def finalize_state(state: AttentionState) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)``: ``o = acc / l`` (0 for a query that saw no key) and ``lse = m + log l``."""
+    state = _as_state("state", state)
     seen = state.l > 0
     o = state.acc / torch.where(seen, state.l, torch.ones_like(state.l))[..., None]
     lse = torch.where(seen, state.m + torch.log(state.l), torch.full_like(state.m, float("-inf")))
@@ -144,7 +165,7 @@ def blocked_attention(q, k, v, *, block_size: int, causal: bool = False, scale: 
     """
     _, Hq, _, Nq, Nk, D = check_qkv(q, k, v)
     check_block_size(block_size)
-    causal = check_causal(causal)
+    causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
     scale = resolve_scale(scale, D)
     ct = compute_dtype(q)
     k, v = expand_kv(k, Hq).to(ct), expand_kv(v, Hq).to(ct)

@@ -52,7 +52,7 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         query that sees no key.
     """
     _, Hq, _, Nq, Nk, D = check_qkv(q, k, v)
-    causal = check_causal(causal)
+    causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
     scale = resolve_scale(scale, D)
     ct = compute_dtype(q)
     k, v = expand_kv(k, Hq).to(ct), expand_kv(v, Hq).to(ct)
@@ -92,6 +92,7 @@ def conv_attention_reference(q, k, v, weight, *, causal: bool = True, scale: flo
         ``o [B, Hq, N, D]`` in q's dtype; with ``return_lse`` also ``lse [B, Hq, N]``
         in fp32 (fp64 when q or the weight is fp64).
     """
+    return_lse = check_causal(return_lse, "return_lse")
     c = _convolved_scores(q, k, weight, causal, scale, v=v)
     lse = torch.logsumexp(c, dim=-1)
     o = (torch.softmax(c, dim=-1) @ expand_kv(v, q.shape[1]).to(c.dtype)).to(q.dtype)

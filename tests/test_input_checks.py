@@ -129,7 +129,10 @@ def test_causal_must_be_a_bool(causal):
                  lambda: mta.ops.conv_attention(q, k, v, w, causal=causal)):
         with pytest.raises(TypeError, match="causal must be a bool"):
             call()
-    for call in (lambda: mta.flash_attention(q, k, v, return_lse=causal),
+    for call in (lambda: mta.naive_attention(q, k, v, return_lse=causal),
+                 lambda: mta.blocked_attention(q, k, v, block_size=4, return_lse=causal),
+                 lambda: mta.conv_attention_reference(q, k, v, w, return_lse=causal),
+                 lambda: mta.flash_attention(q, k, v, return_lse=causal),
                  lambda: mta.conv_attention(q, k, v, w, return_lse=causal),
                  lambda: mta.ops.flash_attention(q, k, v, return_lse=causal),
                  lambda: mta.ops.conv_attention(q, k, v, w, return_lse=causal)):
@@ -177,3 +180,28 @@ def test_attention_state_over_no_keys_is_the_empty_state():
     other = mta.attention_state(torch.randn(2, 3, 5), torch.randn(2, 5, 4))
     merged = mta.merge_states(state, other)
     assert torch.equal(merged.m, other.m) and torch.equal(merged.l, other.l) and torch.equal(merged.acc, other.acc)
+
+
+def test_the_attention_state_algebra_names_bad_input():
+    import numpy as np
+
+    s, v = torch.randn(2, 5), torch.randn(5, 3)
+    with pytest.raises(TypeError, match="s and v must share a dtype"):
+        mta.attention_state(s, v.double())
+    with pytest.raises(TypeError, match="s and v must share a dtype"):
+        mta.attention_state(s[:, :0], v[:0].double())
+    with pytest.raises(ValueError, match="do not broadcast"):
+        mta.attention_state(torch.randn(2, 3, 5), torch.randn(4, 5, 3))
+    assert mta.empty_state(np.int64(3), np.int64(4)).acc.shape == (3, 4)
+    assert mta.empty_state((2, np.int64(3)), 4).m.shape == (2, 3)
+    for shape, dim, error in [(-1, 3, ValueError), ((2, -1), 3, ValueError), (3, -2, ValueError),
+                              (3.0, 4, TypeError), (None, 4, TypeError), (3, 4.0, TypeError), (3, True, TypeError)]:
+        with pytest.raises(error, match="prefix_shape|head_dim|sizes"):
+            mta.empty_state(shape, dim)
+    state = mta.attention_state(s, v)
+    for bad in (None, (s, s), "state"):
+        with pytest.raises(TypeError, match="AttentionState"):
+            mta.merge_states(bad, state)
+        with pytest.raises(TypeError, match="AttentionState"):
+            mta.finalize_state(bad)
+    assert torch.equal(mta.finalize_state(tuple(state))[0], mta.finalize_state(state)[0])  # a plain triple
