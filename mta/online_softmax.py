@@ -150,8 +150,9 @@ def finalize_state(state: AttentionState) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)``: ``o = acc / l`` (0 for a query that saw no key) and ``lse = m + log l``."""
     state = _as_state("state", state)
     seen = state.l > 0
-    o = state.acc / torch.where(seen, state.l, torch.ones_like(state.l))[..., None]
-    lse = torch.where(seen, state.m + torch.log(state.l), torch.full_like(state.m, float("-inf")))
+    l_or_one = torch.where(seen, state.l, torch.ones_like(state.l))  # no 0/0, and no log(0) for autograd to meet
+    o = state.acc / l_or_one[..., None]
+    lse = torch.where(seen, state.m + torch.log(l_or_one), torch.full_like(state.m, float("-inf")))
     return o, lse
 
 

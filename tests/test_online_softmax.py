@@ -119,3 +119,17 @@ def test_blocked_softmax_gradient_after_a_masked_first_block():
     y = x.detach().clone().requires_grad_()
     torch.softmax(y, -1).pow(2).sum().backward()
     torch.testing.assert_close(x.grad, y.grad)
+
+
+def test_lse_of_a_row_that_saw_no_key_passes_a_finite_gradient():
+    """``finalize_state``'s lse of an unseen row is -inf with no log(0) behind it: a loss on the other rows' lse,
+    with an additive -inf mask on the scores, gives finite gradients (as ``torch.logsumexp`` would not)."""
+    q = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    k, v = torch.randn(5, 4, dtype=torch.float64, requires_grad=True), torch.randn(5, 2, dtype=torch.float64)
+    mask = torch.zeros(3, 5, dtype=torch.float64)
+    mask[0] = float("-inf")  # row 0 sees no key
+    o, lse = mta.finalize_state(mta.attention_state(q @ k.T + mask, v))
+    assert torch.isneginf(lse[0]) and torch.equal(o[0], torch.zeros(2, dtype=torch.float64))
+    (lse[1:].sum() + o.sum()).backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+    assert torch.equal(q.grad[0], torch.zeros(4, dtype=torch.float64))
