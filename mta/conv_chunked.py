@@ -30,23 +30,25 @@ def chunk_rows(batch: int, heads: int, n: int, budget: int = CHUNK_BYTES) -> int
     return max(1, min(n, budget // max(1, LIVE_BLOCKS * 4 * batch * heads * n)))
 
 
-def _chunk_scores(q_rows, k, weight, halo: int, causal: bool, scale: float) -> torch.Tensor:
-    """The convolved scores ``[B, Hq, rows, keys]`` (fp32, ``-inf`` in the future) of a block of query rows:
-    ``q_rows [B, Hq, halo + rows, D]`` holds them with the ``halo`` rows above (``cq - 1``,
-    fewer at the top, where the convolution's zero padding stands in); ``k`` all keys the rows see (causal: up to
-    the last row's own key; the keys after are in every row's future)."""
-    cq, ck = weight.shape[1:]
-    hq = q_rows.shape[1]
-    rows = q_rows.shape[2] - halo
-    n_keys = k.shape[2]
-    s = scale * (q_rows.float() @ expand_kv(k, hq).float().transpose(-1, -2))  # [B, Hq, halo + rows, keys]
+def _chunk_scores(q_rows, k_seen, w, halo: int, causal: bool, scale: float):
+    """``(s_pad, pre, c)`` of a block of query rows: ``q_rows [B, Hq, halo + rows, D]`` holds them with the
+    ``halo`` rows above (``cq - 1``, fewer at the top, where the convolution's zero padding stands in), ``k_seen
+    [B, Hq, keys, D]`` all keys the rows see, per query head (causal: up to the last row's own key; the keys after
+    are in every row's future), ``w [Hq, 1, cq, ck]`` fp32. ``s_pad``: the scaled scores, the future zeroed and
+    padded for the convolution; ``pre``: that future (None when not causal); ``c [B, Hq, rows, keys]``: the
+    convolved scores (fp32, ``-inf`` in the future)."""
+    cq, ck = w.shape[2:]
+    rows, n_keys = q_rows.shape[2] - halo, k_seen.shape[2]
+    s = scale * (q_rows.float() @ k_seen.float().transpose(-1, -2))  # [B, Hq, halo + rows, keys]
+    pre = causal_future(halo + rows, n_keys, s.device) if causal else None
     if causal:  # zero the future before the convolution, -inf after it (the keys end where the rows end)
-        s = s.masked_fill(causal_future(halo + rows, n_keys, s.device), 0.0)
+        s = s.masked_fill(pre, 0.0)
     pad_k = (ck - 1) // 2
-    c = F.conv2d(F.pad(s, (pad_k, pad_k, cq - 1 - halo, 0)), weight.float()[:, None], groups=hq)
+    s_pad = F.pad(s, (pad_k, pad_k, cq - 1 - halo, 0))
+    c = F.conv2d(s_pad, w, groups=w.shape[0])
     if causal:
         c = c.masked_fill(causal_future(rows, n_keys, c.device), float("-inf"))
-    return c
+    return s_pad, pre, c
 
 
 def _chunks(n: int, rows: int, cq: int, causal: bool):
@@ -80,14 +82,7 @@ def conv_attention_backward_chunked(do, q, k, v, weight, causal: bool, scale: fl
         for r0, r1, halo, n_keys in _chunks(N, rows or chunk_rows(B, Hq, N), cq, causal):
             q_rows = q[:, :, r0 - halo:r1].float()
             k_seen, v_seen = (expand_kv(t[:, :, :n_keys], Hq).float() for t in (k, v))
-            s = scale * (q_rows @ k_seen.transpose(-1, -2))  # S for the rows and their halo
-            pre = causal_future(halo + r1 - r0, n_keys, s.device) if causal else None
-            if causal:
-                s = s.masked_fill(pre, 0.0)
-            s_pad = F.pad(s, (pad_k, pad_k, cq - 1 - halo, 0))
-            c = F.conv2d(s_pad, w, groups=Hq)
-            if causal:
-                c = c.masked_fill(causal_future(r1 - r0, n_keys, c.device), float("-inf"))
+            s_pad, pre, c = _chunk_scores(q_rows, k_seen, w, halo, causal, scale)
             p = torch.softmax(c, dim=-1)
             do_rows = do[:, :, r0:r1].float()
             dp = do_rows @ v_seen.transpose(-1, -2)
@@ -113,7 +108,8 @@ def conv_attention_forward_chunked(q, k, v, weight, causal: bool, scale: float, 
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
     with torch.no_grad(), exact_convolutions():
         for r0, r1, halo, n_keys in _chunks(N, rows or chunk_rows(B, Hq, N), cq, causal):
-            c = _chunk_scores(q[:, :, r0 - halo:r1], k[:, :, :n_keys], weight, halo, causal, scale)
+            c = _chunk_scores(q[:, :, r0 - halo:r1], expand_kv(k[:, :, :n_keys], Hq), weight.float()[:, None], halo,
+                              causal, scale)[2]
             lse[:, :, r0:r1] = torch.logsumexp(c, dim=-1)
             o[:, :, r0:r1] = (torch.softmax(c, dim=-1) @ expand_kv(v[:, :, :n_keys], Hq).float()).to(q.dtype)
     return o, lse

@@ -119,25 +119,18 @@ def test_causal_must_be_a_bool(causal):
     """``bool("no")`` is True: anything but a bool is refused, not coerced."""
     q, k, v = (x.to(DEVICE) for x in qkv())
     w = torch.zeros(4, 2, 3, device=DEVICE)
-    for call in (lambda: mta.naive_attention(q, k, v, causal=causal),
-                 lambda: mta.blocked_attention(q, k, v, block_size=4, causal=causal),
-                 lambda: mta.conv_attention_reference(q, k, v, w, causal=causal),
-                 lambda: mta.reference.conv_attention_probabilities(q, k, w, causal=causal),
-                 lambda: mta.flash_attention(q, k, v, causal=causal),
-                 lambda: mta.conv_attention(q, k, v, w, causal=causal),
-                 lambda: mta.ops.flash_attention(q, k, v, causal=causal),
-                 lambda: mta.ops.conv_attention(q, k, v, w, causal=causal)):
-        with pytest.raises(TypeError, match="causal must be a bool"):
-            call()
-    for call in (lambda: mta.naive_attention(q, k, v, return_lse=causal),
-                 lambda: mta.blocked_attention(q, k, v, block_size=4, return_lse=causal),
-                 lambda: mta.conv_attention_reference(q, k, v, w, return_lse=causal),
-                 lambda: mta.flash_attention(q, k, v, return_lse=causal),
-                 lambda: mta.conv_attention(q, k, v, w, return_lse=causal),
-                 lambda: mta.ops.flash_attention(q, k, v, return_lse=causal),
-                 lambda: mta.ops.conv_attention(q, k, v, w, return_lse=causal)):
-        with pytest.raises(TypeError, match="return_lse must be a bool"):
-            call()
+    calls = (lambda **f: mta.naive_attention(q, k, v, **f),
+             lambda **f: mta.blocked_attention(q, k, v, block_size=4, **f),
+             lambda **f: mta.conv_attention_reference(q, k, v, w, **f),
+             lambda **f: mta.flash_attention(q, k, v, **f),
+             lambda **f: mta.conv_attention(q, k, v, w, **f),
+             lambda **f: mta.ops.flash_attention(q, k, v, **f),
+             lambda **f: mta.ops.conv_attention(q, k, v, w, **f))
+    for flag in ("causal", "return_lse"):
+        for call in calls + ((lambda **f: mta.reference.conv_attention_probabilities(q, k, w, **f)),) * (
+                flag == "causal"):
+            with pytest.raises(TypeError, match=f"{flag} must be a bool"):
+                call(**{flag: causal})
 
 
 def test_numpy_bools_and_ints_are_accepted():
