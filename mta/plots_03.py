@@ -6,7 +6,8 @@ cells show the idea, not the matplotlib.
 * :func:`plot_backward_ownership`: which tiles a dK/dV program and a dQ program visit;
 * :func:`plot_schedules` (03b): programs on SMs, in two launch orders, coloured by query tile, with a colourbar;
 * :func:`plot_bench_launch_order` (03b): measured gain of heaviest-first against the model's, from
-  ``figures/bench_launch_order.json``; the legend sits below the panels, clear of the data.
+  ``figures/bench_launch_order.json``: the benchmark's own figure (:func:`mta.bench.plots.plot_launch_order`)
+  with the model's lines.
 
 Stage codes: :data:`SKIPPED`, :data:`FULL`, :data:`MASKED`.
 """
@@ -19,7 +20,8 @@ from matplotlib.colors import Normalize
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from .bench.plots import provenance_line, select, seq_len_label
+from .bench.plots import plot_launch_order as plot_bench_launch_order  # noqa: F401  (03b's name for it)
+from .bench.plots import seq_len_label
 from .figures import tile_grid_axes
 
 SKIPPED, FULL, MASKED = 0, 1, 2
@@ -164,38 +166,4 @@ def plot_schedules(panels, ideal: float, num_tiles: int, sms: int, title: str):
     fig.tight_layout(rect=(0, 0.05, 0.93, 1))
     cax = fig.add_axes((0.945, 0.2, 0.012, 0.65))
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax, label="query tile (0: first rows, fewest key tiles)")
-    return fig
-
-
-def plot_bench_launch_order(data: dict, model: dict):
-    """Measured ``natural / heaviest-first`` time (solid) and the model's ratio (dashed) against ``N``: one panel
-    per kernel, one colour per (heads, head dim). ``model[(kernel, heads, head_dim, seq_len)]`` is the model's
-    gain. The legend goes below the panels so that no point hides behind it."""
-    kernels = list(dict.fromkeys(r["kernel"] for r in data["results"]))
-    titles = {"flash": "mta.flash_attention forward", "conv": "mta.conv_attention kernel (6x11)"}
-    seq_lens = sorted({r["seq_len"] for r in data["results"]})
-    fig, axes = plt.subplots(1, len(kernels), squeeze=False, sharey=True, figsize=(4.2 * len(kernels), 3.6))
-    handles = []
-    for ax, kernel in zip(axes[0], kernels):
-        records = select(data["results"], kernel=kernel)
-        for i, (h, d) in enumerate(sorted({(r["heads"], r["head_dim"]) for r in records})):
-            rs = sorted(select(records, heads=h, head_dim=d), key=lambda r: r["seq_len"])
-            ns = [r["seq_len"] for r in rs]
-            measured, = ax.plot(ns, [r["speedup"] for r in rs], marker="o", color=f"C{i}",
-                                label=f"measured, B=1 H={h} D={d}")
-            predicted, = ax.plot(ns, [model[(kernel, h, d, n)] for n in ns], marker="x", ls="--", color=f"C{i}",
-                                 alpha=0.7, label=f"model, B=1 H={h} D={d}")
-            if kernel == kernels[0]:
-                handles += [measured, predicted]
-        ax.axhline(1.0, color="0.5", linewidth=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(seq_lens, [seq_len_label(n) for n in seq_lens])
-        ax.xaxis.set_minor_locator(plt.NullLocator())
-        ax.grid(alpha=0.3)
-        ax.set_title(titles.get(kernel, kernel), fontsize=9)
-        ax.set_xlabel("sequence length N")
-    axes[0][0].set_ylabel("natural time / heaviest-first time")
-    fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=2, fontsize=8, frameon=False)
-    fig.suptitle(f"Causal tiles launched heaviest first, bf16\n{provenance_line(data['provenance'])}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.13, 1, 1))
     return fig

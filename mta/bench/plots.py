@@ -168,28 +168,33 @@ def plot_decode(source: Union[str, Path, dict]):
                   data, bottom=0.08)
 
 
-def plot_launch_order(source: Union[str, Path, dict]):
-    """Speedup of heaviest-first tile numbering over the natural one against sequence length: a panel per kernel,
-    a line per (heads, head dim)."""
+def plot_launch_order(source: Union[str, Path, dict], model: Optional[dict] = None):
+    """Measured ``natural / heaviest-first`` time against sequence length (solid): a panel per kernel, a colour per
+    (heads, head dim); with ``model`` (``{(kernel, heads, head_dim, seq_len): gain}``, chapter 03b's list-scheduling
+    model) its gain dashed beside each line. The legend sits below the panels, clear of the data."""
     import matplotlib.pyplot as plt
 
     data = load_results(source)
     kernels = list(dict.fromkeys(r["kernel"] for r in data["results"]))
     titles = {"flash": "mta.flash_attention forward", "conv": "mta.conv_attention kernel (6x11)"}
-    fig, axes = plt.subplots(1, len(kernels), squeeze=False, sharey=True, figsize=(3.4 * len(kernels), 2.8))
+    fig, axes = plt.subplots(1, len(kernels), squeeze=False, sharey=True, figsize=(4.2 * len(kernels), 3.6))
     for ax, kernel in zip(axes[0], kernels):
         records = select(data["results"], kernel=kernel)
         for i, (h, d) in enumerate(sorted({(r["heads"], r["head_dim"]) for r in records})):
-            ax.plot(*zip(*_points(select(records, heads=h, head_dim=d), "speedup")), marker="o", color=f"C{i}",
-                    label=f"B=1 H={h} D={d}")
+            line = _points(select(records, heads=h, head_dim=d), "speedup")
+            ax.plot(*zip(*line), marker="o", color=f"C{i}", label=f"measured, B=1 H={h} D={d}")
+            if model is not None:
+                ax.plot([n for n, _ in line], [model[(kernel, h, d, n)] for n, _ in line], marker="x", ls="--",
+                        color=f"C{i}", alpha=0.7, label=f"model, B=1 H={h} D={d}")
         ax.axhline(1.0, color="0.5", linewidth=0.8)
         seq_len_axis(ax, sorted({r["seq_len"] for r in data["results"]}))
         ax.grid(alpha=0.3)
         ax.set_title(titles.get(kernel, kernel), fontsize=9)
         ax.set_xlabel("sequence length N")
-        ax.legend(fontsize=8)
     axes[0][0].set_ylabel("natural time / heaviest-first time")
-    return titled(fig, "Causal tiles launched heaviest first, bf16", data, bottom=0)
+    handles, labels = _unique_legend(axes)
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    return titled(fig, "Causal tiles launched heaviest first, bf16", data, bottom=0.065 * (1 + (len(labels) + 1) // 2))
 
 
 def plot_startup(source: Union[str, Path, dict]):
