@@ -15,6 +15,7 @@ from triton.runtime.errors import OutOfResources
 from . import conv_backward, conv_forward, runtime, tuning
 from ._checks import check_causal, check_weight, resolve_scale
 from .differentiable_once import differentiable_once
+from .flash import KernelFunction, wrapped_by_functorch
 from .conv_chunked import conv_attention_backward_chunked, conv_attention_forward_chunked
 from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_kernel, conv_dq_kernel,
                             conv_near_kernel)
@@ -444,23 +445,28 @@ def compile_conv_ahead(q, k, v, weight, causal: bool, scale: float) -> None:
         compile_ahead("conv_forward_backward", forward_backward, q, k, v, weight, causal)
 
 
-class ConvAttention(torch.autograd.Function):
+class ConvAttention(KernelFunction):
     """Forward saves ``q, k, v, o``, the fp32 ``lse`` and the weight; backward recomputes the folded keys and
     diagonal scores (cheap, O(N)) and the tiles of ``C`` and ``P`` from them."""
 
     @staticmethod
-    def forward(ctx, q, k, v, weight, causal, scale):
-        o, lse = conv_attention_forward(q, k, v, weight, causal, scale)
+    def forward(q, k, v, weight, causal, scale):  # setup_context and vmap apart: for torch.func's transforms
+        return conv_attention_forward(q, k, v, weight, causal, scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, weight, causal, scale = inputs
+        o, lse = output
         ctx.save_for_backward(q, k, v, o, lse, weight)
         ctx.causal, ctx.scale = causal, scale
         ctx.mark_non_differentiable(lse)
-        return o, lse
 
     @staticmethod
     @differentiable_once  # a second derivative raises, never reads as 0 (mta.differentiable_once)
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, weight = ctx.saved_tensors
-        dq, dk, dv, dweight = conv_attention_backward(do, q, k, v, o, lse, weight, ctx.causal, ctx.scale)
+        backward = torch.ops.mta.conv_attention_backward if wrapped_by_functorch(do) else conv_attention_backward
+        dq, dk, dv, dweight = backward(do, q, k, v, o, lse, weight, ctx.causal, ctx.scale)
         return dq, dk, dv, dweight.to(weight.dtype), None, None
 
 

@@ -13,18 +13,30 @@ import functools
 
 import torch
 
+FORWARD_MODE_MESSAGE = ("mta's fused kernels have no forward-mode derivative (torch.func.jvp, jacfwd, "
+                        "torch.autograd.forward_ad): use reverse mode (backward, torch.func.grad, vjp, jacrev), or "
+                        "mta.conv_attention_reference or mta.naive_attention")
+
 MESSAGE = ("mta's fused kernels are differentiable once: trying to differentiate twice (a derivative of their "
            "gradients, e.g. a gradient penalty) is not supported; use mta.conv_attention_reference or "
            "mta.naive_attention for that")
 
 
 class _RaisesWhenDifferentiated(torch.autograd.Function):
-    """Identity on its inputs (copies: a view made inside a Function could not be modified in place, as a
-    gradient may be); its backward raises."""
+    """Identity on its first ``n`` inputs (copies: a view made inside a Function could not be modified in place,
+    as a gradient may be), its outputs differentiable where any input is; its backward raises. The other inputs
+    (the forward's, requiring grad) only tie the outputs to the graph: ``requires_grad_()`` on a gradient instead
+    would be refused under ``torch.func.grad``."""
+
+    generate_vmap_rule = True  # clones: under torch.func.vmap too
 
     @staticmethod
-    def forward(ctx, *grads):
-        return tuple(g.clone() for g in grads)
+    def forward(n, *tensors):
+        return tuple(g.clone() for g in tensors[:n])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # apart from forward: what torch.func's transforms need
+        pass
 
     @staticmethod
     def backward(ctx, *_):
@@ -43,7 +55,8 @@ def differentiable_once(backward):
         if not torch.is_grad_enabled():  # the usual backward: no graph is being built
             return grads
         tensors = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
-        marked = _RaisesWhenDifferentiated.apply(*(grads[i].detach().requires_grad_() for i in tensors))
+        inputs = [t for t in ctx.saved_tensors if t.requires_grad]  # a gradient is wanted: one at least
+        marked = _RaisesWhenDifferentiated.apply(len(tensors), *(grads[i] for i in tensors), *inputs)
         out = list(grads)
         for i, g in zip(tensors, marked):
             out[i] = g
@@ -52,4 +65,4 @@ def differentiable_once(backward):
     return wrapper
 
 
-__all__ = ["MESSAGE", "differentiable_once"]
+__all__ = ["FORWARD_MODE_MESSAGE", "MESSAGE", "differentiable_once"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_causal, resolve_scale
-from .differentiable_once import differentiable_once
+from .differentiable_once import FORWARD_MODE_MESSAGE, differentiable_once
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
 from .launch import (batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks, dot_precision,
@@ -81,22 +81,65 @@ def compile_flash_ahead(q, k, v, causal: bool, scale: float) -> None:
         compile_ahead("flash_forward_backward", forward_backward, q, k, v, causal)
 
 
-class FlashAttention(torch.autograd.Function):
+def wrapped_by_functorch(do: torch.Tensor) -> bool:
+    """Whether a backward runs under ``torch.func``'s transforms or ``autograd.grad(..., is_grads_batched=True)``:
+    its tensors are then wrappers, which Triton cannot read and the backward op (:mod:`mta.ops`) unwraps. Else
+    the launcher runs directly: the op's dispatch costs about 45 us a call on an H100."""
+    return torch._C._are_functorch_transforms_active() or _is_legacy_batched(do)  # the latter: is_grads_batched
+
+
+# is_grads_batched's vmap makes "legacy" batched tensors; where torch cannot tell, the op always (safe, slower).
+_is_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda t: True)
+
+
+def vmap_as_batch(function, info, in_dims, *args):
+    """The ``vmap`` rule of ``function`` (an ``autograd.Function`` over ``[B, H, N, D]`` tensors, then flags):
+    the mapped axis folded into the batch, one call; where another argument (the weight) is mapped, one call
+    per entry, stacked. Returns ``(outputs, out_dims)``, as ``torch.func.vmap`` wants."""
+    n = info.batch_size
+    if any(d is not None for x, d in zip(args[3:], in_dims[3:]) if isinstance(x, torch.Tensor)):
+        parts = [function.apply(*(x if d is None else x.select(d, i) for x, d in zip(args, in_dims)))
+                 for i in range(n)]
+        return tuple(torch.stack(x) for x in zip(*parts)), (0, 0)
+    qkv = [x.unsqueeze(0).expand(n, *x.shape) if d is None else x.movedim(d, 0) for x, d in zip(args[:3], in_dims)]
+    out = function.apply(*(x.reshape(-1, *x.shape[2:]) for x in qkv), *args[3:])
+    return tuple(x.view(n, qkv[0].shape[1], *x.shape[1:]) for x in out), (0, 0)
+
+
+class KernelFunction(torch.autograd.Function):
+    """What the fused attention Functions share for ``torch.func``: ``vmap`` (:func:`vmap_as_batch`) and a ``jvp``
+    that says forward mode is not supported. Their ``setup_context`` is apart from ``forward``, as the transforms
+    need."""
+
+    @classmethod
+    def vmap(cls, info, in_dims, *args):
+        return vmap_as_batch(cls, info, in_dims, *args)
+
+    @staticmethod
+    def jvp(ctx, *tangents):  # torch's own error here would ask mta to write one
+        raise NotImplementedError(FORWARD_MODE_MESSAGE)
+
+
+class FlashAttention(KernelFunction):
     """Forward saves ``q, k, v, o`` and the fp32 ``lse``; backward recomputes P from them."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        o, lse = flash_forward(q, k, v, causal, scale)
-        ctx.save_for_backward(q, k, v, o, lse)
+    def forward(q, k, v, causal, scale):
+        return flash_forward(q, k, v, causal, scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, causal, scale = inputs
+        ctx.save_for_backward(q, k, v, *output)
         ctx.causal, ctx.scale = causal, scale
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+        ctx.mark_non_differentiable(output[1])
 
     @staticmethod
     @differentiable_once  # a second derivative raises, never reads as 0 (mta.differentiable_once)
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
+        backward = torch.ops.mta.flash_attention_backward if wrapped_by_functorch(do) else flash_backward
+        dq, dk, dv = backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
         return dq, dk, dv, None, None
 
 

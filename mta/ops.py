@@ -18,7 +18,10 @@ The Python functions of this module have the same keyword interface as :func:`mt
 :func:`mta.flash_attention`, :func:`mta.decode_attention` and :func:`mta.conv_decode_attention` and call the ops.
 Those functions run their launchers directly when called eagerly, and call these ops while ``torch.compile``
 traces them, so a compiled model may use either. Inputs are checked by the eager functions inside each op, so errors
-read the same either way.
+read the same either way. Two crossings the other way: under ``torch.func``'s transforms (and
+``is_grads_batched``) the eager functions' backward calls the backward ops (an op unwraps the transforms' tensors
+for Triton; :func:`mta.flash.wrapped_by_functorch`), and this module's functions call the eager ones
+(:func:`_transformed`).
 """
 
 from __future__ import annotations
@@ -31,9 +34,18 @@ from . import conv as _conv
 from . import flash as _flash
 from ._checks import check_causal, check_weight, is_int, is_int_list, resolve_scale
 from .decode import check_num_splits
+from .differentiable_once import MESSAGE
 from .launch import check_kernel_inputs
 from .conv_decode import conv_decode_attention as _conv_decode_attention
 from .decode import decode_attention as _decode_attention
+
+
+def _transformed() -> bool:
+    """Called eagerly under ``torch.func``'s transforms (grad, vmap, jvp): the op's generated autograd cannot be
+    transformed there (torch refuses it under grad, and gives jvp a zero tangent without a word); the eager
+    functions' ``autograd.Function`` can, or names what it cannot do."""
+    return not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # MTA: forward, backward, autograd
@@ -94,6 +106,8 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     check_weight(weight, num_heads=q.shape[1], device=q.device)
     causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
     scale = resolve_scale(scale, q.shape[-1])
+    if _transformed():
+        return _conv.conv_attention(q, k, v, weight, causal=causal, scale=scale, return_lse=return_lse)
     _conv.compile_conv_ahead(q, k, v, weight, causal, scale)  # eager first calls only
     o, lse = torch.ops.mta.conv_attention(q, k, v, weight, causal, scale)
     return (o, lse) if return_lse else o
@@ -144,11 +158,21 @@ def _flash_backward(ctx, do, _dlse):
 _flash_attention_op.register_autograd(_flash_backward, setup_context=_flash_setup_context)
 
 
+def _second_derivative(ctx, *_):
+    raise RuntimeError(MESSAGE)
+
+
+for _op in (_conv_attention_backward_op, _flash_attention_backward_op):  # as eagerly (mta.differentiable_once)
+    _op.register_autograd(_second_derivative)
+
+
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):
     """:func:`mta.flash_attention` through the ``mta::flash_attention`` op (same arguments, same results)."""
     check_kernel_inputs(q, k, v)
     causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
     scale = resolve_scale(scale, q.shape[-1])
+    if _transformed():
+        return _flash.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
     _flash.compile_flash_ahead(q, k, v, causal, scale)  # eager first calls only
     o, lse = torch.ops.mta.flash_attention(q, k, v, causal, scale)
     return (o, lse) if return_lse else o
