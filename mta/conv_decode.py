@@ -13,7 +13,7 @@ from triton.runtime.errors import OutOfResources
 from . import conv_forward
 from ._checks import check_weight, is_int, resolve_scale
 from .conv_decode_rows import conv_decode_rows
-from .decode import check_new_queries, check_num_splits, check_seqlens, launch_decode
+from .decode import check_new_queries, check_num_splits, check_seqlens, launch_decode, wide_offsets
 from .decode_kernels import fold_queries_kernel
 from .launch import check_kernel_inputs, head_dim_block, launch
 
@@ -33,7 +33,7 @@ def fold_queries(q_cache, weight, lens, n_new: int) -> torch.Tensor:
     block_d = head_dim_block(D)
     launch(fold_queries_kernel, (B * Hq, ck),
         q_cache, weight, lens, qf, *q_cache.stride(), *qf.stride(), n_max, n_new, Hq, HAS_LENS=lens is not None,
-        CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_T=16, num_warps=4)
+        CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_T=16, WIDE=wide_offsets(q_cache), num_warps=4)
     return qf
 
 

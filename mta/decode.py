@@ -200,6 +200,13 @@ def _check_length_range(low: int, high: int, n_min: int, n_max: int, what: str) 
                          f"its new tokens")
 
 
+def wide_offsets(*tensors: torch.Tensor) -> bool:
+    """Whether a sequence's part of one of ``tensors`` (all but the batch axis, which the kernels address in
+    int64) reaches 2**31 elements: its indices times strides would wrap around in int32 (one sequence of 4M keys
+    with 5 kv heads of 128, a query cache of 512k positions with 32 heads of 128)."""
+    return any(sum((n - 1) * s for n, s in zip(t.shape[1:], t.stride()[1:])) >= 2 ** 31 for t in tensors)
+
+
 def split_states(splits: int, rows: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(m, l, acc)``: ``[splits, rows]``, ``[splits, rows]``, ``[splits, rows, D]`` fp32, views of one buffer (one
     allocation per step, not three: a decode step's host time is most of its time at short caches)."""
@@ -252,7 +259,7 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D,
         BLOCK_D=block_d, ROWS=tile_rows, BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e,
         BLOCK_W=next_power_of_2(block_e + ck - 1), PDL=pdl, PRECISION=dot_precision(k.dtype),
-        num_warps=warps, num_stages=stages)
+        WIDE=wide_offsets(q, k, v), num_warps=warps, num_stages=stages)
     if not one:
         launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,
                BLOCK_S=COMBINE_BLOCK_S, PDL=pdl, num_warps=1 if block_d <= 64 else 2,

@@ -168,7 +168,8 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
                         CQ: tl.constexpr, CK: tl.constexpr,
                         E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
                         BLOCK_M: tl.constexpr, STACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
-                        BLOCK_W: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr):
+                        BLOCK_W: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr,
+                        WIDE: tl.constexpr = False):
     """The state of one split for the ``G * n`` rows of a (batch, kv head) pair.
 
     Plain attention: ``Q [B, Hq, n, D]``, the new queries. MTA (``FOLD``): ``Q [B, Hq, n_max, D]``, the query
@@ -180,7 +181,9 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     ``ACC_PART [S, B * Hq * n, D]`` (``m`` in base-2 units). ``PDL``: the merge kernel is launched as a
     programmatic dependent (Hopper on) and may be scheduled as soon as every program has started. Grid:
     ``(splits, B * Hkv, row tiles)``; a row tile is ``ROWS`` rows in ``BLOCK_M >= 16`` slots
-    (:func:`group_rows`), MTA's stacked ``STACK`` rows (:func:`_far_tiles`).
+    (:func:`group_rows`), MTA's stacked ``STACK`` rows (:func:`_far_tiles`). ``WIDE``: a sequence's part of a
+    tensor spans 2**31 elements or more (:func:`mta.decode.wide_offsets`): every index is int64, so that no
+    ``index * stride`` wraps around (int32 otherwise, the same code as without the flag).
     """
     if PDL:
         gdc_launch_dependents()
@@ -188,11 +191,15 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     b = tl.program_id(1) // num_kv_heads
     kv_h = tl.program_id(1) % num_kv_heads
     group_size = num_heads // num_kv_heads
+    if WIDE:  # the indices below derive from these: all int64
+        kv_h = kv_h.to(tl.int64)
     h, t, copy, exists = group_rows(tl.program_id(2), kv_h, n_new, group_size, ROWS, BLOCK_M)
     row_ok = exists & (copy == 0)
     seq_len = sequence_length(LENS, b, n_max, HAS_LENS)
-    i = seq_len - n_new + t  # each row's position in its sequence
     offs_d = tl.arange(0, BLOCK_D)
+    if WIDE:
+        seq_len, t, offs_d = seq_len.to(tl.int64), t.to(tl.int64), offs_d.to(tl.int64)
+    i = seq_len - n_new + t  # each row's position in its sequence
     b64 = b.to(tl.int64)  # a batch of long caches passes 2**31 elements
     k_base = K + b64 * stride_kb + kv_h * stride_kh
     v_base = V + b64 * stride_vb + kv_h * stride_vh
@@ -210,6 +217,8 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     # The rows of the far tiles' product: MTA stacks ck folded copies of the program's rows (row s: copy
     # s // ROWS of row s % ROWS); plain attention has one copy (STACK = ROWS = BLOCK_M).
     h_s, t_s, shift, exists_s = group_rows(tl.program_id(2), kv_h, n_new, group_size, ROWS, STACK)
+    if WIDE:
+        t_s = t_s.to(tl.int64)
     q_ok = exists_s & (shift < CK)
     if FOLD:
         q = folded_rows(Q + b64 * stride_qb, W, h_s, seq_len - n_new + t_s, q_ok, shift, offs_d, seq_len,
@@ -295,16 +304,18 @@ def folded_rows(q_base, W, h, i, ok, kb, offs_d, seq_len, stride_qh, stride_qm, 
 def fold_queries_kernel(Q, W, LENS, QF, stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_fb, stride_fh, stride_fa, stride_fm, stride_fd, n_max, n_new, num_heads,
                         HAS_LENS: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, D: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+                        BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, WIDE: tl.constexpr = False):
     """``QF[b, h, kb, t] = sum_a W[h, a, kb] q[i - (cq-1) + a]`` for the new queries ``i = len - n + t``, in
     QF's dtype (fp32 sums; :func:`folded_rows`, which the split kernel runs for its own rows). Grid:
-    ``(B * Hq, CK)``."""
+    ``(B * Hq, CK)``. ``WIDE``: int64 indices, as in :func:`decode_split_kernel`."""
     b = tl.program_id(0) // num_heads
     h = tl.program_id(0) % num_heads
     kb = tl.program_id(1)
     seq_len = sequence_length(LENS, b, n_max, HAS_LENS)
     offs_d = tl.arange(0, BLOCK_D)
     t = tl.arange(0, BLOCK_T)
+    if WIDE:
+        h, seq_len, offs_d, t = h.to(tl.int64), seq_len.to(tl.int64), offs_d.to(tl.int64), t.to(tl.int64)
     ok = t < n_new
     qf = folded_rows(Q + b.to(tl.int64) * stride_qb, W, h + 0 * t, seq_len - n_new + t, ok, kb + 0 * t, offs_d,
                      seq_len, stride_qh, stride_qm, stride_qd, CQ, CK, D)

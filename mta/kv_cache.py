@@ -98,14 +98,20 @@ class KVCache:
         n = k.shape[1]
         if n > self.max_len:
             raise ValueError(f"a prompt of {n} tokens does not fit a cache of {self.max_len} positions")
-        lengths = torch.full((self.batch,), n, dtype=torch.int64) if lengths is None else _int_lengths(lengths)
-        if tuple(lengths.shape) != (self.batch,) or int(lengths.min()) < 1 or int(lengths.max()) > n:
-            raise ValueError(f"lengths must hold {self.batch} values in 1 .. {n}, got {lengths.tolist()}")
+        lengths = self.prompt_lengths(lengths, n)
         self.k[:, :n] = k.detach().to(self.k.dtype)  # a cache holds values, not a graph
         self.v[:, :n] = v.detach().to(self.v.dtype)
         if self.q is not None:
             self.q[:, :n] = q.detach().to(self.q.dtype)
         self.lengths.copy_(lengths)
+
+    def prompt_lengths(self, lengths, n: int) -> torch.Tensor:
+        """The real lengths of a right-padded prompt batch of ``n`` positions (``None``: all ``n``), checked: a CPU
+        int64 tensor ``[B]`` of values in ``1 .. n``."""
+        lengths = torch.full((self.batch,), n, dtype=torch.int64) if lengths is None else _int_lengths(lengths)
+        if tuple(lengths.shape) != (self.batch,) or int(lengths.min()) < 1 or int(lengths.max()) > n:
+            raise ValueError(f"lengths must hold {self.batch} values in 1 .. {n}, got {lengths.tolist()}")
+        return lengths
 
     def _check_tokens(self, q: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor) -> None:
         """Before anything is written: ``k``, ``v`` ``[B, n, Hkv, D]`` and (when queries are kept) ``q``

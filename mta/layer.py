@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from . import ops
-from ._checks import check_count
+from ._checks import check_count, is_int
 from .conv_forward import MAX_CK, MAX_CQ
 from .decode import MAX_NEW_QUERIES
 from .kv_cache import KVCache
@@ -90,9 +90,9 @@ class MultiTokenAttention(nn.Module):
         if not isinstance(kernel_size, (tuple, list)):
             raise TypeError(f"kernel_size must be two ints (cq, ck), got {kernel_size!r}")
         kernel_size = tuple(kernel_size)
-        if len(kernel_size) != 2 or any(isinstance(s, bool) or not isinstance(s, int) for s in kernel_size):
+        if len(kernel_size) != 2 or not all(is_int(s) for s in kernel_size):  # numpy ints too, as dim and heads
             raise TypeError(f"kernel_size must be two ints (cq, ck), got {kernel_size!r}")
-        cq, ck = kernel_size
+        cq, ck = kernel_size = tuple(int(s) for s in kernel_size)
         if cq < 1 or ck < 1:
             raise ValueError(f"kernel_size must be at least (1, 1), got {kernel_size}")
         if ck % 2 == 0:
@@ -240,14 +240,21 @@ class MultiTokenAttention(nn.Module):
         """Run the fused causal forward on a prompt ``x [B, N, dim]`` and fill the empty ``cache`` with it.
 
         ``lengths`` ``[B]`` (ints): a right-padded batch's real lengths (default: all ``N``); a causal layer's
-        rows before a sequence's end never see the padding, and decoding continues at each sequence's length.
-        Returns ``[B, N, dim]`` (rows at or past a sequence's length are padding).
+        rows before a sequence's end never see the padding (zeroed first: it may hold anything, NaN included), and
+        decoding continues at each sequence's length. Returns ``[B, N, dim]`` (rows at or past a sequence's length
+        are padding).
         """
         self._check_input(x)
         self._check_cache(x, cache)
         if not cache.is_empty:
             raise ValueError("prefill needs an empty cache (every length 0)")
         N = x.shape[1]
+        if lengths is not None:
+            lengths = cache.prompt_lengths(lengths, N)
+            pad = torch.arange(N) >= lengths[:, None]  # on the host, as the lengths
+            if pad.any():  # zeroed: a row's later keys get probability 0 in the kernels, but 0 * NaN (or inf) in
+                # P @ V is NaN, so non-finite padding would reach the rows before a sequence's end
+                x = x.masked_fill(pad.to(x.device, non_blocking=True)[..., None], 0.0)
         q, k, v = self._project(x, torch.arange(N, device=x.device))
         # Attend in the cache's dtype, as the decode steps will; the cache is filled once that has worked.
         qc, kc, vc = (t.to(cache.k.dtype).transpose(1, 2) for t in (q, k, v))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import numbers
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -40,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import runtime
+from ._checks import check_count
 from .layer import MultiTokenAttention
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -61,12 +63,15 @@ class TaskConfig:
     letters: int = 26
 
     def __post_init__(self):
+        for name in ("num_blocks", "block_len", "query_len", "letters"):  # a float or a bool failed deep in torch
+            check_count(name, getattr(self, name))  # ints, at least 1
         if not 1 <= self.query_len <= self.block_len <= self.letters <= 26:
             raise ValueError(f"need 1 <= query_len <= block_len <= letters <= 26, got {self}")
-        if self.num_blocks < 1:
-            raise ValueError(f"num_blocks must be at least 1, got {self.num_blocks}")
         if self.query_len == self.block_len and self.num_blocks > 1:
             raise ValueError("query_len == block_len leaves no room for other blocks without the query letters")
+        if self.letters == self.block_len and self.num_blocks > 1:  # make_batch would redraw them forever
+            raise ValueError(f"letters == block_len ({self.letters}) makes every block hold every letter: no block "
+                             f"but the target can be without the query letters; use more letters or one block")
 
     @property
     def seq_len(self) -> int:
@@ -81,6 +86,7 @@ def make_batch(task: TaskConfig, batch: int, generator: torch.Generator) -> tupl
     ``target_block`` in random order; any other block that holds all the query letters is redrawn until none does.
     The last ``block_len`` tokens are the target block.
     """
+    batch = check_count("batch", batch)
     nb, L, Q = task.num_blocks, task.block_len, task.query_len
 
     def draw_blocks(n):  # n blocks of L distinct letters: the first L of a random permutation
@@ -215,6 +221,21 @@ class TrainConfig:
     eval_samples: int = 512
     eval_every: int = 250
     log_every: int = 25
+
+    def __post_init__(self):
+        # Checked here, so that the CLI's --lr, --steps and --batch give usage errors, not a traceback from the
+        # optimizer (lr=nan or -1) or silent NaN losses (lr=inf).
+        for name in ("steps", "batch", "eval_samples", "eval_every", "log_every"):
+            check_count(name, getattr(self, name))
+        check_count("warmup", self.warmup, minimum=0)
+        for name in ("lr", "min_lr_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite positive number, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
 
 @dataclass(frozen=True)
@@ -443,6 +464,9 @@ def run_all(cfg: ToyConfig, arms, seeds, out: Optional[Path] = None, *, progress
     save each trained model there (:func:`weights_path`)."""
     from .bench.harness import provenance
 
+    # Each (arm, seed) once: a repeated seed (--seeds 0 0 1) trained the same run again and weighed it twice in
+    # the summary's mean.
+    arms, seeds = list(dict.fromkeys(arms)), list(dict.fromkeys(seeds))
     results = {"provenance": provenance(), "config": config_dict(cfg), "seq_len": cfg.task.seq_len, "runs": []}
     if out is not None and Path(out).exists():
         old = json.loads(Path(out).read_text())
@@ -516,6 +540,11 @@ def main(argv=None) -> dict:
             check_mta_layers(cfg.model)
     except ValueError as error:
         parser.error(str(error))
+    # Checked before training, not when the first run's results are written.
+    if args.out is not None and args.out.is_dir():
+        parser.error(f"--out {args.out} is a directory: give the JSON file to write")
+    if args.save_weights is not None and args.save_weights.exists() and not args.save_weights.is_dir():
+        parser.error(f"--save-weights {args.save_weights} is a file: give a directory")
     print(f"find the block: {cfg.task.seq_len} tokens per sample, {runtime.describe()}")
     results = run_all(cfg, args.arm, args.seeds, args.out, progress=not args.no_progress,
                       weights_dir=args.save_weights)
