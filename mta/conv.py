@@ -24,7 +24,7 @@ from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stre
 from .flash_backward import rowsum_do_o_kernel
 from .launch import (batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
                      dot_precision, empty_contiguous, head_dim_block, in_dry_run, launch, launch_tiled, next_power_of_2,
-                     shared_memory_limit, shifted_head_dim_block, wants_gradients)
+                     shared_memory_limit, shifted_head_dim_block, wants_gradients, within_int32_indexing)
 from .tuning import size_bucket
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
@@ -213,6 +213,7 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
     if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
         return concat_chunks(chunks, conv_attention_forward, (q, k, v), weight, causal, scale)
     compile_ahead("conv_forward", lambda *x: conv_attention_forward(*x, scale), q, k, v, weight, causal)
+    q, k, v = within_int32_indexing(q, k, v, rows_per_head=weight.shape[1])
     kf, cd = conv_prepasses(q, k, weight, causal)
     try:
         return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), causal, scale)
@@ -331,6 +332,7 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
             return parts[0]
         dq, dk, dv = (torch.cat(x) for x in list(zip(*parts))[:3])
         return dq, dk, dv, functools.reduce(torch.add, (p[3] for p in parts))  # summed in batch order
+    do, q, k, v, o = within_int32_indexing(do, q, k, v, o, rows_per_head=weight.shape[1])
     if runs_chunked(weight.shape[1], q.shape[-1], q.dtype):
         if in_dry_run():  # nothing of Triton's to compile
             return None, None, None, None

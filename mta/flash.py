@@ -14,7 +14,8 @@ from .differentiable_once import FORWARD_MODE_MESSAGE, differentiable_once
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
 from .launch import (batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks, dot_precision,
-                     empty_contiguous, head_dim_block, launch, launch_tiled, wants_gradients)
+                     empty_contiguous, head_dim_block, launch, launch_tiled, wants_gradients,
+                     within_int32_indexing)
 from .tuning import size_bucket
 
 
@@ -27,6 +28,7 @@ def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
     """
     if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
         return concat_chunks(chunks, lambda *t: flash_forward(*t, causal, scale, kernel, **config), (q, k, v))
+    q, k, v = within_int32_indexing(q, k, v)
     B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
     o = empty_contiguous(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
@@ -46,6 +48,7 @@ def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
         return concat_chunks(chunks, flash_backward, (do, q, k, v, o, lse), causal, scale)
     compile_ahead("flash_backward", lambda *x: flash_backward(*x, scale), do, q, k, v, o, lse, causal)
+    do, q, k, v, o = within_int32_indexing(do, q, k, v, o)
     B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
     block_d = head_dim_block(D)
     precision = dot_precision(q.dtype)

@@ -227,6 +227,27 @@ def empty_contiguous(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch
     return torch.empty(x.shape, dtype=x.dtype if dtype is None else dtype, device=x.device)
 
 
+#: Elements a kernel's int32 index arithmetic reaches: positions and features are int32 in the flash and MTA
+#: kernels (batch and head offsets are int64).
+INT32_INDEX_LIMIT = 2 ** 31
+
+
+def within_int32_indexing(*tensors: torch.Tensor, rows_per_head: int = 1) -> list[torch.Tensor]:
+    """``tensors`` (``[B, H, N, D]``), each copied contiguous where one head's positions and features span
+    :data:`INT32_INDEX_LIMIT` elements (a ``[B, N, H, D]`` view of 512k tokens x 32 heads of 128: position
+    stride ``H D``), so that no ``position * stride`` wraps around. ValueError where even a contiguous head does
+    not fit (``rows_per_head``: the ``N x D`` blocks a kernel keeps per head, MTA's ``cq`` folded copies)."""
+    def span(t):
+        return sum(max(n - 1, 0) * st for n, st in zip(t.shape[2:], t.stride()[2:])) + 1
+    out = [t.contiguous() if span(t) >= INT32_INDEX_LIMIT else t for t in tensors]
+    n, d = out[0].shape[2:]
+    if max(span(t) for t in out) >= INT32_INDEX_LIMIT or rows_per_head * n * d >= INT32_INDEX_LIMIT:
+        raise ValueError(f"sequences of {n} positions x head dim {d}"
+                         + (f" x {rows_per_head} folded copies" if rows_per_head > 1 else "")
+                         + " span 2**31 elements or more per head: more than the kernels index (int32)")
+    return out
+
+
 def wants_gradients(*tensors: torch.Tensor) -> bool:
     """An eager call whose backward will follow (autograd on, an input requiring grad, not being traced)."""
     return (not torch.compiler.is_compiling() and torch.is_grad_enabled()

@@ -94,3 +94,37 @@ def record_hopper_tiles(monkeypatch, module) -> list:
         launched.append(tile if config or fit is None else fit(tile))
     monkeypatch.setattr(module, "launch_tiled", launch_tiled)
     return launched
+
+
+def run_child_case(test_file: str, case: str) -> None:
+    """``python test_file case`` in a child process, for a case whose failure can kill the process (a read outside
+    a buffer): passes if it prints "OK" last, skips if it prints "SKIP ...", else fails with its output."""
+    import os
+    import subprocess
+    import sys
+
+    root = str(pathlib.Path(__file__).resolve().parents[1])  # mta importable without an install
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, test_file, case], capture_output=True, text=True, timeout=300, env=env)
+    if run.returncode == 0 and "SKIP" in run.stdout:
+        pytest.skip(run.stdout.strip())
+    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), \
+        f"exit code {run.returncode}\n{run.stdout}\n{run.stderr[-3000:]}"
+
+
+def wide_views(extra: int):
+    """``view(shape, stride, offset)``: a view of one lazily allocated fp16 buffer of ``2**31 + extra`` elements,
+    filled with seeded normal values (only the elements it covers are touched), or None (and "SKIP" printed, for
+    :func:`run_child_case`) where there is no room for it."""
+    try:
+        buf = torch.empty(2 ** 31 + extra, dtype=torch.float16, device=DEVICE)
+    except (RuntimeError, MemoryError):
+        print("SKIP: no room for a 4 GiB buffer")
+        return None
+    rnd = torch.Generator(device="cpu").manual_seed(0)
+
+    def view(shape, stride, offset):
+        x = buf.as_strided(shape, stride, offset)
+        x.copy_(torch.randn(shape, generator=rnd).half())
+        return x
+    return view
