@@ -204,7 +204,8 @@ def wide_offsets(*tensors: torch.Tensor) -> bool:
     """Whether a sequence's part of one of ``tensors`` (all but the batch axis, which the kernels address in
     int64) reaches 2**31 elements: its indices times strides would wrap around in int32 (one sequence of 4M keys
     with 5 kv heads of 128, a query cache of 512k positions with 32 heads of 128)."""
-    return any(sum((n - 1) * s for n, s in zip(t.shape[1:], t.stride()[1:])) >= 2 ** 31 for t in tensors)
+    return any((t.numel() // max(t.shape[0], 1) if t.is_contiguous()  # the short way, at every decode step
+                else sum((n - 1) * s for n, s in zip(t.shape[1:], t.stride()[1:]))) >= 2 ** 31 for t in tensors)
 
 
 def split_states(splits: int, rows: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -237,15 +237,22 @@ def within_int32_indexing(*tensors: torch.Tensor, rows_per_head: int = 1) -> lis
     :data:`INT32_INDEX_LIMIT` elements (a ``[B, N, H, D]`` view of 512k tokens x 32 heads of 128: position
     stride ``H D``), so that no ``position * stride`` wraps around. ValueError where even a contiguous head does
     not fit (``rows_per_head``: the ``N x D`` blocks a kernel keeps per head, MTA's ``cq`` folded copies)."""
-    def span(t):
-        return sum(max(n - 1, 0) * st for n, st in zip(t.shape[2:], t.stride()[2:])) + 1
-    out = [t.contiguous() if span(t) >= INT32_INDEX_LIMIT else t for t in tensors]
-    n, d = out[0].shape[2:]
-    if max(span(t) for t in out) >= INT32_INDEX_LIMIT or rows_per_head * n * d >= INT32_INDEX_LIMIT:
+    out = [t.contiguous() if _head_span(t) >= INT32_INDEX_LIMIT else t for t in tensors]
+    n, d = max((t.shape[2:] for t in out), key=lambda nd: nd[0] * nd[1])
+    if rows_per_head * n * d >= INT32_INDEX_LIMIT:
         raise ValueError(f"sequences of {n} positions x head dim {d}"
                          + (f" x {rows_per_head} folded copies" if rows_per_head > 1 else "")
                          + " span 2**31 elements or more per head: more than the kernels index (int32)")
     return out
+
+
+def _head_span(t: torch.Tensor) -> int:
+    """Elements one head of ``t`` (``[B, H, N, D]``) reaches, first to last, plus one (called at every launch:
+    contiguous tensors take the short way)."""
+    n, d = t.shape[2], t.shape[3]
+    if t.is_contiguous():
+        return n * d
+    return max(n - 1, 0) * t.stride(2) + max(d - 1, 0) * t.stride(3) + 1
 
 
 def wants_gradients(*tensors: torch.Tensor) -> bool:
