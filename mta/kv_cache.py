@@ -44,6 +44,8 @@ class KVCache:
         """An empty cache (every length 0). ``keep_queries``: also hold the queries (MTA layers). ``dtype``: fp32,
         fp16 or bf16 (what the decode kernels read)."""
         batch, max_len = check_count("batch", batch), check_count("max_len", max_len)
+        num_heads, num_kv_heads = check_count("num_heads", num_heads), check_count("num_kv_heads", num_kv_heads)
+        head_dim = check_count("head_dim", head_dim)
         if dtype not in CACHE_DTYPES:
             raise TypeError(f"a cache holds fp32, fp16 or bf16 (what the decode kernels read), got dtype={dtype}")
 

@@ -228,8 +228,8 @@ class MultiTokenAttention(nn.Module):
 
     def new_cache(self, batch: int, max_len: int, *, dtype: Optional[torch.dtype] = None, device=None) -> KVCache:
         """An empty :class:`mta.KVCache` for this layer (queries kept for MTA). ``dtype``: that of the activations
-        the projections produce (default: the projections' weight dtype; ``torch.bfloat16`` under bf16
-        autocast)."""
+        the projections produce (default: the projections' weight dtype, autocast or not: pass ``torch.bfloat16``
+        under bf16 autocast)."""
         weight = self.q_proj.weight
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")

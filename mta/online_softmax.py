@@ -88,6 +88,8 @@ def empty_state(prefix_shape, head_dim: int, *, dtype=torch.float32, device=None
         raise TypeError(f"prefix_shape must be an int or a shape (ints), got {prefix_shape!r}")
     if not is_int(head_dim):
         raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__} {head_dim!r}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"a state holds floats (m is -inf where no key was seen), got dtype={dtype!r}")
     prefix_shape, head_dim = tuple(int(n) for n in prefix_shape), int(head_dim)
     if head_dim < 0 or any(n < 0 for n in prefix_shape):
         raise ValueError(f"sizes must be >= 0, got prefix_shape {prefix_shape} and head_dim {head_dim}")

@@ -191,6 +191,9 @@ def test_the_attention_state_algebra_names_bad_input():
                               (3.0, 4, TypeError), (None, 4, TypeError), (3, 4.0, TypeError), (3, True, TypeError)]:
         with pytest.raises(error, match="prefix_shape|head_dim|sizes"):
             mta.empty_state(shape, dim)
+    for dtype in (torch.int64, torch.bool, "float32"):  # int64 raised torch's overflow error on -inf
+        with pytest.raises(TypeError, match="state holds floats"):
+            mta.empty_state(3, 4, dtype=dtype)
     state = mta.attention_state(s, v)
     for bad in (None, (s, s), "state"):
         with pytest.raises(TypeError, match="AttentionState"):
@@ -198,3 +201,13 @@ def test_the_attention_state_algebra_names_bad_input():
         with pytest.raises(TypeError, match="AttentionState"):
             mta.finalize_state(bad)
     assert torch.equal(mta.finalize_state(tuple(state))[0], mta.finalize_state(state)[0])  # a plain triple
+
+
+def test_an_empty_cache_names_a_bad_head_count_or_head_dim():
+    # Before: torch's "Dimension size must be non-negative" (-1) or "zeros(): argument 'size'" (2.0).
+    import numpy as np
+    for args, name in [((1, 4, 2, 1, -1), "head_dim"), ((1, 4, 2.0, 1, 4), "num_heads"),
+                       ((1, 4, 2, 0, 4), "num_kv_heads"), ((1, 4, 2, True, 4), "num_kv_heads")]:
+        with pytest.raises((TypeError, ValueError), match=name):
+            mta.KVCache.empty(*args, keep_queries=True)
+    assert mta.KVCache.empty(1, 4, np.int64(2), 1, 4, keep_queries=True).q.shape == (1, 4, 2, 4)
