@@ -419,7 +419,28 @@ def attention_row_by_row(q, k, v, *, block_size, causal=False):
     return torch.cat(outs, -2), torch.cat(lses, -1)
 
 
+def attention_max_from_zero(q, k, v, *, block_size, causal=False):
+    """Wrong: the running max starts at 0 instead of -inf (no guard needed): right while a row's max is above about
+    -745, where exp(s - 0) still holds a float64; o = 0 and lse = -inf below."""
+    Nq, Nk = q.shape[-2], k.shape[-2]
+    k, v = _gqa(k, q.shape[1]), _gqa(v, q.shape[1])
+    m = torch.zeros(q.shape[:-1], dtype=q.dtype)
+    l, acc = torch.zeros_like(m), torch.zeros_like(q)
+    for start in range(0, Nk, block_size):
+        s = q.shape[-1] ** -0.5 * (q @ k[..., start:start + block_size, :].transpose(-1, -2))
+        if causal:
+            cols = torch.arange(start, min(start + block_size, Nk))[None, :]
+            s = s.masked_fill(cols > torch.arange(Nq)[:, None] + (Nk - Nq), float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        p, alpha = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
+        l, acc, m = alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v[..., start:start + block_size, :], m_new
+    seen = l > 0
+    l_safe = torch.where(seen, l, torch.ones_like(l))
+    return acc / l_safe[..., None], torch.where(seen, m + torch.log(l_safe), torch.full_like(m, -math.inf))
+
+
 @pytest.mark.parametrize("wrong, case", [
+    (attention_max_from_zero, "every score below -1000 (a running max that starts at 0 underflows)"),
     (attention_row_by_row, "never the scores of all keys at once"),
     (attention_drops_tail, "not causal, Nk = 37 (not a multiple of block 8)"),
     (attention_top_left, "causal, Nq = 5 < Nk = 37 (bottom-right)"),
@@ -428,3 +449,34 @@ def attention_row_by_row(q, k, v, *, block_size, causal=False):
 ])
 def test_online_attention_rejects(wrong, case):
     expect_failure(ch02.check_online_attention(wrong), case)
+
+
+def test_online_attention_accepts_an_additive_mask_for_all_keys(capsys):
+    """Right: one additive causal mask [Nq, Nk] (0 or -inf) made once, sliced per key block. It is not a score
+    matrix: the checker must not read it as the scores of all keys at once."""
+    def online_attention(q, k, v, *, block_size, causal=False):
+        Nq, Nk = q.shape[-2], k.shape[-2]
+        k, v = _gqa(k, q.shape[1]), _gqa(v, q.shape[1])
+        bias = torch.zeros(Nq, Nk, dtype=q.dtype)
+        if causal:
+            bias = bias.masked_fill(torch.ones(Nq, Nk, dtype=torch.bool).triu(Nk - Nq + 1), -math.inf)
+        state = mta.empty_state(q.shape[:-1], q.shape[-1], dtype=q.dtype)
+        for start in range(0, Nk, block_size):
+            stop = min(start + block_size, Nk)
+            s = q.shape[-1] ** -0.5 * (q @ k[..., start:stop, :].transpose(-1, -2)) + bias[:, start:stop]
+            state = SOL2.my_merge(state, SOL2.block_state(s, v[..., start:stop, :]))
+        seen = state.l > 0
+        l_safe = torch.where(seen, state.l, torch.ones_like(state.l))
+        return (state.acc / l_safe[..., None],
+                torch.where(seen, state.m + torch.log(l_safe), torch.full_like(state.m, -math.inf)))
+
+    result = ch02.check_online_attention(online_attention)
+    assert result.passed, result.message
+
+
+def test_first_n_not_fitting_accepts_a_numpy_int(capsys):
+    """Right: the smallest N as a NumPy integer (an answer computed with NumPy) is an int for the exercise."""
+    np = pytest.importorskip("numpy")
+    result = ch01.check_first_n_not_fitting(lambda B, H, itemsize, capacity: np.int64(
+        SOL1.first_n_not_fitting(B, H, itemsize, capacity)))
+    assert result.passed, result.message

@@ -74,7 +74,8 @@ def _wrong_causal_kernel(Q, K, V, O, LSE, VISITS, n_q, n_k, stride_qbh, stride_q
     #   1: one masked loop up to masked_stop (right answer and loads, but no unmasked stage);
     #   2: full_stop not rounded down to a whole tile (a partial tile runs the unmasked body);
     #   3: the masked stage without the -inf guard;
-    #   4: masked_stop one key short ("the last row's last key", read as inclusive).
+    #   4: masked_stop one key short ("the last row's last key", read as inclusive);
+    #   5: the running max starts at 0 instead of -inf (the guard then never fires).
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     Q += pid_bh * stride_qbh
@@ -87,6 +88,8 @@ def _wrong_causal_kernel(Q, K, V, O, LSE, VISITS, n_q, n_k, stride_qbh, stride_q
     row_ok = offs_m < n_q
     q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     m = tl.full([T_Q], float("-inf"), dtype=tl.float32)
+    if MODE == 5:
+        m = tl.zeros([T_Q], dtype=tl.float32)
     l = tl.zeros([T_Q], dtype=tl.float32)
     acc = tl.zeros([T_Q, D], dtype=tl.float32)
     diag = n_k - n_q
@@ -135,6 +138,15 @@ def _wrong_causal(mode):
                                    PRECISION=SOLUTIONS.precision(q.dtype), MODE=mode)
         return o3.reshape(B, H, Nq, D), lse.reshape(B, H, Nq), visits
     return attention_causal
+
+
+def test_wrong_1_starts_the_running_max_at_zero():
+    # Right while a row's max is above about -104 (exp2 of the score minus 0 still a float32), so only the case
+    # whose scores all lie near -144 catches it.
+    result = ch03.check_causal_kernel(_wrong_causal(5))
+    assert result.attempted and not result.passed
+    assert "case 'Nq=Nk=20, every score near -144 (a running max that starts at 0 underflows)' fails" \
+        in result.message, result.message
 
 
 def test_wrong_1_loads_every_key_tile():

@@ -128,6 +128,14 @@ def test_wrong_3_tiles_the_heads_instead_of_grouping():
     assert "case 'GQA 4:2, B=2, N=37, 4x7, causal' fails: partials of row tile 0" in result.message
 
 
+def test_wrong_3_ignores_block_r():
+    # A launcher that ignores its block_r argument (16 written in): right for every case at the default block_r.
+    result = ch05.check_dw_partials(lambda u, k, ck, block_r: SOLUTIONS.dw_partials(u, k, ck, 16))
+    assert result.attempted and not result.passed
+    assert "case 'GQA 4:2, B=2, N=37, 4x7, causal, block_r = 32' fails: partials shape: got (3, 2, 4, 4, 7), " \
+        "expected (2, 2, 4, 4, 7)" in result.message, result.message
+
+
 @pytest.mark.parametrize("name,shape", ch05.CASES)
 def test_problem_matches_the_reference(name, shape):
     # The checkers' float64 pipeline is the reference's: its weight gradient is autograd's through

@@ -90,6 +90,47 @@ def test_decode_one_query_at_a_time_without_splits_fails(capsys):
     assert result.attempted and not result.passed and "scores of all 40 keys" in result.message, result.message
 
 
+def test_decode_through_sdpa_without_splits_fails(capsys):
+    """``F.scaled_dot_product_attention`` over each whole sequence (the bottom-right mask passed as ``attn_mask``):
+    right numbers, no split, and the scores of every key made inside one call, where no product of the learner's
+    shows them."""
+    def sdpa(q, k, v, lens, num_splits):
+        out = torch.empty_like(q)
+        group, nq = q.shape[1] // k.shape[1], q.shape[2]
+        for b, L in enumerate(lens):
+            kb, vb = (x[b:b + 1, :, :L].repeat_interleave(group, 1) for x in (k, v))
+            mask = torch.arange(L)[None, :] <= (L - nq + torch.arange(nq))[:, None]
+            out[b:b + 1] = F.scaled_dot_product_attention(q[b:b + 1], kb, vb, attn_mask=mask)
+        return out
+    result = ch06.check_split_decode(sdpa)
+    assert result.attempted and not result.passed
+    assert 'case "4 splits over 40 keys: no split makes all 40 keys\' scores" fails: scaled_dot_product_attention' \
+        in result.message and "scores of all 40 keys" in result.message, result.message
+
+
+def test_split_decode_with_an_additive_mask_for_all_keys_passes(capsys):
+    """Right: one additive causal mask [Nq, L] (0 or -inf) per sequence, sliced per split. It holds no score: the
+    checker must not read it as the scores of all keys."""
+    def split_decode(q, k_cache, v_cache, lens, num_splits):
+        nq, D = q.shape[2:]
+        group = q.shape[1] // k_cache.shape[1]
+        out = torch.empty_like(q)
+        for b, L in enumerate(lens):
+            k, v = (x[b, :, :L].repeat_interleave(group, 0) for x in (k_cache, v_cache))
+            bias = torch.zeros(nq, L, dtype=q.dtype).masked_fill(
+                torch.arange(L)[None, :] > (L - nq + torch.arange(nq))[:, None], float("-inf"))
+            per = -(-L // num_splits)
+            state = mta.empty_state(q.shape[1:3], D, dtype=q.dtype)
+            for start in range(0, L, per):
+                stop = min(start + per, L)
+                s = D ** -0.5 * q[b] @ k[:, start:stop].transpose(-1, -2) + bias[:, start:stop]
+                state = mta.merge_states(state, mta.attention_state(s, v[:, start:stop]))
+            out[b] = mta.finalize_state(state)[0]
+        return out
+    result = ch06.check_split_decode(split_decode)
+    assert result.passed, result.message
+
+
 def test_stubs_are_not_attempted(capsys):
     assert_stubs_not_attempted((ch06.check_split_decode, ch06.check_combine, ch06.check_mta_decode_rows), capsys)
 
@@ -214,6 +255,71 @@ def test_wrong_2_no_guard_for_a_row_without_keys():
     # exp(-inf - (-inf)) is NaN: fine while some split saw a key, wrong for a row that none saw.
     result = ch06.check_combine(_wrong_combine(guard=False))
     assert "case 'a row that no split saw (output 0)' fails: o: contains NaN or inf" in result.message
+
+
+@triton.jit
+def _combine_slip_kernel(M, L, ACC, O, num_splits, num_rows, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_S: tl.constexpr, MODE: tl.constexpr):
+    # MODE 0: the running max starts at 0 instead of -inf (so no guard is needed): right while some split's max is
+    # above about -87, where exp(m_s - 0) still holds a float32; every weight underflows to 0 below.
+    # MODE 1: each block of splits takes its own max, not the running one: the state stays exact (alpha > 1 is
+    # still a consistent rescale) until a block's max lies more than about 88 below an earlier one, where
+    # exp(m - m_new) overflows.
+    row = tl.program_id(0)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    if MODE == 0:
+        m = tl.zeros([], dtype=tl.float32)
+    else:
+        m = tl.full([], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + offs_s
+        s_ok = s < num_splits
+        m_s = tl.load(M + s * num_rows + row, mask=s_ok, other=float("-inf"))
+        l_s = tl.load(L + s * num_rows + row, mask=s_ok, other=0.0)
+        acc_s = tl.load(ACC + (s[:, None] * num_rows + row) * D + offs_d[None, :],
+                        mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+        if MODE == 0:
+            m_new = tl.maximum(m, tl.max(m_s, 0))
+        else:
+            m_new = tl.max(m_s, 0)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
+        beta = tl.exp(m_s - m_safe)
+        l = alpha * l + tl.sum(beta * l_s, 0)
+        acc = alpha * acc + tl.sum(beta[:, None] * acc_s, 0)
+        m = m_new
+    o = acc / tl.where(l > 0.0, l, 1.0)
+    tl.store(O + row * D + offs_d, o, mask=d_ok)
+
+
+def _combine_slip(mode):
+    def combine(m_part, l_part, acc_part):
+        S, R, D = acc_part.shape
+        o = torch.empty((R, D), device=acc_part.device, dtype=torch.float32)
+        _combine_slip_kernel[(R,)](m_part, l_part, acc_part, o, S, R, D=D, BLOCK_D=triton.next_power_of_2(D),
+                                   BLOCK_S=16, MODE=mode)
+        return o
+    return combine
+
+
+def test_wrong_2_starts_the_running_max_at_zero():
+    result = ch06.check_combine(_combine_slip(0))
+    assert result.attempted and not result.passed
+    assert "case 'every maximum near -200 (a running max that starts at 0 underflows)' fails: o: max abs error" \
+        in result.message, result.message
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                            "ignore:invalid value encountered:RuntimeWarning")   # the interpreter, on the slip
+def test_wrong_2_takes_each_block_s_own_max():
+    result = ch06.check_combine(_combine_slip(1))
+    assert result.attempted and not result.passed
+    assert 'case "S=20: the second block of splits 200 below the first (a block\'s own max, not the running one, ' \
+        'overflows)" fails: o: contains NaN or inf' in result.message, result.message
 
 
 def test_wrong_2_without_a_d_mask():

@@ -3,6 +3,7 @@ with a message that names the failing case."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import mta  # noqa: F401
@@ -98,3 +99,11 @@ def test_pair_cases_hold_the_pair_once():
         x, y = text[-2:]
         assert body.count(x + y) + body.count(y + x) == 1, text
         assert body.count(x) >= 2 and body.count(y) >= 2, text
+
+
+def test_sequence_error_accepts_a_numpy_float(capsys):
+    """Right: the fraction as a NumPy float32 (an answer that finishes in NumPy) is a float for the exercise."""
+    np = pytest.importorskip("numpy")
+    result = ch07.check_sequence_error(lambda logits, tokens, block_len: np.float32(
+        SOLUTIONS.sequence_error(logits, tokens, block_len)))
+    assert result.passed, result.message

@@ -38,10 +38,15 @@ class Result:
 PRODUCTS = frozenset({"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm", "einsum", "linear", "tensordot"})
 
 
+#: Fused attention calls: they make the scores inside, where no product of the caller's shows them.
+ATTENTION_CALLS = frozenset({"scaled_dot_product_attention"})
+
+
 class WatchScores(TorchFunctionMode):
     """Notes any floating-point tensor whose last two axes are ``(Nq, Nk)``, in either order, created while active:
     a whole score matrix, transposed or not. With ``any_rows``, also a product (:data:`PRODUCTS`) with ``Nk`` in
-    its last two axes: the scores of some rows (one query, a block of them) against all the keys at once."""
+    its last two axes: the scores of some rows (one query, a block of them) against all the keys at once. A fused
+    attention call (:data:`ATTENTION_CALLS`) counts as the scores it makes inside, ``[..., queries, keys]``."""
 
     def __init__(self, nq, nk, *, any_rows: bool = False):
         super().__init__()
@@ -51,12 +56,24 @@ class WatchScores(TorchFunctionMode):
         out = func(*args, **(kwargs or {}))
         outs = out if isinstance(out, (tuple, list)) else (out,)
         name = getattr(func, "__name__", str(func))
+        if self.seen is None and name in ATTENTION_CALLS:
+            query = args[0] if args else (kwargs or {}).get("query")
+            key = args[1] if len(args) > 1 else (kwargs or {}).get("key")
+            if isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) and key.dim() >= 2 and (
+                    key.shape[-2] == self.nk and (self.any_rows or query.shape[-2] == self.nq)):
+                self.seen = (name, (*query.shape[:-1], key.shape[-2]))
         for t in outs:
             if self.seen is None and isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2 and (
                     tuple(t.shape[-2:]) in ((self.nq, self.nk), (self.nk, self.nq))
-                    or self.any_rows and name in PRODUCTS and self.nk in t.shape[-2:]):
+                    or self.any_rows and name in PRODUCTS and self.nk in t.shape[-2:]) and not _mask_like(t):
                 self.seen = (name, tuple(t.shape))
         return out
+
+
+def _mask_like(t: torch.Tensor) -> bool:
+    """Whether every entry of ``t`` is 0, 1 or an infinity: a mask (an additive ``0 / -inf`` one over all the keys,
+    made once and sliced per block, included), which holds no score. Scores of real queries and keys are not."""
+    return bool(((t == 0) | (t == 1) | torch.isinf(t)).all())
 
 
 class WatchNaNProducts(TorchFunctionMode):

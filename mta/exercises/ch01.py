@@ -8,6 +8,7 @@ It never raises.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -102,6 +103,8 @@ def check_first_n_not_fitting(first_n_not_fitting) -> Result:
         def run():
             got = first_n_not_fitting(B, H, itemsize, capacity)
             if isinstance(got, float) and got.is_integer():
+                got = int(got)
+            elif isinstance(got, numbers.Integral) and not isinstance(got, bool):  # a NumPy integer, say
                 got = int(got)
             if not isinstance(got, int):
                 raise CaseFailed(f"expected an int, got {type(got).__name__} {got!r}")

@@ -306,14 +306,17 @@ def check_online_attention(online_attention) -> Result:
 
     Cases: full blocks; Nk not a multiple of the block size; a block larger than Nk; blocks of
     one key; Nq = Nk = 1; GQA; causal with Nq = Nk, Nq < Nk and Nq > Nk (queries that see no
-    key give o = 0, lse = -inf); large logits; and the memory property.
+    key give o = 0, lse = -inf); large logits; every score below -1000 (a running max that starts at 0
+    underflows); and the memory property.
     """
     gen = torch.Generator().manual_seed(404)
 
-    def case(B, Hq, Hkv, Nq, Nk, D, block, causal, scale=1.0):
+    def case(B, Hq, Hkv, Nq, Nk, D, block, causal, scale=1.0, negative=False):
         def run():
             q = _randn(gen, B, Hq, Nq, D, scale=scale)
             k, v = _randn(gen, B, Hkv, Nk, D, scale=scale), _randn(gen, B, Hkv, Nk, D)
+            if negative:  # q <= 0 <= k: every score is far below 0
+                q, k = -q.abs(), k.abs()
             with refusing(finished_attention()):
                 got = call_on_copies(online_attention, q, k, v, block_size=block, causal=causal)
             if not (isinstance(got, (tuple, list)) and len(got) == 2):
@@ -344,5 +347,9 @@ def check_online_attention(online_attention) -> Result:
         ("causal, Nq = 5 < Nk = 37 (bottom-right)", case(1, 2, 1, 5, 37, 16, 8, True)),
         ("causal, Nq = 12 > Nk = 5: 7 queries see no key", case(1, 2, 2, 12, 5, 8, 2, True)),
         ("large logits (inputs times 30)", case(1, 2, 2, 9, 37, 16, 8, True, scale=30.0)),
+        # Every score below -1000: exp(s - 0) underflows even in float64, so a running max that starts at 0
+        # instead of -inf (right whenever a row's max is above about -745) gives o = 0 and lse = -inf here.
+        ("every score below -1000 (a running max that starts at 0 underflows)",
+         case(1, 2, 2, 9, 37, 16, 8, True, scale=40.0, negative=True)),
         ("never the scores of all keys at once", no_score_matrix),
     ])

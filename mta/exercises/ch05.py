@@ -156,7 +156,7 @@ def check_dw_partials(fn: Callable, block_r: int = 16) -> Result:
     of ``dweight``, computed directly from ``dC_far`` and ``S0``."""
     from .. import runtime
 
-    def case(p: Problem):
+    def case(p: Problem, block_r=block_r):
         cq, ck = p.weight.shape[1:]
         N = p.q.shape[2]
         u = far_part_u(p)
@@ -174,7 +174,12 @@ def check_dw_partials(fn: Callable, block_r: int = 16) -> Result:
         expect_close("scale * partials.sum((0, 1))", p.scale * got.cpu().double().sum((0, 1)),
                      _far_dweight(p), atol=1e-4, rtol=1e-4)
 
-    return run_cases("exercise 3 (Triton: the far part's dweight partials)", _cases(case))
+    # Every case above runs one block_r; the last one runs twice that, so that a launcher that ignores its block_r
+    # argument (a tile size written into the kernel) fails.
+    name, shape = CASES[3]
+    other = 2 * block_r
+    return run_cases("exercise 3 (Triton: the far part's dweight partials)", _cases(case) + [
+        (f"{name}, block_r = {other}", lambda: case(make_problem(*shape, seed=50 + 3), other))])
 
 
 def _far_dweight(p: Problem) -> torch.Tensor:

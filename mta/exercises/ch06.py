@@ -90,7 +90,8 @@ def check_split_decode(fn: Callable) -> Result:
 
 # --- exercise 2: the combine kernel -------------------------------------------------------------------------
 
-#: ``(name, (S, R, D, keys per split, what))``; ``what``: ``None``, ``"empty split"``, ``"empty row"``, ``"far"``.
+#: ``(name, (S, R, D, keys per split, what))``; ``what``: ``None``, ``"empty split"``, ``"empty row"``, ``"far"``,
+#: ``"low"``, ``"second block low"``.
 COMBINE_CASES = (
     ("S=1 split", (1, 3, 16, 7, None)),
     ("S=5 splits, D=24 (not a power of two)", (5, 4, 24, 6, None)),
@@ -98,6 +99,13 @@ COMBINE_CASES = (
     ("a split that saw no key (m=-inf, l=0)", (4, 3, 16, 5, "empty split")),
     ("a row that no split saw (output 0)", (3, 3, 16, 5, "empty row")),
     ("maxima 200 apart (exp overflows without rescaling)", (3, 2, 16, 5, "far")),
+    # Every score near -200: exp(m_s - 0) underflows in float32, so a running max that starts at 0 instead of
+    # -inf (no guard needed, and right whenever some maximum is above about -87) gives 0 here.
+    ("every maximum near -200 (a running max that starts at 0 underflows)", (3, 2, 16, 5, "low")),
+    # Splits 16 on 200 below the rest: a kernel that gives each block of splits its own max instead of the running
+    # one keeps an exact state (alpha > 1 is a consistent rescale) until exp(m - m_new) overflows, as here.
+    ("S=20: the second block of splits 200 below the first (a block's own max, not the running one, overflows)",
+     (20, 2, 16, 5, "second block low")),
 )
 
 
@@ -114,6 +122,10 @@ def combine_problem(S, R, D, n, what, seed):
     elif what == "far":
         s[0] += 100.0
         s[-1] -= 100.0
+    elif what == "low":
+        s -= 200.0
+    elif what == "second block low":
+        s[16:] -= 200.0
     states = [attention_state(s[i][:, None, :], v[i]) for i in range(S)]          # [R, 1], [R, 1], [R, 1, D]
     whole = attention_state(s.permute(1, 0, 2).reshape(R, 1, S * n), v.permute(1, 0, 2, 3).reshape(R, S * n, D))
     o, _ = finalize_state(whole)

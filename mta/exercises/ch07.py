@@ -11,6 +11,7 @@ line and returns a :class:`mta.exercises.Result`; it never raises.
 
 from __future__ import annotations
 
+import numbers
 from typing import Callable
 
 import torch
@@ -96,6 +97,8 @@ def check_sequence_error(fn: Callable) -> Result:
             want = loss_and_error(logits, tokens, task)[1].float().mean().item()
             if isinstance(got, torch.Tensor):
                 got = got.item()
+            if isinstance(got, numbers.Real) and not isinstance(got, (bool, int)):  # a NumPy float, say
+                got = float(got)
             if not isinstance(got, float):
                 raise CaseFailed(f"error: expected a float, got {type(got).__name__}")
             if abs(got - want) > 1e-6:
