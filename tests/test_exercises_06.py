@@ -196,14 +196,18 @@ def test_wrong_1_computes_a_state_for_an_empty_split():
 
 @triton.jit
 def _wrong_combine_kernel(M, L, ACC, O, num_splits, num_rows, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_S: tl.constexpr, RESCALE: tl.constexpr, GUARD: tl.constexpr, ALL: tl.constexpr):
+                          BLOCK_S: tl.constexpr, RESCALE: tl.constexpr, GUARD: tl.constexpr, ALL: tl.constexpr,
+                          ZERO_START: tl.constexpr, BLOCK_MAX: tl.constexpr):
     # RESCALE off: sums acc and l as they are (as if every split had the same max). GUARD off: exp(m - m_new)
-    # even when m_new is -inf. ALL off: reads only the first BLOCK_S splits.
+    # even when m_new is -inf. ALL off: reads only the first BLOCK_S splits. ZERO_START: the running max starts at
+    # 0, not -inf: right while some split's max is above about -87, where exp(m_s - 0) still holds a float32.
+    # BLOCK_MAX: each block of splits takes its own max, not the running one: exact (alpha > 1 is still a
+    # consistent rescale) until a block's max lies more than about 88 below an earlier one: exp(m - m_new) overflows.
     row = tl.program_id(0)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    m = tl.full([], float("-inf"), dtype=tl.float32)
+    m = tl.full([], 0.0 if ZERO_START else float("-inf"), dtype=tl.float32)
     l = tl.zeros([], dtype=tl.float32)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     stop = num_splits if ALL else BLOCK_S
@@ -214,7 +218,7 @@ def _wrong_combine_kernel(M, L, ACC, O, num_splits, num_rows, D: tl.constexpr, B
         l_s = tl.load(L + s * num_rows + row, mask=s_ok, other=0.0)
         acc_s = tl.load(ACC + (s[:, None] * num_rows + row) * D + offs_d[None, :],
                         mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-        m_new = tl.maximum(m, tl.max(m_s, 0))
+        m_new = tl.max(m_s, 0) if BLOCK_MAX else tl.maximum(m, tl.max(m_s, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new) if GUARD else m_new
         if RESCALE:
             alpha = tl.exp(m - m_safe)
@@ -229,12 +233,13 @@ def _wrong_combine_kernel(M, L, ACC, O, num_splits, num_rows, D: tl.constexpr, B
     tl.store(O + row * D + offs_d, o, mask=d_ok)
 
 
-def _wrong_combine(rescale=True, guard=True, every_split=True):
+def _wrong_combine(rescale=True, guard=True, every_split=True, zero_start=False, block_max=False):
     def combine(m_part, l_part, acc_part):
         S, R, D = acc_part.shape
         o = torch.empty((R, D), device=acc_part.device, dtype=torch.float32)
         _wrong_combine_kernel[(R,)](m_part, l_part, acc_part, o, S, R, D=D, BLOCK_D=triton.next_power_of_2(D),
-                                    BLOCK_S=16, RESCALE=rescale, GUARD=guard, ALL=every_split)
+                                    BLOCK_S=16, RESCALE=rescale, GUARD=guard, ALL=every_split,
+                                    ZERO_START=zero_start, BLOCK_MAX=block_max)
         return o
     return combine
 
@@ -257,57 +262,8 @@ def test_wrong_2_no_guard_for_a_row_without_keys():
     assert "case 'a row that no split saw (output 0)' fails: o: contains NaN or inf" in result.message
 
 
-@triton.jit
-def _combine_slip_kernel(M, L, ACC, O, num_splits, num_rows, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_S: tl.constexpr, MODE: tl.constexpr):
-    # MODE 0: the running max starts at 0 instead of -inf (so no guard is needed): right while some split's max is
-    # above about -87, where exp(m_s - 0) still holds a float32; every weight underflows to 0 below.
-    # MODE 1: each block of splits takes its own max, not the running one: the state stays exact (alpha > 1 is
-    # still a consistent rescale) until a block's max lies more than about 88 below an earlier one, where
-    # exp(m - m_new) overflows.
-    row = tl.program_id(0)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    if MODE == 0:
-        m = tl.zeros([], dtype=tl.float32)
-    else:
-        m = tl.full([], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s = s0 + offs_s
-        s_ok = s < num_splits
-        m_s = tl.load(M + s * num_rows + row, mask=s_ok, other=float("-inf"))
-        l_s = tl.load(L + s * num_rows + row, mask=s_ok, other=0.0)
-        acc_s = tl.load(ACC + (s[:, None] * num_rows + row) * D + offs_d[None, :],
-                        mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-        if MODE == 0:
-            m_new = tl.maximum(m, tl.max(m_s, 0))
-        else:
-            m_new = tl.max(m_s, 0)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
-        beta = tl.exp(m_s - m_safe)
-        l = alpha * l + tl.sum(beta * l_s, 0)
-        acc = alpha * acc + tl.sum(beta[:, None] * acc_s, 0)
-        m = m_new
-    o = acc / tl.where(l > 0.0, l, 1.0)
-    tl.store(O + row * D + offs_d, o, mask=d_ok)
-
-
-def _combine_slip(mode):
-    def combine(m_part, l_part, acc_part):
-        S, R, D = acc_part.shape
-        o = torch.empty((R, D), device=acc_part.device, dtype=torch.float32)
-        _combine_slip_kernel[(R,)](m_part, l_part, acc_part, o, S, R, D=D, BLOCK_D=triton.next_power_of_2(D),
-                                   BLOCK_S=16, MODE=mode)
-        return o
-    return combine
-
-
 def test_wrong_2_starts_the_running_max_at_zero():
-    result = ch06.check_combine(_combine_slip(0))
+    result = ch06.check_combine(_wrong_combine(zero_start=True))
     assert result.attempted and not result.passed
     assert "case 'every maximum near -200 (a running max that starts at 0 underflows)' fails: o: max abs error" \
         in result.message, result.message
@@ -316,7 +272,7 @@ def test_wrong_2_starts_the_running_max_at_zero():
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
                             "ignore:invalid value encountered:RuntimeWarning")   # the interpreter, on the slip
 def test_wrong_2_takes_each_block_s_own_max():
-    result = ch06.check_combine(_combine_slip(1))
+    result = ch06.check_combine(_wrong_combine(block_max=True))
     assert result.attempted and not result.passed
     assert 'case "S=20: the second block of splits 200 below the first (a block\'s own max, not the running one, ' \
         'overflows)" fails: o: contains NaN or inf' in result.message, result.message
