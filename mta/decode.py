@@ -13,7 +13,8 @@ import torch
 from . import runtime, tuning
 from ._checks import check_count, is_int_list, resolve_scale
 from .decode_kernels import decode_combine_kernel, decode_split_kernel
-from .launch import batch_chunks, cdiv, check_kernel_inputs, dot_precision, head_dim_block, launch, next_power_of_2
+from .launch import (INT32_INDEX_LIMIT, batch_chunks, cdiv, check_kernel_inputs, dot_precision, head_dim_block,
+                     index_span, launch, next_power_of_2)
 
 #: Most new queries per call (rows of a decode tile: query heads of a group x new queries).
 MAX_NEW_QUERIES = 16
@@ -204,8 +205,7 @@ def wide_offsets(*tensors: torch.Tensor) -> bool:
     """Whether a sequence's part of one of ``tensors`` (all but the batch axis, which the kernels address in
     int64) reaches 2**31 elements: its indices times strides would wrap around in int32 (one sequence of 4M keys
     with 5 kv heads of 128, a query cache of 512k positions with 32 heads of 128)."""
-    return any((t.numel() // max(t.shape[0], 1) if t.is_contiguous()  # the short way, at every decode step
-                else sum((n - 1) * s for n, s in zip(t.shape[1:], t.stride()[1:]))) >= 2 ** 31 for t in tensors)
+    return any(index_span(t, 1) >= INT32_INDEX_LIMIT for t in tensors)
 
 
 def split_states(splits: int, rows: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -237,7 +238,7 @@ def within_int32_indexing(*tensors: torch.Tensor, rows_per_head: int = 1) -> lis
     :data:`INT32_INDEX_LIMIT` elements (a ``[B, N, H, D]`` view of 512k tokens x 32 heads of 128: position
     stride ``H D``), so that no ``position * stride`` wraps around. ValueError where even a contiguous head does
     not fit (``rows_per_head``: the ``N x D`` blocks a kernel keeps per head, MTA's ``cq`` folded copies)."""
-    out = [t.contiguous() if _head_span(t) >= INT32_INDEX_LIMIT else t for t in tensors]
+    out = [t.contiguous() if index_span(t, 2) >= INT32_INDEX_LIMIT else t for t in tensors]
     n, d = max((t.shape[2:] for t in out), key=lambda nd: nd[0] * nd[1])
     if rows_per_head * n * d >= INT32_INDEX_LIMIT:
         raise ValueError(f"sequences of {n} positions x head dim {d}"
@@ -246,13 +247,13 @@ def within_int32_indexing(*tensors: torch.Tensor, rows_per_head: int = 1) -> lis
     return out
 
 
-def _head_span(t: torch.Tensor) -> int:
-    """Elements one head of ``t`` (``[B, H, N, D]``) reaches, first to last, plus one (called at every launch:
-    contiguous tensors take the short way)."""
-    n, d = t.shape[2], t.shape[3]
+def index_span(t: torch.Tensor, first_axis: int) -> int:
+    """Elements that one index of ``t``'s leading ``first_axis`` axes reaches through the others, first to last,
+    plus one: what a kernel's int32 arithmetic must hold below the offsets it takes in int64 (called at every
+    launch and decode step: contiguous tensors take the short way)."""
     if t.is_contiguous():
-        return n * d
-    return max(n - 1, 0) * t.stride(2) + max(d - 1, 0) * t.stride(3) + 1
+        return math.prod(t.shape[first_axis:])
+    return sum(max(n - 1, 0) * st for n, st in zip(t.shape[first_axis:], t.stride()[first_axis:])) + 1
 
 
 def wants_gradients(*tensors: torch.Tensor) -> bool:
