@@ -117,8 +117,8 @@ def _convolved_scores(q, k, weight, causal: bool, scale, v=None):
     scale = resolve_scale(scale, D)
     ct = compute_dtype(q, weight)
     s = scale * (q.to(ct) @ expand_kv(k, Hq).to(ct).transpose(-1, -2))  # [B, Hq, N, N]
-    if s.numel() == 0:  # no batch, head or position: nothing to convolve (F.conv2d refuses it)
-        return s
+    if s.numel() == 0:  # no batch, head or position: nothing to convolve (F.conv2d refuses it); the weight
+        return s + 0.0 * weight.to(ct).sum()  # stays in the graph, so its gradient is zeros, as the kernel's
     future = causal_future(Nq, Nk, q.device)
     if causal:
         s = s.masked_fill(future, 0.0)

@@ -179,3 +179,13 @@ def test_conv_reference_gradcheck():
     q, k, v = (t.requires_grad_() for t in rand_qkv(1, 2, 1, 5, 5, 4, dtype=F64, device="cpu"))
     weight = rand(2, 2, 3, dtype=F64, device="cpu", scale=0.3).requires_grad_()
     assert torch.autograd.gradcheck(lambda *a: mta.conv_attention_reference(*a), (q, k, v, weight))
+
+
+@pytest.mark.parametrize("B, N", [(0, 5), (2, 0)])
+def test_conv_reference_empty_input_gives_the_weight_a_zero_gradient(B, N):
+    """With no batch or no position the loss does not depend on the weight: its gradient is zeros (as
+    ``conv_attention``'s), not None."""
+    q, k, v = (torch.randn(B, 2, N, 4, dtype=F64, requires_grad=True) for _ in range(3))
+    weight = torch.randn(2, 3, 5, dtype=F64, requires_grad=True)
+    mta.conv_attention_reference(q, k, v, weight).sum().backward()
+    assert weight.grad is not None and torch.equal(weight.grad, torch.zeros_like(weight))
