@@ -14,10 +14,12 @@ budget; time O(N^2) with no fusion: much slower than the fused kernels.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
-from .reference import causal_future, expand_kv
+from .reference import autocast_off, causal_future, expand_kv
 
 #: About this many bytes of fp32 ``[B, Hq, rows, N]`` blocks live at once (eight of them: scores, padded
 #: scores, convolved scores, probabilities and their gradients).
@@ -58,9 +60,13 @@ def _chunks(n: int, rows: int, cq: int, causal: bool):
         yield r0, r1, min(cq - 1, r0), r1 if causal else n
 
 
-def exact_convolutions():
-    """cuDNN deterministic and without TF32 (fp32 convolutions as exact as the rest)."""
-    return torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False)
+@contextlib.contextmanager
+def exact_convolutions(device):
+    """cuDNN deterministic and without TF32 (fp32 convolutions as exact as the rest), and autocast off for
+    ``device`` (the fused kernels compute in fp32 under autocast too; :func:`mta.reference.autocast_off`)."""
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False), \
+            autocast_off(device):
+        yield
 
 
 def conv_attention_backward_chunked(do, q, k, v, weight, causal: bool, scale: float, rows: int | None = None):
@@ -78,7 +84,7 @@ def conv_attention_backward_chunked(do, q, k, v, weight, causal: bool, scale: fl
     dv = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
     dweight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
     w = weight.detach().float()[:, None]  # [Hq, 1, cq, ck]: one depthwise kernel per head
-    with torch.no_grad(), exact_convolutions():
+    with torch.no_grad(), exact_convolutions(q.device):
         for r0, r1, halo, n_keys in _chunks(N, rows or chunk_rows(B, Hq, N), cq, causal):
             q_rows = q[:, :, r0 - halo:r1].float()
             k_seen, v_seen = (expand_kv(t[:, :, :n_keys], Hq).float() for t in (k, v))
@@ -106,7 +112,7 @@ def conv_attention_forward_chunked(q, k, v, weight, causal: bool, scale: float, 
     cq = weight.shape[1]
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
-    with torch.no_grad(), exact_convolutions():
+    with torch.no_grad(), exact_convolutions(q.device):
         for r0, r1, halo, n_keys in _chunks(N, rows or chunk_rows(B, Hq, N), cq, causal):
             c = _chunk_scores(q[:, :, r0 - halo:r1], expand_kv(k[:, :, :n_keys], Hq), weight.float()[:, None], halo,
                               causal, scale)[2]

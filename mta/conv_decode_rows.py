@@ -40,7 +40,7 @@ def conv_decode_rows(q_cache, k_cache, v_cache, weight, lens, n_new: int, scale:
     per_head = 4 * B * n_max * (3 * rows + 2 * D)  # scores, convolved, probabilities; K and V in fp32
     heads = max(1, min(Hq, ROWS_BYTES // max(1, per_head)))
     pad_k = (ck - 1) // 2
-    with exact_convolutions():
+    with exact_convolutions(dev):
         for h0 in range(0, Hq, heads):
             h1 = min(Hq, h0 + heads)
             kv_heads = torch.arange(h0, h1, device=dev) // group  # query head h reads kv head h // group

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from ._checks import check_block_size, check_causal, check_qkv, is_int, resolve_scale
-from .reference import causal_future, compute_dtype, expand_kv
+from .reference import causal_future, compute_dtype, expand_kv, outside_autocast
 
 
 def _check_float(name: str, x, *, min_dims: int) -> None:
@@ -158,6 +158,7 @@ def finalize_state(state: AttentionState) -> tuple[torch.Tensor, torch.Tensor]:
     return o, lse
 
 
+@outside_autocast
 def blocked_attention(q, k, v, *, block_size: int, causal: bool = False, scale: float | None = None,
                       return_lse: bool = False):
     """Attention computed one key block at a time with :func:`merge_states`.

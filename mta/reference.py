@@ -1,11 +1,15 @@
 """Exact references in plain PyTorch: ordinary attention and MTA's conv attention.
 
 They materialize the full score matrix (memory O(N^2) by design), compute the
-softmax in fp32 (fp64 for fp64 inputs) and are differentiable by autograd.
-Every Triton kernel in ``mta`` is checked against them.
+softmax in fp32 (fp64 for fp64 inputs), under autocast too (as the kernels do),
+and are differentiable by autograd. Every Triton kernel in ``mta`` is checked
+against them.
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +20,23 @@ from ._checks import check_causal, check_qkv, check_weight, resolve_scale
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """fp64 if any input is fp64, else fp32: the precision references compute in."""
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def autocast_off(device) -> contextlib.AbstractContextManager:
+    """Autocast off for ``device``'s type (a no-op for a type autocast does not know: meta). The references, and the
+    PyTorch paths the fused functions fall back on, compute in the precision they say (fp32, fp64 for fp64 inputs),
+    as the fused kernels do, not in the fp16 or bf16 autocast would give their products and convolutions."""
+    kind = torch.device(device).type
+    return torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else contextlib.nullcontext()
+
+
+def outside_autocast(function):
+    """``function(q, ...)`` run with autocast off for ``q``'s device (:func:`autocast_off`)."""
+    @functools.wraps(function)
+    def wrapper(q, *args, **kwargs):
+        with autocast_off(q.device) if isinstance(q, torch.Tensor) else contextlib.nullcontext():
+            return function(q, *args, **kwargs)
+    return wrapper
 
 
 def expand_kv(x: torch.Tensor, num_q_heads: int) -> torch.Tensor:
@@ -35,6 +56,7 @@ def causal_future(n_q: int, n_k: int, device) -> torch.Tensor:
     return j > i + (n_k - n_q)
 
 
+@outside_autocast
 def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):
     """Softmax attention straight from the formula ``softmax(scale * q k^T) v``.
 
@@ -69,6 +91,7 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     return (o, lse) if return_lse else o
 
 
+@outside_autocast
 def conv_attention_reference(q, k, v, weight, *, causal: bool = True, scale: float | None = None,
                              return_lse: bool = False):
     """Multi-Token Attention's key-query convolution, materialized.
@@ -99,6 +122,7 @@ def conv_attention_reference(q, k, v, weight, *, causal: bool = True, scale: flo
     return (o, lse) if return_lse else o
 
 
+@outside_autocast
 def conv_attention_probabilities(q, k, weight, *, causal: bool = True, scale: float | None = None):
     """The attention probabilities of :func:`conv_attention_reference`: ``P [B, Hq, N, N]`` in fp32 (fp64 when q
     or the weight is fp64), ``softmax`` of the convolved scores; ``conv_attention_reference(q, k, v, weight) == P @ v``.

@@ -1,0 +1,72 @@
+"""Adversarial pass on deploying: autocast, export, RoPE and generation, mixed dtypes and devices, as an ML engineer
+training under mixed precision and serving a model would meet them. Each test was checked to fail before its fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton.runtime.errors import OutOfResources
+
+import mta
+import mta.conv
+import mta.conv_decode
+from conftest import DEVICE, ON_GPU, rand, rand_qkv, rel_err
+
+#: Autocast's low precision where the kernels run: bf16 on a GPU, fp16 on the CPU (the interpreter's bf16 products
+#: are wrong, and these paths must not reach them anyway).
+LOW = torch.bfloat16 if ON_GPU else torch.float16
+#: fp32 work on values of order 1: far below one fp16 (or bf16) rounding of the scores.
+FP32_TOL = 1e-5
+
+
+def refused(*args, **kwargs):
+    raise OutOfResources(237568, 232448, "shared memory")
+
+
+# --- autocast: the references and the unfused paths compute in fp32, as the fused kernels do ------------------
+
+
+def test_the_references_compute_in_fp32_under_autocast():
+    """``naive_attention``, ``blocked_attention``, ``conv_attention_reference`` and its probabilities compute in fp32
+    for fp32 inputs (the definition, ``docs/mta-semantics.md``), whatever autocast the caller runs under; the fused
+    kernels do. Autocast made their products fp16 (bf16 on a GPU): an fp32 result with a 4e-4 error (1e-2)."""
+    q, k, v = rand_qkv(1, 2, 1, 12, 12, 16)
+    weight = rand(2, 3, 5, scale=0.3)
+    calls = {
+        "naive_attention": lambda: mta.naive_attention(q, k, v, causal=True),
+        "blocked_attention": lambda: mta.blocked_attention(q, k, v, block_size=5, causal=True),
+        "conv_attention_reference": lambda: mta.conv_attention_reference(q, k, v, weight),
+        "conv_attention_probabilities": lambda: mta.reference.conv_attention_probabilities(q, k, weight),
+    }
+    for name, call in calls.items():
+        want = call()
+        with torch.autocast(DEVICE.type, dtype=LOW):
+            got = call()
+        assert got.dtype == torch.float32 and rel_err(got, want) < FP32_TOL, name
+
+
+def test_the_unfused_fallbacks_compute_in_fp32_under_autocast(monkeypatch):
+    """Where a fused launch is refused (or the fused backward does not fit), ``conv_attention`` and
+    ``conv_decode_attention`` give the same answer from PyTorch code (:mod:`mta.conv_chunked`,
+    :mod:`mta.conv_decode_rows`); under autocast its products and convolutions ran in fp16 (bf16 on a GPU) where the
+    fused kernels compute in fp32: the answer depended on whether a tile fits. Backward inside the autocast region
+    too."""
+    monkeypatch.setattr(mta.conv, "launch_conv_forward", refused)
+    monkeypatch.setattr(mta.conv, "runs_chunked", lambda *a: True)
+    monkeypatch.setattr(mta.conv_decode, "launch_decode", refused)
+    q, k, v = (x.requires_grad_() for x in rand_qkv(1, 2, 1, 12, 12, 16))
+    weight = rand(2, 3, 5, scale=0.3).requires_grad_()
+    do = rand(1, 2, 12, 16)
+    leaves = (q, k, v, weight)
+    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    ref = mta.conv_attention_reference(*ref_leaves)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, do.double())
+    with torch.autocast(DEVICE.type, dtype=LOW):
+        out = mta.conv_attention(q, k, v, weight)
+        got_grads = torch.autograd.grad(out, leaves, do)
+        rows = mta.conv_decode_attention(q.detach(), k.detach(), v.detach(), weight.detach(), cache_seqlens=[12],
+                                         num_queries=3)
+    assert out.dtype == torch.float32 and rel_err(out, ref) < FP32_TOL
+    for name, got, want in zip("q k v weight".split(), got_grads, ref_grads):
+        assert rel_err(got, want) < FP32_TOL, name
+    assert rel_err(rows, ref[:, :, -3:]) < FP32_TOL
