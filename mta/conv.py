@@ -494,8 +494,9 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
 
     Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only. The folded keys
     ``Kf_a[j] = sum_b W[a, b] k[j - pk + b]`` are tensor-core operands in the input dtype: one rounding of that
-    dtype that the definition (scores in fp32 from the inputs) does not have. It weighs as much as the scores are
-    large (fp16 with logits in the hundreds: gradients off by percents, where flash attention's are not), and in
+    dtype that the definition (scores in fp32 from the inputs) does not have. It weighs as much as the terms of the
+    scores are large: at most ``2^-8`` (bf16) or ``2^-11`` (fp16) of the sum of ``|q_d Kf_a[j]_d|`` over a score's
+    products, however small the score (fp16 with logits in the hundreds: gradients off by percents, where flash attention's are not), and in
     fp16 each ``Kf_a`` entry must stay under 65504 in magnitude (keys of 3000 under a 1 x 33 kernel of ones
     already overflow, to NaN rows).
     """

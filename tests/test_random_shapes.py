@@ -5,7 +5,8 @@ the four gradients), decode_attention and conv_decode_attention (ragged lengths,
 forced split counts), in both storage layouts ([B, H, N, D] and the projections' [B, N, H, D]), fp32/fp16/bf16,
 head dims 16-256 that are not all powers of two; and torch.compile of the custom ops. A case fails on any error,
 any non-finite value, or a relative error past the dtype's tolerance. ``MTA_RANDOM_SHAPES`` cases per function
-(default 12; 36 found nothing on an H100, ``notes/performance.md``); each case is its own pytest item, so
+(default 12; 36 found nothing on an H100, ``notes/performance.md``), drawn from the seed ``MTA_RANDOM_SEED``
+(default fixed, so a run is repeatable; another seed draws other shapes); each case is its own pytest item, so
 ``pytest -n 14`` compiles them side by side.
 """
 import os
@@ -20,14 +21,17 @@ from conftest import ON_GPU
 pytestmark = pytest.mark.skipif(not ON_GPU, reason="random shapes run on a GPU (bf16, long caches)")
 
 OUT_TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-#: MTA's lse in 16 bits: the folded keys are rounded to the input dtype (bf16: 1-2.4e-4 of |lse| measured).
+#: MTA's lse in 16 bits: the folded keys are rounded to the input dtype (bf16: 1-2.4e-4 of |lse| measured). The
+#: lse is a log-normalizer, so it is compared with an absolute floor of 1 a row (an error of 1e-3 there is 1e-3 of
+#: every probability): where a score is about zero from cancelling terms, that rounding is not small beside it
+#: (bf16, N = 1, lse -0.00815 against -0.00802, ``notes/h100_2026-11-25c/lse_fold_rounding.txt``).
 LSE_TOL = {torch.float32: 1e-4, torch.float16: 1e-4, torch.bfloat16: 1e-3}
 GRAD_TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 HEAD_DIMS = [16, 24, 40, 64, 72, 96, 128, 160, 200, 256]
 CASES = int(os.environ.get("MTA_RANDOM_SHAPES", "12"))
 DEV = mta.runtime.DEVICE
-rng = random.Random(202611241)
+rng = random.Random(int(os.environ.get("MTA_RANDOM_SEED", "202611241")))
 
 
 def off(a, b, tol, floor=1e-3):
@@ -105,7 +109,7 @@ def test_conv(dtype, D, cq, ck, N, Hq, Hkv, causal, B, transposed, scale):
     refs = [x.detach().double().requires_grad_() for x in (q, k, v, w)]
     ro, rlse = mta.conv_attention_reference(*refs, causal=causal, scale=scale, return_lse=True)
     ro.backward(do.double())
-    errs = [off(o, ro, OUT_TOL[dtype] * 2), off(lse, rlse, LSE_TOL[dtype])]
+    errs = [off(o, ro, OUT_TOL[dtype] * 2), off(lse, rlse, LSE_TOL[dtype], floor=1.0)]
     errs += [off(x.grad, r.grad, GRAD_TOL[dtype], 1e-2) for x, r in zip(xs, refs)]
     assert all(e <= 1 for e in errs), errs
 
