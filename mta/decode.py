@@ -188,9 +188,15 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
         # A non-blocking copy from pageable memory is staged at once (the caller may change its tensor right
         # after) and never waits for the device; pinning a buffer at every step cost more host time than the copy.
         return cache_seqlens.to(device, non_blocking=True)
-    if cache_seqlens.device != device:
-        raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but the caches are on {device}")
+    check_seqlens_device(cache_seqlens, device)
     return cache_seqlens
+
+
+def check_seqlens_device(cache_seqlens: torch.Tensor, device: torch.device) -> None:
+    """A lengths tensor lies on the host or on the caches' ``device``; anywhere else is refused by name (the custom
+    ops of :mod:`mta.ops` check it before dispatch: a meta tensor would send them to their fake implementation)."""
+    if cache_seqlens.device.type != "cpu" and cache_seqlens.device != device:
+        raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but the caches are on {device}")
 
 
 def _check_length_range(low: int, high: int, n_min: int, n_max: int, what: str) -> None:

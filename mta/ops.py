@@ -33,7 +33,7 @@ import torch
 from . import conv as _conv
 from . import flash as _flash
 from ._checks import check_causal, check_weight, is_int, is_int_list, resolve_scale
-from .decode import check_num_splits
+from .decode import check_num_splits, check_seqlens_device
 from .differentiable_once import MESSAGE
 from .launch import check_kernel_inputs
 from .conv_decode import conv_decode_attention as _conv_decode_attention
@@ -222,9 +222,10 @@ for _op in (_decode_attention_op, _conv_decode_attention_op):
     _op.register_autograd(_no_backward, setup_context=_not_differentiable)
 
 
-def _seqlens(cache_seqlens) -> Optional[torch.Tensor]:
+def _seqlens(cache_seqlens, device: torch.device) -> Optional[torch.Tensor]:
     # A custom op takes tensors, not lists: a list becomes a CPU int64 tensor, checked on the host inside the op
-    # (int64, so that a huge length is named there rather than overflowing an int32 conversion here).
+    # (int64, so that a huge length is named there rather than overflowing an int32 conversion here). A tensor's
+    # device is checked here, before the dispatcher picks the op's implementation from its inputs' devices.
     if isinstance(cache_seqlens, (list, tuple)):
         if not is_int_list(cache_seqlens):
             raise TypeError("cache_seqlens must be a list of ints or an int tensor")
@@ -232,6 +233,8 @@ def _seqlens(cache_seqlens) -> Optional[torch.Tensor]:
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         raise TypeError(f"cache_seqlens must be an int tensor, a list of ints or None, got "
                         f"{type(cache_seqlens).__name__}")
+    if cache_seqlens is not None:
+        check_seqlens_device(cache_seqlens, device)
     return cache_seqlens
 
 
@@ -246,7 +249,7 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
     """
     check_kernel_inputs(q, k_cache, v_cache, per_kv_head=True, names=("q", "k_cache", "v_cache"))
     num_splits = check_num_splits(num_splits)
-    return torch.ops.mta.decode_attention(q, k_cache, v_cache, _seqlens(cache_seqlens),
+    return torch.ops.mta.decode_attention(q, k_cache, v_cache, _seqlens(cache_seqlens, q.device),
                                           resolve_scale(scale, q.shape[-1]), num_splits)
 
 
@@ -265,8 +268,9 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
     if not is_int(num_queries):
         raise TypeError(f"num_queries must be an int, got {type(num_queries).__name__}")
     num_queries = int(num_queries)
-    return torch.ops.mta.conv_decode_attention(q_cache, k_cache, v_cache, weight, _seqlens(cache_seqlens),
-                                               num_queries, resolve_scale(scale, q_cache.shape[-1]), num_splits)
+    return torch.ops.mta.conv_decode_attention(q_cache, k_cache, v_cache, weight,
+                                               _seqlens(cache_seqlens, q_cache.device), num_queries,
+                                               resolve_scale(scale, q_cache.shape[-1]), num_splits)
 
 
 __all__ = ["conv_attention", "conv_decode_attention", "decode_attention", "flash_attention"]

@@ -70,3 +70,25 @@ def test_the_unfused_fallbacks_compute_in_fp32_under_autocast(monkeypatch):
     for name, got, want in zip("q k v weight".split(), got_grads, ref_grads):
         assert rel_err(got, want) < FP32_TOL, name
     assert rel_err(rows, ref[:, :, -3:]) < FP32_TOL
+
+
+# --- mixed devices -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["ops", "compiled"])
+def test_lengths_on_the_meta_device_are_refused_by_name_through_the_ops(path):
+    """``cache_seqlens`` on a device that is neither the host nor the caches' reached the custom op unchecked: a meta
+    tensor among its inputs sent the call to the op's fake implementation, which returned uninitialised memory of
+    the output's shape (eagerly, ``mta.decode_attention`` names it)."""
+    q, k, v = rand_qkv(2, 2, 1, 8, 8, 16)
+    weight = rand(2, 2, 3, scale=0.3)
+    lengths = torch.tensor([5, 8], device="meta")
+    if path == "ops":
+        decode, conv_decode = mta.ops.decode_attention, mta.ops.conv_decode_attention
+    else:
+        decode = torch.compile(lambda *a, **kw: mta.decode_attention(*a, **kw), backend="aot_eager")
+        conv_decode = torch.compile(lambda *a, **kw: mta.conv_decode_attention(*a, **kw), backend="aot_eager")
+    with pytest.raises(ValueError, match=f"cache_seqlens is on meta but the caches are on {q.device}"):
+        decode(q[:, :, -1:], k, v, cache_seqlens=lengths)
+    with pytest.raises(ValueError, match=f"cache_seqlens is on meta but the caches are on {q.device}"):
+        conv_decode(q, k, v, weight, cache_seqlens=lengths)
