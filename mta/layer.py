@@ -14,8 +14,6 @@ tokens per sequence and runs the decode kernels. ``layer(x, cache=cache)`` does 
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Optional
 
 import torch
@@ -26,7 +24,7 @@ from ._checks import check_count, is_int
 from .conv_forward import MAX_CK, MAX_CQ
 from .decode import MAX_NEW_QUERIES
 from .kv_cache import KVCache
-from .rope import apply_rope
+from .rope import apply_rope, check_theta
 from .reference import conv_attention_probabilities, expand_kv
 
 #: The MTA paper's other options, which this layer does not implement (pre-softmax key-query convolution only).
@@ -103,13 +101,9 @@ class MultiTokenAttention(nn.Module):
         if head_dim > 256:
             raise ValueError(f"head dim dim // num_heads = {head_dim} is not supported (at most 256)")
         if rope_theta is not None:
-            if isinstance(rope_theta, bool) or not isinstance(rope_theta, numbers.Real):
-                raise TypeError(f"rope_theta must be a number (the RoPE base, e.g. 10000) or None, got {rope_theta!r}")
-            if not math.isfinite(rope_theta) or rope_theta <= 0:
-                raise ValueError(f"rope_theta must be a finite positive number (the RoPE base), got {rope_theta}")
             if head_dim % 2:
                 raise ValueError(f"RoPE needs an even head dim, got dim // num_heads = {head_dim}")
-            rope_theta = float(rope_theta)
+            rope_theta = check_theta(rope_theta, head_dim, "rope_theta")
         self.dim, self.num_heads, self.num_kv_heads, self.head_dim = dim, num_heads, num_kv_heads, head_dim
         self.kernel_size = (cq, ck)
         self.rope_theta = rope_theta

@@ -8,13 +8,41 @@ dtype, so bf16 activations stay bf16.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
+
+#: Positions below this have finite angles in fp32 for every base :func:`check_theta` accepts.
+MAX_POSITION = 2 ** 31
+
+
+def check_theta(theta, head_dim: int, name: str = "theta") -> float:
+    """The RoPE base ``theta`` (called ``name`` in the messages) as a float: a real number, finite and positive, whose
+    angles ``position * theta ** (-2c / head_dim)`` are finite fp32 numbers for every position below
+    :data:`MAX_POSITION` (a base under 1 has frequencies over 1; fp32 holds a base under 1e-38 as 0, an infinite
+    frequency). ``head_dim`` must be even."""
+    if isinstance(theta, bool) or not isinstance(theta, numbers.Real):
+        raise TypeError(f"{name} must be a real number (the RoPE base, e.g. 10000), got {theta!r}")
+    try:
+        value = float(theta)
+    except OverflowError:  # an int too large for a float
+        value = math.inf
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite positive number (the RoPE base), got {theta}")
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
+    fp32 = torch.finfo(torch.float32)
+    highest = value ** (-(head_dim - 2) / head_dim) if value < 1 else 1.0  # the first pair's frequency is 1
+    if value < fp32.tiny or highest * MAX_POSITION > fp32.max:
+        raise ValueError(f"{name}={value} is too small for RoPE in fp32: its highest frequency at head dim {head_dim}, "
+                         f"{highest:.3g}, times positions up to 2**31 leaves fp32's range (NaN angles)")
+    return value
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
-    """``positions [...]`` (ints) -> angles ``[..., head_dim // 2]`` fp32."""
-    if head_dim % 2:
-        raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
+    """``positions [...]`` (ints) -> angles ``[..., head_dim // 2]`` fp32 (``theta``: :func:`check_theta`)."""
+    check_theta(theta, head_dim)
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     return positions.to(torch.float32)[..., None] * inv_freq
 
@@ -33,4 +61,4 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-__all__ = ["apply_rope", "rope_angles"]
+__all__ = ["apply_rope", "check_theta", "rope_angles"]

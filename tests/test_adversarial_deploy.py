@@ -92,3 +92,34 @@ def test_lengths_on_the_meta_device_are_refused_by_name_through_the_ops(path):
         decode(q[:, :, -1:], k, v, cache_seqlens=lengths)
     with pytest.raises(ValueError, match=f"cache_seqlens is on meta but the caches are on {q.device}"):
         conv_decode(q, k, v, weight, cache_seqlens=lengths)
+
+
+# --- RoPE ----------------------------------------------------------------------------------------------------------
+
+
+def rope_float64(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """RoPE ("rotate half") on ``x [..., N, D]`` in float64, frequencies and angles included."""
+    D = x.shape[-1]
+    angles = positions.double()[:, None] * theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    x1, x2 = x.double().chunk(2, dim=-1)
+    return torch.cat((x1 * angles.cos() - x2 * angles.sin(), x2 * angles.cos() + x1 * angles.sin()), dim=-1)
+
+
+@pytest.mark.parametrize("theta", [1e-46, 1e-39, 1e-36])
+def test_a_rope_base_whose_angles_leave_fp32_is_refused_by_name(theta):
+    """A positive finite ``rope_theta`` so small that fp32 holds it as 0 (``1e-46``: frequencies ``0 ** -x = inf``),
+    or whose highest frequency times a position overflows fp32, was accepted and gave NaN outputs from the layer
+    (and from :func:`mta.rope.apply_rope`). Now refused where the angles of positions below 2**31 would not be
+    finite."""
+    with pytest.raises(ValueError, match="rope_theta"):
+        mta.MultiTokenAttention(32, 2, kernel_size=(1, 1), rope_theta=theta)
+    with pytest.raises(ValueError, match="theta"):
+        mta.rope.apply_rope(rand(1, 1, 4, 16), torch.arange(4), theta)
+
+
+@pytest.mark.parametrize("theta", [0.5, 1.0, 1e4, 5e5, 1e30])
+def test_rope_bases_that_fp32_holds_rotate_as_in_float64(theta):
+    x, positions = rand(1, 2, 6, 16), torch.tensor([0, 1, 2, 7, 30, 100])
+    got = mta.rope.apply_rope(x, positions, theta)  # angles in fp32 (mta.rope): ~1e-5 of an angle of ~200
+    assert got.dtype == x.dtype and rel_err(got, rope_float64(x, positions, theta)) < 5e-5
+    mta.MultiTokenAttention(32, 2, kernel_size=(1, 1), rope_theta=theta)  # accepted
