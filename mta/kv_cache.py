@@ -117,7 +117,10 @@ class KVCache:
 
     def _check_tokens(self, q: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor) -> None:
         """Before anything is written: ``k``, ``v`` ``[B, n, Hkv, D]`` and (when queries are kept) ``q``
-        ``[B, n, Hq, D]``, with this cache's ``B``, heads and head dim."""
+        ``[B, n, Hq, D]``, with this cache's ``B``, heads and head dim, on its device."""
+        for name, x in (("q", q if self.q is not None else None), ("k", k), ("v", v)):
+            if x is not None and x.device != self.k.device:  # a write from the meta device would write nothing
+                raise ValueError(f"{name} is on {x.device} but the cache is on {self.k.device}")
         if k.dim() != 4 or v.shape != k.shape:
             raise ValueError(f"k and v must be [B, n, Hkv, D] of one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
         if k.shape[0] != self.batch:

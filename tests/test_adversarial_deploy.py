@@ -123,3 +123,17 @@ def test_rope_bases_that_fp32_holds_rotate_as_in_float64(theta):
     got = mta.rope.apply_rope(x, positions, theta)  # angles in fp32 (mta.rope): ~1e-5 of an angle of ~200
     assert got.dtype == x.dtype and rel_err(got, rope_float64(x, positions, theta)) < 5e-5
     mta.MultiTokenAttention(32, 2, kernel_size=(1, 1), rope_theta=theta)  # accepted
+
+
+@pytest.mark.parametrize("method", ["append", "fill"])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_tokens_on_another_device_are_refused_by_the_cache_before_anything_is_written(method, where):
+    """``KVCache.append`` with keys (or values, or queries) on another device than the cache (meta here) wrote
+    nothing and advanced the lengths: the next decode read zeros as keys, a wrong answer without a word; ``fill``
+    wrote the keys, then raised torch's "Cannot copy out of meta tensor"."""
+    cache = mta.KVCache.empty(2, 8, 2, 1, 4, keep_queries=True, device=DEVICE)
+    tokens = {"q": rand(2, 3, 2, 4), "k": rand(2, 3, 1, 4), "v": rand(2, 3, 1, 4)}
+    tokens[where] = tokens[where].to("meta")
+    with pytest.raises(ValueError, match=f"{where} is on meta but the cache is on {DEVICE}"):
+        getattr(cache, method)(tokens["q"], tokens["k"], tokens["v"])
+    assert cache.is_empty and not cache.k.any() and not cache.v.any() and not cache.q.any()
