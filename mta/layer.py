@@ -131,6 +131,11 @@ class MultiTokenAttention(nn.Module):
             with torch.no_grad():
                 self.conv_weight.copy_(identity_kernel(self.num_heads, *self.kernel_size))
 
+    def reset_parameters(self) -> None:
+        """The layer's own parameter, ``conv_weight``, back to the identity (the projections reset theirs): what
+        meta-device initialisation calls on each module after ``to_empty`` (FSDP's default does)."""
+        self.reset_conv_weight()
+
     # --- projections ------------------------------------------------------------------------------------------
 
     def _check_input(self, x) -> None:

@@ -137,3 +137,26 @@ def test_tokens_on_another_device_are_refused_by_the_cache_before_anything_is_wr
     with pytest.raises(ValueError, match=f"{where} is on meta but the cache is on {DEVICE}"):
         getattr(cache, method)(tokens["q"], tokens["k"], tokens["v"])
     assert cache.is_empty and not cache.k.any() and not cache.v.any() and not cache.q.any()
+
+
+# --- deferred initialisation -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel_size", [(2, 3), (1, 1)])
+def test_a_layer_made_on_the_meta_device_is_initialised_by_reset_parameters(kernel_size):
+    """Meta-device initialisation (FSDP's default): ``to_empty``, then ``reset_parameters()`` on every module that
+    holds parameters of its own. The layer holds ``conv_weight`` and had no ``reset_parameters``: FSDP raised, and
+    ``to_empty`` by hand left the kernel uninitialised (whatever memory held, not the identity)."""
+    with torch.device("meta"):
+        layer = mta.MultiTokenAttention(32, 2, kernel_size=kernel_size)
+    layer.to_empty(device=DEVICE)
+    with torch.no_grad():
+        for module in layer.modules():  # as torch.distributed.fsdp's _materialize_meta_module
+            if any(True for _ in module.parameters(recurse=False)):
+                module.reset_parameters()
+    if layer.is_mta:
+        assert torch.equal(layer.conv_weight, mta.layer.identity_kernel(2, *kernel_size).to(DEVICE))
+    x = rand(1, 6, 32)
+    plain = mta.MultiTokenAttention(32, 2, kernel_size=(1, 1)).to(DEVICE)
+    plain.load_state_dict({name: p for name, p in layer.state_dict().items() if name != "conv_weight"})
+    torch.testing.assert_close(layer(x), plain(x), atol=2e-5, rtol=2e-5)  # identity kernel: causal attention
