@@ -42,7 +42,10 @@ def check_theta(theta, head_dim: int, name: str = "theta") -> float:
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
     """``positions [...]`` (ints) -> angles ``[..., head_dim // 2]`` fp32 (``theta``: :func:`check_theta`)."""
-    check_theta(theta, head_dim)
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
+    if not torch.compiler.is_compiling():  # traced, theta may be symbolic (as a scale: mta._checks.resolve_scale)
+        check_theta(theta, head_dim)
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     return positions.to(torch.float32)[..., None] * inv_freq
 

@@ -117,6 +117,14 @@ def test_a_rope_base_whose_angles_leave_fp32_is_refused_by_name(theta):
         mta.rope.apply_rope(rand(1, 1, 4, 16), torch.arange(4), theta)
 
 
+def test_rope_compiles_whole_with_a_symbolic_base():
+    """The base's check stays out of a traced graph: dynamo makes a changing float argument symbolic."""
+    x, positions = rand(1, 2, 5, 16), torch.arange(5)
+    rope = torch.compile(mta.rope.apply_rope, fullgraph=True, dynamic=True, backend="eager")
+    for theta in (1e4, 5e5):
+        torch.testing.assert_close(rope(x, positions, theta), mta.rope.apply_rope(x, positions, theta))
+
+
 @pytest.mark.parametrize("theta", [0.5, 1.0, 1e4, 5e5, 1e30])
 def test_rope_bases_that_fp32_holds_rotate_as_in_float64(theta):
     x, positions = rand(1, 2, 6, 16), torch.tensor([0, 1, 2, 7, 30, 100])
