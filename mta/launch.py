@@ -18,6 +18,7 @@ import functools
 import inspect
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -274,15 +275,20 @@ def on_device_of(args):
     return contextlib.nullcontext()
 
 
+#: Triton's interpreter patches ``triton.language`` while it runs a kernel: launches from several threads at once
+#: fail inside it, so there they take turns (a GPU launch needs no lock).
+_INTERPRETER_TURNS = threading.RLock()
+
+
 def launch(kernel, grid, *args, **meta):
     """``kernel[grid](*args, **meta)`` (``grid`` a tuple, or a function of the tile for an autotuned kernel) on the
-    device of its first tensor argument (:func:`on_device_of`); inside :func:`compile_ahead`'s dry run, only its
-    compile, queued."""
+    device of its first tensor argument (:func:`on_device_of`), one thread at a time in Triton's interpreter; inside
+    :func:`compile_ahead`'s dry run, only its compile, queued."""
     if isinstance(grid, tuple) and max(grid[1:], default=0) > MAX_GRID_AXIS_1:  # the launchers chunk batches
         raise RuntimeError(f"grid {grid} is over CUDA's {MAX_GRID_AXIS_1} programs on its second or third axis")
     if in_dry_run():
         return kernel.warmup(*args, grid=grid, **meta)
-    with on_device_of(args):
+    with on_device_of(args), (_INTERPRETER_TURNS if runtime.INTERPRET else contextlib.nullcontext()):
         return kernel[grid](*args, **meta)
 
 

@@ -168,3 +168,33 @@ def test_a_layer_made_on_the_meta_device_is_initialised_by_reset_parameters(kern
     plain = mta.MultiTokenAttention(32, 2, kernel_size=(1, 1)).to(DEVICE)
     plain.load_state_dict({name: p for name, p in layer.state_dict().items() if name != "conv_weight"})
     torch.testing.assert_close(layer(x), plain(x), atol=2e-5, rtol=2e-5)  # identity kernel: causal attention
+
+
+# --- serving from threads ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(ON_GPU, reason="Triton's interpreter only (the CPU)")
+def test_threads_calling_the_kernels_at_once_in_the_interpreter_get_their_answers():
+    """Triton's interpreter patches ``triton.language`` while it runs a kernel: two threads launching at once (a
+    server answering requests from a thread pool) failed inside it ("Did you forget to add @triton.jit ?").
+    Launches in the interpreter now take turns."""
+    import threading
+
+    inputs = [(*rand_qkv(1, 2, 1, 16, 16, 16), rand(2, 2, 3, scale=0.3)) for _ in range(4)]
+    want = [mta.conv_attention(*x) for x in inputs]
+    got, errors = {}, []
+
+    def serve(i):
+        try:
+            for step in range(2):
+                got[i, step] = mta.conv_attention(*inputs[i])
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(repr(error)[:300])
+
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[0]
+    assert all(torch.equal(got[i, step], want[i]) for i in range(4) for step in range(2))
