@@ -55,6 +55,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.
 
     Returns a tensor of x's shape and dtype.
     """
+    _check_positions(x, positions)
     # Positions may live on the host (a cache keeps its lengths there); the angles go where x is.
     angles = rope_angles(positions.to(x.device, non_blocking=True), x.shape[-1], theta)  # [N, D/2] or [B, N, D/2]
     if angles.dim() == 3:
@@ -62,6 +63,20 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.
     cos, sin = angles.cos(), angles.sin()
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def _check_positions(x, positions) -> None:
+    """``x`` is ``[B, H, N, D]`` and ``positions`` a tensor ``[N]`` or ``[B, N]`` (no other shape broadcasts
+    silently)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a [B, H, N, D] tensor, got {got}")
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(f"positions must be a tensor [N] or [B, N], got {type(positions).__name__}")
+    B, _, N, _ = x.shape
+    if tuple(positions.shape) not in ((N,), (B, N)):
+        raise ValueError(f"positions must be [N] or [B, N] for x [B, H, N, D] = {tuple(x.shape)}, got shape "
+                         f"{tuple(positions.shape)}")
 
 
 __all__ = ["apply_rope", "check_theta", "rope_angles"]

@@ -125,6 +125,19 @@ def test_rope_compiles_whole_with_a_symbolic_base():
         torch.testing.assert_close(rope(x, positions, theta), mta.rope.apply_rope(x, positions, theta))
 
 
+@pytest.mark.parametrize("x_shape,positions,error", [
+    ((2, 3, 5, 8), torch.tensor([4]), ValueError),           # one position for five tokens: broadcast
+    ((2, 3, 5, 8), torch.tensor([[4], [6]]), ValueError),    # one per sequence (the lengths) for five new tokens
+    ((2, 3, 5, 8), torch.arange(15).view(3, 5), ValueError),  # a batch of 3 for 2 sequences
+    ((2, 5, 8), torch.arange(10).view(2, 5), ValueError),    # x [B, N, D]: the result was [2, 2, 5, 8]
+    ((2, 3, 5, 8), [0, 1, 2, 3, 4], TypeError)])             # a list: AttributeError from inside
+def test_rope_names_positions_that_do_not_match_the_tokens(x_shape, positions, error):
+    """``apply_rope(x [B, H, N, D], positions [N] or [B, N])``: other shapes broadcast to something, silently (one
+    rotation for every token, or a tensor of another shape); now refused by name."""
+    with pytest.raises(error, match="positions|x must be"):
+        mta.rope.apply_rope(rand(*x_shape), positions, 1e4)
+
+
 @pytest.mark.parametrize("theta", [0.5, 1.0, 1e4, 5e5, 1e30])
 def test_rope_bases_that_fp32_holds_rotate_as_in_float64(theta):
     x, positions = rand(1, 2, 6, 16), torch.tensor([0, 1, 2, 7, 30, 100])
