@@ -100,6 +100,7 @@ def empty_state(prefix_shape, head_dim: int, *, dtype=torch.float32, device=None
     )
 
 
+@outside_autocast
 def attention_state(s: torch.Tensor, v: torch.Tensor) -> AttentionState:
     """State of scores ``s [..., Nq, n]`` (``-inf`` = masked) over values ``v [..., n, D]``; with ``n = 0`` the
     state over no keys (:func:`empty_state`)."""

@@ -31,11 +31,11 @@ def autocast_off(device) -> contextlib.AbstractContextManager:
 
 
 def outside_autocast(function):
-    """``function(q, ...)`` run with autocast off for ``q``'s device (:func:`autocast_off`)."""
+    """``function(x, ...)`` run with autocast off for the device of its first argument ``x`` (:func:`autocast_off`)."""
     @functools.wraps(function)
-    def wrapper(q, *args, **kwargs):
-        with autocast_off(q.device) if isinstance(q, torch.Tensor) else contextlib.nullcontext():
-            return function(q, *args, **kwargs)
+    def wrapper(x, *args, **kwargs):
+        with autocast_off(x.device) if isinstance(x, torch.Tensor) else contextlib.nullcontext():
+            return function(x, *args, **kwargs)
     return wrapper
 
 

@@ -45,6 +45,17 @@ def test_the_references_compute_in_fp32_under_autocast():
         assert got.dtype == torch.float32 and rel_err(got, want) < FP32_TOL, name
 
 
+def test_an_attention_state_keeps_one_dtype_under_autocast():
+    """``attention_state(s, v)`` of fp32 scores and values: ``m`` and ``l`` were fp32 and ``acc`` autocast's fp16 (its
+    ``p @ v``), a state of two dtypes and one fp16 rounding; now all fp32, as without autocast."""
+    s, v = rand(2, 4, 6), rand(2, 6, 8)
+    want = mta.attention_state(s, v)
+    with torch.autocast(DEVICE.type, dtype=LOW):
+        got = mta.attention_state(s, v)
+    for name, x, y in zip(("m", "l", "acc"), got, want):
+        assert x.dtype == torch.float32 and rel_err(x, y) < FP32_TOL, name
+
+
 def test_the_unfused_fallbacks_compute_in_fp32_under_autocast(monkeypatch):
     """Where a fused launch is refused (or the fused backward does not fit), ``conv_attention`` and
     ``conv_decode_attention`` give the same answer from PyTorch code (:mod:`mta.conv_chunked`,
