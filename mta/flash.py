@@ -7,6 +7,8 @@ this module checks inputs, launches them and ties them together with
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ._checks import check_causal, resolve_scale
@@ -14,7 +16,7 @@ from .differentiable_once import FORWARD_MODE_MESSAGE, differentiable_once
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
 from .launch import (batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks, dot_precision,
-                     empty_contiguous, head_dim_block, launch, launch_tiled, wants_gradients,
+                     empty_contiguous, head_dim_block, launch, launch_tiled, over_entries, wants_gradients,
                      within_int32_indexing)
 from .tuning import size_bucket
 
@@ -95,16 +97,38 @@ def wrapped_by_functorch(do: torch.Tensor) -> bool:
 _is_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda t: True)
 
 
+def as_entries(x: torch.Tensor, dim: Optional[int], n: int) -> torch.Tensor:
+    """A tensor of ``n`` vmapped entries with the mapped axis ``dim`` first (None: the same for every entry,
+    expanded), ``[n, ...]``."""
+    return x.expand(n, *x.shape) if dim is None else x.movedim(dim, 0)
+
+
+def entries_into_heads(x: torch.Tensor) -> torch.Tensor:
+    """``[n, B, H, ...]`` as ``[B, n H, ...]``, entry ``e``'s head ``h`` at ``e H + h``: query head ``e Hq + h``
+    then reads kv head ``(e Hq + h) // G = e Hkv + h // G``, its own entry's, and a kernel per entry is a kernel
+    per head (``[n, Hq, cq, ck]`` flattened)."""
+    return x.movedim(0, 1).flatten(1, 2)
+
+
+def entries_out_of_heads(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``[B, n H, ...]`` back as ``[n, B, H, ...]``."""
+    return x.unflatten(1, (n, -1)).movedim(1, 0)
+
+
 def vmap_as_batch(function, info, in_dims, *args):
     """The ``vmap`` rule of ``function`` (an ``autograd.Function`` over ``[B, H, N, D]`` tensors, then flags):
-    the mapped axis folded into the batch, one call; where another argument (the weight) is mapped, one call
-    per entry, stacked. Returns ``(outputs, out_dims)``, as ``torch.func.vmap`` wants."""
+    the mapped axis folded into the batch, one call; where the weight (``args[3]``) is mapped too, a kernel per
+    entry, the entries folded into the heads (:func:`entries_into_heads`, :func:`mta.launch.over_entries`). Returns
+    ``(outputs, out_dims)``, as ``torch.func.vmap`` wants."""
     n = info.batch_size
-    if any(d is not None for x, d in zip(args[3:], in_dims[3:]) if isinstance(x, torch.Tensor)):
-        parts = [function.apply(*(x if d is None else x.select(d, i) for x, d in zip(args, in_dims)))
-                 for i in range(n)]
-        return tuple(torch.stack(x) for x in zip(*parts)), (0, 0)
-    qkv = [x.unsqueeze(0).expand(n, *x.shape) if d is None else x.movedim(d, 0) for x, d in zip(args[:3], in_dims)]
+    if isinstance(args[3], torch.Tensor) and in_dims[3] is not None:
+        qkv, w = [as_entries(x, d, n) for x, d in zip(args[:3], in_dims)], as_entries(args[3], in_dims[3], n)
+
+        def run(a, b):
+            out = function.apply(*(entries_into_heads(x[a:b]) for x in qkv), w[a:b].flatten(0, 1), *args[4:])
+            return tuple(entries_out_of_heads(x, b - a) for x in out)
+        return over_entries(n, w.shape[1], run), (0, 0)
+    qkv = [as_entries(x, d, n) for x, d in zip(args[:3], in_dims)]
     out = function.apply(*(x.reshape(-1, *x.shape[2:]) for x in qkv), *args[3:])
     return tuple(x.view(n, qkv[0].shape[1], *x.shape[1:]) for x in out), (0, 0)
 

@@ -35,7 +35,7 @@ from . import flash as _flash
 from ._checks import check_causal, check_weight, is_int, is_int_list, resolve_scale
 from .decode import check_num_splits, check_seqlens_device
 from .differentiable_once import MESSAGE
-from .launch import check_kernel_inputs
+from .launch import check_kernel_inputs, over_entries
 from .conv_decode import conv_decode_attention as _conv_decode_attention
 from .decode import decode_attention as _decode_attention
 
@@ -164,6 +164,36 @@ def _second_derivative(ctx, *_):
 
 for _op in (_conv_attention_backward_op, _flash_attention_backward_op):  # as eagerly (mta.differentiable_once)
     _op.register_autograd(_second_derivative)
+
+
+# vmap of the backward ops (per-sample gradients, ``torch.func.vmap`` over ``grad``): one launch, the mapped axis
+# folded into the heads (:func:`mta.flash.entries_into_heads`). Into the heads, not the batch: the weight's
+# gradient sums over the batch, and each entry needs its own; a weight per entry is then a weight per head.
+
+
+@_flash_attention_backward_op.register_vmap
+def _(info, in_dims, do, q, k, v, o, lse, causal, scale):
+    n = info.batch_size
+    xs = [_flash.as_entries(x, d, n) for x, d in zip((do, q, k, v, o, lse), in_dims)]
+
+    def run(a, b):
+        grads = _flash.flash_backward(*(_flash.entries_into_heads(x[a:b]) for x in xs), causal, scale)
+        return tuple(_flash.entries_out_of_heads(g, b - a) for g in grads)
+    return over_entries(n, xs[1].shape[2], run), (0, 0, 0)  # xs[1]: q, [n, B, Hq, N, D]
+
+
+@_conv_attention_backward_op.register_vmap
+def _(info, in_dims, do, q, k, v, o, lse, weight, causal, scale):
+    n = info.batch_size
+    xs = [_flash.as_entries(x, d, n) for x, d in zip((do, q, k, v, o, lse), in_dims)]
+    w = _flash.as_entries(weight, in_dims[6], n)  # [n, Hq, cq, ck]
+
+    def run(a, b):
+        dq, dk, dv, dw = _conv.conv_attention_backward(*(_flash.entries_into_heads(x[a:b]) for x in xs),
+                                                       w[a:b].flatten(0, 1), causal, scale)
+        return (*(_flash.entries_out_of_heads(g, b - a) for g in (dq, dk, dv)),
+                dw.to(weight.dtype).unflatten(0, (b - a, -1)))
+    return over_entries(n, w.shape[1], run), (0, 0, 0, 0)
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):

@@ -2,6 +2,8 @@
 through the custom ops, the layer under ``torch.func.functional_call`` (the adversarial pass on training,
 2026-11-25). Each test failed before its fix. References: float64 autograd through the materialized definitions."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -52,7 +54,7 @@ def test_torch_func_vmap_and_per_sample_gradients(path):
     o = torch.func.vmap(lambda q, k: CONV[path](q, k, v, w), in_dims=(0, 2))(qs, ks)
     expected = torch.stack([conv_attention_reference(*f64(a, b, v, w)) for a, b in zip(qs, ks.unbind(2))])
     torch.testing.assert_close(o.double(), expected, atol=1e-5, rtol=1e-4)
-    ws = 0.4 * torch.randn(3, H, 2, 3, device=DEVICE)  # a kernel per entry: one call each
+    ws = 0.4 * torch.randn(3, H, 2, 3, device=DEVICE)  # a kernel per entry: the entries as more heads
     o = torch.func.vmap(lambda w: CONV[path](q, k, v, w))(ws)
     torch.testing.assert_close(o.double(), torch.stack([conv_attention_reference(*f64(q, k, v, x)) for x in ws]),
                                atol=1e-5, rtol=1e-4)
@@ -131,3 +133,54 @@ def test_batched_gradients_and_jacobians():
     jac64 = torch.autograd.functional.jacobian(lambda w: conv_attention_reference(*f64(q, k, v), w).sum(dim=(0, 2, 3)),
                                                w64.detach())
     torch.testing.assert_close(jac.double(), jac64, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("path", ["eager", "op"])
+@pytest.mark.parametrize("weight_per_entry", [False, True])
+@pytest.mark.parametrize("grid_axis", [None, 9], ids=["one_call", "entries_in_two_calls"])
+def test_per_sample_gradients_run_one_backward(path, weight_per_entry, grid_axis, monkeypatch):
+    """``vmap`` over ``grad`` (per-sample gradients; with a kernel per entry, an ensemble) runs each forward and
+    backward once for all entries, GQA kept, bitwise as a loop over the entries. Before: torch looped over the
+    entries itself in the backward and warned that the backward ops had no batching rule, and the forward looped
+    over kernels per entry (the vmap rules now fold the entries into the heads). Where the entries' heads pass a
+    grid axis (made 9 programs here: two entries of 4 heads fit), ranges of entries, one call each."""
+    if grid_axis is not None:
+        monkeypatch.setattr(mta.launch, "MAX_GRID_AXIS_1", grid_axis)
+    g = torch.Generator().manual_seed(5)
+    n, hq, hkv = 3, 4, 2
+    qs = torch.randn(n, hq, N, D, generator=g).to(DEVICE)
+    ks, vs = (torch.randn(n, hkv, N, D, generator=g).to(DEVICE) for _ in range(2))
+    w = 0.4 * torch.randn(hq, 2, 3, generator=g).to(DEVICE)
+    ws = 0.4 * torch.randn(n, hq, 2, 3, generator=g).to(DEVICE)
+    calls = {"conv": 0, "flash": 0, "conv forward": 0}
+    for name, module, fn in (("conv", mta.conv, "conv_attention_backward"), ("flash", mta.flash, "flash_backward"),
+                             ("conv forward", mta.conv, "conv_attention_forward")):
+        def counted(*args, _real=getattr(module, fn), _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(module, fn, counted)
+
+    def conv_loss(q, k, v, w):
+        return CONV[path](q[None], k[None], v[None], w).pow(2).sum()
+
+    def flash_loss(q, k, v):
+        return FLASH[path](q[None], k[None], v[None], causal=True).pow(2).sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "performance drop ... batching rule" warning fails the test
+        conv = torch.func.vmap(torch.func.grad(conv_loss, argnums=(0, 1, 2, 3)),
+                               in_dims=(0, 0, 0, 0 if weight_per_entry else None))(qs, ks, vs, ws if weight_per_entry
+                                                                                    else w)
+        flash = torch.func.vmap(torch.func.grad(flash_loss, argnums=(0, 1, 2)))(qs, ks, vs)
+    ranges = 1 if grid_axis is None else 2  # entries {0, 1} and {2}
+    assert calls["conv"] == calls["flash"] == ranges
+    if weight_per_entry or grid_axis is None:  # else the forward folds the entries into the batch, which the
+        assert calls["conv forward"] == ranges  # launcher chunks by sequences itself
+    for i in range(n):
+        xs = [t.clone().requires_grad_() for t in (qs[i], ks[i], vs[i], ws[i] if weight_per_entry else w)]
+        conv_loss(*xs).backward()
+        assert all(torch.equal(a[i], x.grad) for a, x in zip(conv, xs))
+        for x in xs:
+            x.grad = None
+        flash_loss(*xs[:3]).backward()
+        assert all(torch.equal(a[i], x.grad) for a, x in zip(flash, xs[:3]))
