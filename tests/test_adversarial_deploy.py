@@ -111,7 +111,8 @@ def test_lengths_on_the_meta_device_are_refused_by_name_through_the_ops(path):
 def rope_float64(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """RoPE ("rotate half") on ``x [..., N, D]`` in float64, frequencies and angles included."""
     D = x.shape[-1]
-    angles = positions.double()[:, None] * theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    inv_freq = theta ** (-torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)
+    angles = positions.to(x.device).double()[:, None] * inv_freq
     x1, x2 = x.double().chunk(2, dim=-1)
     return torch.cat((x1 * angles.cos() - x2 * angles.sin(), x2 * angles.cos() + x1 * angles.sin()), dim=-1)
 

@@ -156,7 +156,7 @@ def test_per_sample_gradients_run_one_backward(path, weight_per_entry, grid_axis
     for name, module, fn in (("conv", mta.conv, "conv_attention_backward"), ("flash", mta.flash, "flash_backward"),
                              ("conv forward", mta.conv, "conv_attention_forward")):
         def counted(*args, _real=getattr(module, fn), _name=name, **kwargs):
-            calls[_name] += 1
+            calls[_name] += not mta.launch.in_dry_run()  # a GPU's first call also compiles ahead, in a dry run
             return _real(*args, **kwargs)
         monkeypatch.setattr(module, fn, counted)
 
