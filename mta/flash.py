@@ -16,7 +16,7 @@ from .differentiable_once import FORWARD_MODE_MESSAGE, differentiable_once
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
 from .launch import (batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks, dot_precision,
-                     empty_contiguous, head_dim_block, launch, launch_tiled, over_entries, wants_gradients,
+                     empty_contiguous, head_dim_block, launch, launch_tiled, wants_gradients,
                      within_int32_indexing)
 from .tuning import size_bucket
 
@@ -118,16 +118,17 @@ def entries_out_of_heads(x: torch.Tensor, n: int) -> torch.Tensor:
 def vmap_as_batch(function, info, in_dims, *args):
     """The ``vmap`` rule of ``function`` (an ``autograd.Function`` over ``[B, H, N, D]`` tensors, then flags):
     the mapped axis folded into the batch, one call; where the weight (``args[3]``) is mapped too, a kernel per
-    entry, the entries folded into the heads (:func:`entries_into_heads`, :func:`mta.launch.over_entries`). Returns
-    ``(outputs, out_dims)``, as ``torch.func.vmap`` wants."""
+    entry, the entries folded into the heads (:func:`entries_into_heads`; ranges of entries where their heads pass
+    a grid axis). Returns ``(outputs, out_dims)``, as ``torch.func.vmap`` wants."""
     n = info.batch_size
     if isinstance(args[3], torch.Tensor) and in_dims[3] is not None:
-        qkv, w = [as_entries(x, d, n) for x, d in zip(args[:3], in_dims)], as_entries(args[3], in_dims[3], n)
+        entries = [as_entries(x, d, n) for x, d in zip(args[:4], in_dims)]  # q, k, v, weight
 
-        def run(a, b):
-            out = function.apply(*(entries_into_heads(x[a:b]) for x in qkv), w[a:b].flatten(0, 1), *args[4:])
-            return tuple(entries_out_of_heads(x, b - a) for x in out)
-        return over_entries(n, w.shape[1], run), (0, 0)
+        def run(q, k, v, weight):
+            out = function.apply(*map(entries_into_heads, (q, k, v)), weight.flatten(0, 1), *args[4:])
+            return tuple(entries_out_of_heads(x, weight.shape[0]) for x in out)
+        chunks = batch_chunks(n, entries[3].shape[1])  # the entries' heads on one grid axis, else ranges of them
+        return (run(*entries) if chunks is None else concat_chunks(chunks, run, entries)), (0, 0)
     qkv = [as_entries(x, d, n) for x, d in zip(args[:3], in_dims)]
     out = function.apply(*(x.reshape(-1, *x.shape[2:]) for x in qkv), *args[3:])
     return tuple(x.view(n, qkv[0].shape[1], *x.shape[1:]) for x in out), (0, 0)

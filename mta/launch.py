@@ -71,15 +71,6 @@ def batch_chunks(batch: int, programs_per_sequence: int) -> list[tuple[int, int]
     return [(b, min(b + step, batch)) for b in range(0, batch, step)]
 
 
-def over_entries(n: int, heads: int, run) -> tuple:
-    """``run(a, b)`` (outputs with the entries first) over ranges of the ``n`` entries whose ``heads`` each fit on
-    one grid axis together (:data:`MAX_GRID_AXIS_1`; the launchers chunk the batch themselves), the
-    outputs concatenated: one range, one call, unless the entries times heads pass 65,535."""
-    step = max(1, MAX_GRID_AXIS_1 // heads)
-    parts = [run(a, min(a + step, n)) for a in range(0, n, step)]
-    return parts[0] if len(parts) == 1 else tuple(torch.cat(x) for x in zip(*parts))
-
-
 def concat_chunks(chunks: list[tuple[int, int]], fn, batched: tuple, *rest) -> tuple:
     """``fn(*(t[a:b] for t in batched), *rest)`` for each ``(a, b)`` of ``chunks`` (:func:`batch_chunks`), its
     outputs concatenated along the batch."""

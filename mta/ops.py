@@ -35,7 +35,7 @@ from . import flash as _flash
 from ._checks import check_causal, check_weight, is_int, is_int_list, resolve_scale
 from .decode import check_num_splits, check_seqlens_device
 from .differentiable_once import MESSAGE
-from .launch import check_kernel_inputs, over_entries
+from .launch import batch_chunks, check_kernel_inputs, concat_chunks
 from .conv_decode import conv_decode_attention as _conv_decode_attention
 from .decode import decode_attention as _decode_attention
 
@@ -173,27 +173,27 @@ for _op in (_conv_attention_backward_op, _flash_attention_backward_op):  # as ea
 
 @_flash_attention_backward_op.register_vmap
 def _(info, in_dims, do, q, k, v, o, lse, causal, scale):
-    n = info.batch_size
-    xs = [_flash.as_entries(x, d, n) for x, d in zip((do, q, k, v, o, lse), in_dims)]
+    entries = [_flash.as_entries(x, d, info.batch_size) for x, d in zip((do, q, k, v, o, lse), in_dims)]
 
-    def run(a, b):
-        grads = _flash.flash_backward(*(_flash.entries_into_heads(x[a:b]) for x in xs), causal, scale)
-        return tuple(_flash.entries_out_of_heads(g, b - a) for g in grads)
-    return over_entries(n, xs[1].shape[2], run), (0, 0, 0)  # xs[1]: q, [n, B, Hq, N, D]
+    def run(*tensors):
+        grads = _flash.flash_backward(*map(_flash.entries_into_heads, tensors), causal, scale)
+        return tuple(_flash.entries_out_of_heads(g, tensors[0].shape[0]) for g in grads)
+    chunks = batch_chunks(info.batch_size, entries[1].shape[2])  # q's heads: [n, B, Hq, N, D]
+    return (run(*entries) if chunks is None else concat_chunks(chunks, run, entries)), (0, 0, 0)
 
 
 @_conv_attention_backward_op.register_vmap
 def _(info, in_dims, do, q, k, v, o, lse, weight, causal, scale):
-    n = info.batch_size
-    xs = [_flash.as_entries(x, d, n) for x, d in zip((do, q, k, v, o, lse), in_dims)]
-    w = _flash.as_entries(weight, in_dims[6], n)  # [n, Hq, cq, ck]
+    entries = [_flash.as_entries(x, d, info.batch_size) for x, d in zip((do, q, k, v, o, lse, weight), in_dims)]
 
-    def run(a, b):
-        dq, dk, dv, dw = _conv.conv_attention_backward(*(_flash.entries_into_heads(x[a:b]) for x in xs),
-                                                       w[a:b].flatten(0, 1), causal, scale)
-        return (*(_flash.entries_out_of_heads(g, b - a) for g in (dq, dk, dv)),
-                dw.to(weight.dtype).unflatten(0, (b - a, -1)))
-    return over_entries(n, w.shape[1], run), (0, 0, 0, 0)
+    def run(*tensors):
+        *xs, w = tensors  # w: [entries, Hq, cq, ck], a kernel per head once the entries are heads
+        dq, dk, dv, dw = _conv.conv_attention_backward(*map(_flash.entries_into_heads, xs), w.flatten(0, 1), causal,
+                                                       scale)
+        n = w.shape[0]
+        return (*(_flash.entries_out_of_heads(g, n) for g in (dq, dk, dv)), dw.to(weight.dtype).unflatten(0, (n, -1)))
+    chunks = batch_chunks(info.batch_size, entries[6].shape[1])
+    return (run(*entries) if chunks is None else concat_chunks(chunks, run, entries)), (0, 0, 0, 0)
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):
