@@ -77,6 +77,17 @@ def row_tile(rows: int, block_d: int, block_n: int, ck: int) -> tuple[int, int, 
     return n_rows, max(16, n_rows), max(ck_pad, 16 // n_rows) * n_rows
 
 
+def band_stack_rows(cq: int, rows: int, block_d: int) -> tuple[int, int]:
+    """``(A_GROUP, BAND_STACK)``: the band's program stacks the query rows of ``A_GROUP`` kernel rows (a power of
+    two) for its ``rows`` rows into one product of ``BAND_STACK`` rows (at least 16), at most 8192 query values
+    (all ``cq`` kernel rows at once wherever that fits: one load, one product, ``ck`` shifts). ``(1, 0)``: one
+    product per kernel row instead, at head-dim widths not in :data:`mta.tuning.STACKED_BAND`."""
+    if tuning.width_of(block_d) not in tuning.STACKED_BAND:
+        return 1, 0
+    a_group = min(next_power_of_2(cq), max(1, max(16, 8192 // block_d) // rows))
+    return a_group, max(16, a_group * rows)
+
+
 @functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -256,6 +267,7 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     num_splits = splits_run(num_splits, n_max, own)
     programs = num_splits + (e > 0)
     block_e = max(16, next_power_of_2(n_new + e - 1))
+    a_group, band_stack = band_stack_rows(cq, tile_rows, block_d)
     one = programs == 1
     rows = B * Hq * n_new
     parts = (None, None, None) if one else split_states(programs, rows, D, k.device)
@@ -265,7 +277,8 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
         HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D,
         BLOCK_D=block_d, ROWS=tile_rows, BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e,
-        BLOCK_W=next_power_of_2(block_e + ck - 1), PDL=pdl, PRECISION=dot_precision(k.dtype),
+        BLOCK_W=next_power_of_2(block_e + ck - 1), A_GROUP=a_group, BAND_STACK=band_stack, PDL=pdl,
+        PRECISION=dot_precision(k.dtype),
         WIDE=wide_offsets(q, k, v), num_warps=warps, num_stages=stages)
     if not one:
         launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,

@@ -119,20 +119,22 @@ def _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride
 
 
 @triton.jit
-def _band_state(acc, m, l, q_rows, stride_qm, stride_qd, w_rows, k_base, v_base, stride_kn, stride_kd,
-                stride_vn, stride_vd, i, row_ok, offs_d, n_new, seq_len, qk_scale, CQ: tl.constexpr,
-                CK: tl.constexpr, E: tl.constexpr, D: tl.constexpr, BLOCK_E: tl.constexpr,
-                BLOCK_W: tl.constexpr, PRECISION: tl.constexpr):
+def _band_state(acc, m, l, q_base, stride_qh, stride_qm, stride_qd, W, h, row_ok, k_base, v_base, stride_kn,
+                stride_kd, stride_vn, stride_vd, i, offs_d, tile, kv_h, n_new, group_size, seq_len, qk_scale,
+                CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
+                BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr, A_GROUP: tl.constexpr, BAND_STACK: tl.constexpr,
+                PRECISION: tl.constexpr):
     """Fold the band, keys ``0 <= i - j < E``, into ``(acc, m, l)``, each score exactly as defined:
 
         C[i, j] = sum_{a, b} w[a, b] S0[r, c],  r = i - (cq-1) + a,  c = j - pk + b,
 
     with ``S0[r, c] = q_r . k_c`` for ``0 <= c <= r`` and 0 otherwise (the mask *before* the convolution).
-    ``q_rows``: each row's query head in the query cache; ``w_rows``: its kernel ``[cq, ck]`` (fp32).
-    The keys ``j - pk .. j + pk`` of the band are one window, loaded once; each kernel row is one product
-    against it, and each column ``b`` a shift of that product's columns (as in :func:`_far_tiles`)."""
+    ``q_base``: the sequence's query cache ``[Hq, n_max, D]``; ``W [Hq, cq, ck]`` (fp32); ``h``, ``row_ok``: each
+    slot's query head and whether it is a row to compute. The keys ``j - pk .. j + pk`` of the band are one window,
+    loaded once; each kernel row's queries against it are one product, and each kernel column ``b`` a shift of
+    that product's columns (as in :func:`_far_tiles`): :func:`_band_scores_stacked` with the kernel rows stacked
+    into one product (``BAND_STACK > 0``), else :func:`_band_scores_by_row`."""
     PK: tl.constexpr = (CK - 1) // 2
-    SLOTS: tl.constexpr = q_rows.shape[0]
     d_ok = offs_d < D
     y = tl.arange(0, BLOCK_E)
     j0 = tl.maximum(seq_len - n_new - E + 1, 0)
@@ -140,21 +142,69 @@ def _band_state(acc, m, l, q_rows, stride_qm, stride_qd, w_rows, k_base, v_base,
     window = j0 - PK + tl.arange(0, BLOCK_W)  # BLOCK_W >= BLOCK_E + ck - 1: key j - pk + b is column y + b
     kt = tl.load(k_base + window[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                  mask=d_ok[:, None] & ((window >= 0) & (window < seq_len))[None, :], other=0.0)
-    c = tl.zeros([SLOTS, BLOCK_E], dtype=tl.float32)
-    for a in range(CQ):
-        r = i - (CQ - 1) + a  # rows before 0 are the zero padding
-        q_a = tl.load(q_rows + r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                      mask=(row_ok & (r >= 0) & (r < seq_len))[:, None] & d_ok[None, :], other=0.0)
-        s0 = tl.dot(q_a, kt, input_precision=PRECISION)
-        s0 = tl.where(window[None, :] <= r[:, None], s0, 0.0)  # S0: no future key
-        for b in tl.static_range(CK):
-            w_ab = tl.load(w_rows + a * CK + b, mask=row_ok, other=0.0)
-            c += w_ab[:, None] * tl.gather(s0, tl.broadcast_to((y + b)[None, :], (SLOTS, BLOCK_E)), 1)
+    if BAND_STACK > 0:
+        c = _band_scores_stacked(q_base, stride_qh, stride_qm, stride_qd, W, kt, window, y, offs_d, tile, kv_h,
+                                 n_new, group_size, seq_len, CQ, CK, D, ROWS, acc.shape[0], A_GROUP, BAND_STACK,
+                                 PRECISION)
+    else:
+        c = _band_scores_by_row(q_base + h[:, None] * stride_qh, stride_qm, stride_qd, W + h * (CQ * CK), kt,
+                                window, y, i, row_ok, offs_d, seq_len, CQ, CK, D, PRECISION)
     delta = i[:, None] - j[None, :]
     s = tl.where((delta >= 0) & (delta < E), c * qk_scale, float("-inf"))  # the mask after the convolution
     v = tl.load(v_base + j[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                 mask=(j < seq_len)[:, None] & d_ok[None, :], other=0.0)
     return online_softmax_step(acc, m, l, s, v, True, PRECISION)
+
+
+@triton.jit
+def _band_scores_stacked(q_base, stride_qh, stride_qm, stride_qd, W, kt, window, y, offs_d, tile, kv_h, n_new,
+                         group_size, seq_len, CQ: tl.constexpr, CK: tl.constexpr, D: tl.constexpr,
+                         ROWS: tl.constexpr, BLOCK_M: tl.constexpr, A_GROUP: tl.constexpr,
+                         BAND_STACK: tl.constexpr, PRECISION: tl.constexpr):
+    """The band's convolved scores ``[BLOCK_M, BLOCK_E]`` with the query rows of ``A_GROUP`` kernel rows stacked
+    (``BAND_STACK`` rows: row ``s`` is kernel row ``a0 + s // ROWS`` of the program's row ``s % ROWS``,
+    :func:`group_rows`): one load, one product and ``ck`` shifts per group; the kernel rows summed at the end."""
+    BLOCK_E: tl.constexpr = y.shape[0]
+    h_s, t_s, a_s, exists_s = group_rows(tile, kv_h, n_new, group_size, ROWS, BAND_STACK)
+    i_s = seq_len - n_new + t_s
+    c = tl.zeros([BAND_STACK, BLOCK_E], dtype=tl.float32)
+    for a0 in range(0, CQ, A_GROUP):
+        a = a0 + a_s
+        ok = exists_s & (a_s < A_GROUP) & (a < CQ)
+        r = i_s - (CQ - 1) + a  # rows before 0 are the zero padding
+        q = tl.load(q_base + h_s[:, None] * stride_qh + r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                    mask=(ok & (r >= 0) & (r < seq_len))[:, None] & (offs_d < D)[None, :], other=0.0)
+        s0 = tl.dot(q, kt, input_precision=PRECISION)
+        s0 = tl.where(window[None, :] <= r[:, None], s0, 0.0)  # S0: no future key
+        w_base = W + (h_s * CQ + a) * CK
+        for b in tl.static_range(CK):
+            w_ab = tl.load(w_base + b, mask=ok, other=0.0)
+            c += w_ab[:, None] * tl.gather(s0, tl.broadcast_to((y + b)[None, :], (BAND_STACK, BLOCK_E)), 1)
+    c = tl.sum(tl.reshape(c, (BAND_STACK // ROWS, ROWS, BLOCK_E)), 0)  # the kernel rows' sum, per row
+    if ROWS < BLOCK_M:  # repeat the rows into the program's BLOCK_M slots
+        c = tl.reshape(tl.broadcast_to(c[None, :, :], (BLOCK_M // ROWS, ROWS, BLOCK_E)), (BLOCK_M, BLOCK_E))
+    return c
+
+
+@triton.jit
+def _band_scores_by_row(q_rows, stride_qm, stride_qd, w_rows, kt, window, y, i, row_ok, offs_d, seq_len,
+                        CQ: tl.constexpr, CK: tl.constexpr, D: tl.constexpr, PRECISION: tl.constexpr):
+    """The band's convolved scores ``[SLOTS, BLOCK_E]`` one kernel row at a time: a load of the slots' queries, one
+    product and ``ck`` shifts per kernel row. ``q_rows``: each slot's query head in the query cache; ``w_rows``:
+    its kernel ``[cq, ck]``."""
+    SLOTS: tl.constexpr = q_rows.shape[0]
+    BLOCK_E: tl.constexpr = y.shape[0]
+    c = tl.zeros([SLOTS, BLOCK_E], dtype=tl.float32)
+    for a in range(CQ):
+        r = i - (CQ - 1) + a  # rows before 0 are the zero padding
+        q_a = tl.load(q_rows + r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                      mask=(row_ok & (r >= 0) & (r < seq_len))[:, None] & (offs_d < D)[None, :], other=0.0)
+        s0 = tl.dot(q_a, kt, input_precision=PRECISION)
+        s0 = tl.where(window[None, :] <= r[:, None], s0, 0.0)  # S0: no future key
+        for b in tl.static_range(CK):
+            w_ab = tl.load(w_rows + a * CK + b, mask=row_ok, other=0.0)
+            c += w_ab[:, None] * tl.gather(s0, tl.broadcast_to((y + b)[None, :], (SLOTS, BLOCK_E)), 1)
+    return c
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
@@ -168,8 +218,8 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
                         CQ: tl.constexpr, CK: tl.constexpr,
                         E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
                         BLOCK_M: tl.constexpr, STACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
-                        BLOCK_W: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr,
-                        WIDE: tl.constexpr = False):
+                        BLOCK_W: tl.constexpr, A_GROUP: tl.constexpr, BAND_STACK: tl.constexpr, PDL: tl.constexpr,
+                        PRECISION: tl.constexpr, WIDE: tl.constexpr = False):
     """The state of one split for the ``G * n`` rows of a (batch, kv head) pair.
 
     Plain attention: ``Q [B, Hq, n, D]``, the new queries. MTA (``FOLD``): ``Q [B, Hq, n_max, D]``, the query
@@ -221,8 +271,10 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
         t_s = t_s.to(tl.int64)
     q_ok = exists_s & (shift < CK)
     if FOLD:
+        if E > 0 and BAND_STACK > 0:
+            q_ok = q_ok & (split < num_splits)  # the band's program has no far keys: nothing to fold
         q = folded_rows(Q + b64 * stride_qb, W, h_s, seq_len - n_new + t_s, q_ok, shift, offs_d, seq_len,
-                        stride_qh, stride_qm, stride_qd, CQ, CK, D).to(Q.dtype.element_ty)
+                        stride_qh, stride_qm, stride_qd, CQ, CK, D, UNROLL=BAND_STACK > 0).to(Q.dtype.element_ty)
     else:
         q = tl.load(Q + b64 * stride_qb + h_s[:, None] * stride_qh + t_s[:, None] * stride_qm
                     + offs_d[None, :] * stride_qd, mask=q_ok[:, None] & (offs_d < D)[None, :], other=0.0)
@@ -231,10 +283,10 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
                            PRECISION)
     if E > 0:
         if split == num_splits:
-            acc, m, l = _band_state(acc, m, l, Q + b64 * stride_qb + h[:, None] * stride_qh, stride_qm, stride_qd,
-                                    W + h * (CQ * CK), k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                    i, row_ok, offs_d, n_new, seq_len, qk_scale, CQ, CK, E, D, BLOCK_E, BLOCK_W,
-                                    PRECISION)
+            acc, m, l = _band_state(acc, m, l, Q + b64 * stride_qb, stride_qh, stride_qm, stride_qd, W, h, row_ok,
+                                    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, i, offs_d,
+                                    tl.program_id(2), kv_h, n_new, group_size, seq_len, qk_scale, CQ, CK, E, D,
+                                    ROWS, BLOCK_E, BLOCK_W, A_GROUP, BAND_STACK, PRECISION)
 
     d_ok = offs_d < D
     if ONE_SPLIT:
@@ -284,19 +336,33 @@ def decode_combine_kernel(M_PART, L_PART, ACC_PART, O, stride_ob, stride_oh, str
 
 
 @triton.jit
+def _fold_row(qf, q_base, W, h, i, ok, kb, offs_d, seq_len, stride_qh, stride_qm, stride_qd, a, CQ: tl.constexpr,
+              CK: tl.constexpr, D: tl.constexpr):
+    """``qf += W[h, a, kb] q[i - (cq-1) + a]``: kernel row ``a``'s share of :func:`folded_rows`."""
+    r = i - (CQ - 1) + a
+    q_a = tl.load(q_base + h[:, None] * stride_qh + r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                  mask=(ok & (r >= 0) & (r < seq_len))[:, None] & (offs_d < D)[None, :], other=0.0)
+    w_a = tl.load(W + (h * CQ + a) * CK + kb, mask=ok, other=0.0)
+    return qf + w_a[:, None] * q_a.to(tl.float32)
+
+
+@triton.jit
 def folded_rows(q_base, W, h, i, ok, kb, offs_d, seq_len, stride_qh, stride_qm, stride_qd, CQ: tl.constexpr,
-                CK: tl.constexpr, D: tl.constexpr):
+                CK: tl.constexpr, D: tl.constexpr, UNROLL: tl.constexpr = False):
     """``[ROWS, BLOCK_D]`` fp32: row ``r``'s folded query ``Qf_kb[i] = sum_a W[h, a, kb] q[i - (cq-1) + a]``
     (for its head ``h[r]``, position ``i[r]`` and kernel column ``kb[r]``; query rows before 0 are the zero
-    padding; rows with ``ok`` false are 0). ``q_base``: one sequence's query cache ``[Hq, n_max, D]``."""
-    d_ok = offs_d < D
+    padding; rows with ``ok`` false are 0). ``q_base``: one sequence's query cache ``[Hq, n_max, D]``.
+    ``UNROLL``: the kernel rows unrolled, so that their loads are issued together (at the head-dim widths of
+    :data:`mta.tuning.STACKED_BAND`: elsewhere the split kernel's registers changed with it)."""
     qf = tl.zeros([h.shape[0], offs_d.shape[0]], dtype=tl.float32)
-    for a in range(CQ):
-        r = i - (CQ - 1) + a
-        q_a = tl.load(q_base + h[:, None] * stride_qh + r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                      mask=(ok & (r >= 0) & (r < seq_len))[:, None] & d_ok[None, :], other=0.0)
-        w_a = tl.load(W + (h * CQ + a) * CK + kb, mask=ok, other=0.0)
-        qf += w_a[:, None] * q_a.to(tl.float32)
+    if UNROLL:
+        for a in tl.static_range(CQ):
+            qf = _fold_row(qf, q_base, W, h, i, ok, kb, offs_d, seq_len, stride_qh, stride_qm, stride_qd, a, CQ, CK,
+                           D)
+    else:
+        for a in range(CQ):
+            qf = _fold_row(qf, q_base, W, h, i, ok, kb, offs_d, seq_len, stride_qh, stride_qm, stride_qd, a, CQ, CK,
+                           D)
     return qf
 
 

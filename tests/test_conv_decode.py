@@ -72,6 +72,18 @@ def test_widest_kernels(cq, ck, poisoned_outputs):
     run_case(cq, ck, 2, Hq=2, Hkv=1, D=16, lengths=(1, 20, 150), num_splits=None)
 
 
+# The band's two forms (mta.tuning.STACKED_BAND picks one per head-dim width): each kernel row's own product, or
+# the kernel rows stacked into one product, in groups of A_GROUP rows where they do not fit at once
+# (mta.decode.band_stack_rows; on the CPU: all at once for the first three cases, groups of 4 and of 1 at
+# d = 256). Both against the float64 rows; GQA, several rows per program, ragged poisoned caches.
+@pytest.mark.parametrize("stacked", [False, True], ids=["rows", "stacked"])
+@pytest.mark.parametrize("cq,ck,n,Hq,Hkv,D", [(6, 11, 1, 4, 2, 32), (11, 15, 3, 8, 2, 16), (3, 1, 2, 2, 1, 32),
+                                              (6, 3, 1, 8, 1, 256), (5, 3, 4, 8, 1, 256)], ids=str)
+def test_both_band_forms(cq, ck, n, Hq, Hkv, D, stacked, monkeypatch, poisoned_outputs):
+    monkeypatch.setattr(mta.tuning, "STACKED_BAND", (64, 128, 256) if stacked else ())
+    run_case(cq, ck, n, Hq=Hq, Hkv=Hkv, D=D)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
 def test_head_dim_96_noncontiguous(dtype):
     run_case(6, 11, 3, dtype, D=96, lengths=(2, 37, 80), noncontiguous=True)
