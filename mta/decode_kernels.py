@@ -231,7 +231,9 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     ``ACC_PART [S, B * Hq * n, D]`` (``m`` in base-2 units). ``PDL``: the merge kernel is launched as a
     programmatic dependent (Hopper on) and may be scheduled as soon as every program has started. Grid:
     ``(splits, B * Hkv, row tiles)``; a row tile is ``ROWS`` rows in ``BLOCK_M >= 16`` slots
-    (:func:`group_rows`), MTA's stacked ``STACK`` rows (:func:`_far_tiles`). ``WIDE``: a sequence's part of a
+    (:func:`group_rows`), MTA's stacked ``STACK`` rows (:func:`_far_tiles`). ``BAND_STACK > 0``: the band stacks
+    its kernel rows (``A_GROUP`` at a time) into one product, the band's program folds nothing and the fold is
+    unrolled; 0: one product per kernel row (:data:`mta.tuning.STACKED_BAND` picks). ``WIDE``: a sequence's part of a
     tensor spans 2**31 elements or more (:func:`mta.decode.wide_offsets`): every index is int64, so that no
     ``index * stride`` wraps around (int32 otherwise, the same code as without the flag).
     """
