@@ -267,7 +267,7 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     num_splits = splits_run(num_splits, n_max, own)
     programs = num_splits + (e > 0)
     block_e = max(16, next_power_of_2(n_new + e - 1))
-    a_group, band_stack = band_stack_rows(cq, tile_rows, block_d)
+    a_group, band_stack = band_stack_rows(cq, tile_rows, block_d) if e > 0 else (1, 0)  # no band: no variant
     one = programs == 1
     rows = B * Hq * n_new
     parts = (None, None, None) if one else split_states(programs, rows, D, k.device)

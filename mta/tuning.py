@@ -91,18 +91,17 @@ FP32_MTA = {64: (16, 16, 8, 1), 128: (16, 16, 8, 1), 256: (16, 16, 8, 1)}
 #: the tile. Chosen, not swept; at 16 bits they run at the plain read's bandwidth on an H100
 #: (``figures/bench_decode.json``).
 DECODE = {64: (128, 4, 3), 128: (64, 4, 3), 256: (32, 4, 2)}
+DECODE_FP32 = {64: (64, 4, 2), 128: (32, 4, 2), 256: (16, 4, 2)}
+DECODE_INTERPRETER = (32, 4, 1)
 #: Head-dim widths at which MTA decode's split kernel takes three measured shortcuts: the band's program stacks its
 #: kernel rows' queries into one product (``mta.decode_kernels._band_scores_stacked``; elsewhere one product per
 #: kernel row, ``_band_scores_by_row``) and folds no queries (it has no far keys), and the fold's kernel rows are
-#: unrolled. On an H100
-#: (bf16, 6 x 11, ``notes/h100_2026-11-25d/``) they took 1-18% off ``conv_decode_attention`` at d = 128 at every
-#: bench shape (1.58x -> 1.30x ``decode_attention``'s time at B = 1, 1k keys), outputs unchanged; at d = 64 they
-#: cut the split kernel from 236 to 168 registers, three programs then shared an SM instead of two, and B = 8 at
-#: 16k-64k keys ran 10-30% slower (and up to 8% slower at some shapes with the split rule counting three programs
-#: per SM, or with a fourth pipeline stage keeping two). d = 256 is not measured.
+#: unrolled. On an H100 (bf16, 6 x 11, ``notes/h100_2026-11-25d/``) they took 1-18% off ``conv_decode_attention``
+#: at d = 128 at every bench shape (1.58x -> 1.30x ``decode_attention``'s time at B = 1, 1k keys), outputs
+#: unchanged; at d = 64 they cut the split kernel from 236 to 168 registers, three programs then shared an SM
+#: instead of two, and B = 8 at 16k-64k keys ran 10-30% slower (and up to 8% slower at some shapes with the split
+#: rule counting three programs per SM, or with a fourth pipeline stage keeping two). d = 256 is not measured.
 STACKED_BAND = (128,)
-DECODE_FP32 = {64: (64, 4, 2), 128: (32, 4, 2), 256: (16, 4, 2)}
-DECODE_INTERPRETER = (32, 4, 1)
 
 #: What ``MTA_AUTOTUNE=1`` times, per kernel (the fastest few of the H200/H100 sweeps; ``notes/``).
 CANDIDATES = {
