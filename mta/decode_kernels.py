@@ -157,6 +157,16 @@ def _band_state(acc, m, l, q_base, stride_qh, stride_qm, stride_qd, W, h, row_ok
 
 
 @triton.jit
+def _add_kernel_columns(c, s0, w_row, ok, y, CK: tl.constexpr):
+    """``c + sum_b w_row[b] S0[:, y + b]``: one kernel row's columns applied to its scores ``s0 [rows, BLOCK_W]``
+    for the band's keys ``y`` (``c [rows, BLOCK_E]``; ``w_row``: each row's ``W[h, a, :]``, 0 where not ``ok``)."""
+    for b in tl.static_range(CK):
+        w_ab = tl.load(w_row + b, mask=ok, other=0.0)
+        c += w_ab[:, None] * tl.gather(s0, tl.broadcast_to((y + b)[None, :], c.shape), 1)
+    return c
+
+
+@triton.jit
 def _band_scores_stacked(q_base, stride_qh, stride_qm, stride_qd, W, kt, window, y, offs_d, tile, kv_h, n_new,
                          group_size, seq_len, CQ: tl.constexpr, CK: tl.constexpr, D: tl.constexpr,
                          ROWS: tl.constexpr, BLOCK_M: tl.constexpr, A_GROUP: tl.constexpr,
@@ -176,10 +186,7 @@ def _band_scores_stacked(q_base, stride_qh, stride_qm, stride_qd, W, kt, window,
                     mask=(ok & (r >= 0) & (r < seq_len))[:, None] & (offs_d < D)[None, :], other=0.0)
         s0 = tl.dot(q, kt, input_precision=PRECISION)
         s0 = tl.where(window[None, :] <= r[:, None], s0, 0.0)  # S0: no future key
-        w_base = W + (h_s * CQ + a) * CK
-        for b in tl.static_range(CK):
-            w_ab = tl.load(w_base + b, mask=ok, other=0.0)
-            c += w_ab[:, None] * tl.gather(s0, tl.broadcast_to((y + b)[None, :], (BAND_STACK, BLOCK_E)), 1)
+        c = _add_kernel_columns(c, s0, W + (h_s * CQ + a) * CK, ok, y, CK)
     c = tl.sum(tl.reshape(c, (BAND_STACK // ROWS, ROWS, BLOCK_E)), 0)  # the kernel rows' sum, per row
     if ROWS < BLOCK_M:  # repeat the rows into the program's BLOCK_M slots
         c = tl.reshape(tl.broadcast_to(c[None, :, :], (BLOCK_M // ROWS, ROWS, BLOCK_E)), (BLOCK_M, BLOCK_E))
@@ -201,9 +208,7 @@ def _band_scores_by_row(q_rows, stride_qm, stride_qd, w_rows, kt, window, y, i, 
                       mask=(row_ok & (r >= 0) & (r < seq_len))[:, None] & (offs_d < D)[None, :], other=0.0)
         s0 = tl.dot(q_a, kt, input_precision=PRECISION)
         s0 = tl.where(window[None, :] <= r[:, None], s0, 0.0)  # S0: no future key
-        for b in tl.static_range(CK):
-            w_ab = tl.load(w_rows + a * CK + b, mask=row_ok, other=0.0)
-            c += w_ab[:, None] * tl.gather(s0, tl.broadcast_to((y + b)[None, :], (SLOTS, BLOCK_E)), 1)
+        c = _add_kernel_columns(c, s0, w_rows + a * CK, row_ok, y, CK)
     return c
 
 
