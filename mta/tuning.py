@@ -92,6 +92,12 @@ FP32_MTA = {64: (16, 16, 8, 1), 128: (16, 16, 8, 1), 256: (16, 16, 8, 1)}
 #: (``figures/bench_decode.json``).
 DECODE = {64: (128, 4, 3), 128: (64, 4, 3), 256: (32, 4, 2)}
 DECODE_FP32 = {64: (64, 4, 2), 128: (32, 4, 2), 256: (16, 4, 2)}
+#: Plain decode (``decode_attention``, no MTA fold) on Hopper at 16 bits: key tiles twice as long, 64 KB of K and V
+#: per pipeline stage (one program an SM). On an H200 (4.8 TB/s) ``DECODE``'s tiles kept too few bytes in flight: at
+#: B = 8, 64k keys they took 271.7 us (d = 64) and 533.8 us (d = 128, 32 on 8 heads) against SDPA's 255.4 and 489.1;
+#: these took 255.2-255.6 and 489.6 (``notes/h100_2026-11-25g/h200_tiles.log``). MTA decode keeps ``DECODE``: its
+#: stacked rows shrink as the window grows (:func:`mta.decode.row_tile`).
+DECODE_PLAIN_HOPPER = {64: (256, 4, 3), 128: (128, 4, 3), 256: (32, 4, 2)}
 DECODE_INTERPRETER = (32, 4, 1)
 #: Head-dim widths at which MTA decode's split kernel takes three measured shortcuts: the band's program stacks its
 #: kernel rows' queries into one product (``mta.decode_kernels._band_scores_stacked``; elsewhere one product per
