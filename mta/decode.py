@@ -44,18 +44,20 @@ COMBINE_BLOCK_S = 16
 TILES, TILES_FP32, INTERPRETER_TILE = tuning.DECODE, tuning.DECODE_FP32, tuning.DECODE_INTERPRETER
 
 
-def decode_tile(block_d: int, dtype: torch.dtype, plain: bool = False,
-                device: torch.device | None = None) -> tuple[int, int, int]:
+def decode_tile(block_d: int, dtype: torch.dtype, plain: bool = False, device: torch.device | None = None,
+                n_max: int = 0) -> tuple[int, int, int]:
     """``(BLOCK_N, num_warps, num_stages)`` for a head-dim tile ``block_d``, looked up (nothing timed). ``plain``:
-    for ``decode_attention`` (no MTA fold), whose 16-bit tiles are longer on Hopper GPUs (``device``'s, default the
-    current one): :data:`mta.tuning.DECODE_PLAIN_HOPPER`."""
+    for ``decode_attention`` (no MTA fold) over a cache of ``n_max`` positions, which at 16 bits on a Hopper GPU
+    (``device``'s, default the current one) whose memory feeds each SM at :data:`mta.tuning.WIDE_DECODE_SM_BANDWIDTH`
+    or more takes :data:`mta.tuning.DECODE_PLAIN_WIDE`'s longer tiles from :data:`mta.tuning.WIDE_DECODE_MIN_KEYS`."""
     if runtime.INTERPRET:
         return INTERPRETER_TILE
     width = next(w for w in TILES if block_d <= w)
     if dtype == torch.float32:
         return TILES_FP32[width]
-    if plain and tuning.gpu_family(device) == "hopper":
-        return tuning.DECODE_PLAIN_HOPPER[width]
+    if (plain and n_max >= tuning.WIDE_DECODE_MIN_KEYS and tuning.gpu_family(device) == "hopper"
+            and tuning.memory_bandwidth_per_sm(device) >= tuning.WIDE_DECODE_SM_BANDWIDTH):
+        return tuning.DECODE_PLAIN_WIDE[width]
     return TILES[width]
 
 
@@ -260,7 +262,7 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         return o
     e = cq - 1 + (ck - 1) // 2
     block_d = head_dim_block(D)
-    block_n, warps, stages = decode_tile(block_d, k.dtype, plain=(cq, ck) == (1, 1), device=k.device)
+    block_n, warps, stages = decode_tile(block_d, k.dtype, plain=(cq, ck) == (1, 1), device=k.device, n_max=n_max)
     block_n, own = key_window(block_n, ck)  # own: keys whose scores one key window completes
     tile_rows, block_m, stack = row_tile((Hq // Hkv) * n_new, block_d, block_n, ck)
     row_tiles = cdiv((Hq // Hkv) * n_new, tile_rows)

@@ -92,12 +92,19 @@ FP32_MTA = {64: (16, 16, 8, 1), 128: (16, 16, 8, 1), 256: (16, 16, 8, 1)}
 #: (``figures/bench_decode.json``).
 DECODE = {64: (128, 4, 3), 128: (64, 4, 3), 256: (32, 4, 2)}
 DECODE_FP32 = {64: (64, 4, 2), 128: (32, 4, 2), 256: (16, 4, 2)}
-#: Plain decode (``decode_attention``, no MTA fold) on Hopper at 16 bits: key tiles twice as long, 64 KB of K and V
-#: per pipeline stage (one program an SM). On an H200 (4.8 TB/s) ``DECODE``'s tiles kept too few bytes in flight: at
-#: B = 8, 64k keys they took 271.7 us (d = 64) and 533.8 us (d = 128, 32 on 8 heads) against SDPA's 255.4 and 489.1;
-#: these took 255.2-255.6 and 489.6 (``notes/h100_2026-11-25g/h200_tiles.log``). MTA decode keeps ``DECODE``: its
-#: stacked rows shrink as the window grows (:func:`mta.decode.row_tile`).
-DECODE_PLAIN_HOPPER = {64: (256, 4, 3), 128: (128, 4, 3), 256: (32, 4, 2)}
+#: Plain decode (``decode_attention``, no MTA fold) at 16 bits where memory feeds each SM fast: key tiles twice as
+#: long, 64 KB of K and V per pipeline stage (one program an SM). A streaming program must keep about
+#: bandwidth-per-SM x latency bytes in flight (Little's law): ``DECODE``'s 32 KB tiles do on an H100 SXM (3.35 TB/s
+#: over 132 SMs, 25 GB/s an SM), not on an H200 (4.8 TB/s, 37 GB/s an SM). On the H200 at B = 8, 64k keys they took
+#: 271.7 us (d = 64) and 533.8 us (d = 128, 32 on 8 heads) against SDPA's 255.4 and 489.1, these 255.2-255.6 and
+#: 489.6; below 16k keys (fewer key tiles to split) and on the H100 they were 1-10% slower
+#: (``notes/h100_2026-11-25g/``). MTA decode keeps ``DECODE``: its stacked rows shrink as the window grows
+#: (:func:`mta.decode.row_tile`).
+DECODE_PLAIN_WIDE = {64: (256, 4, 3), 128: (128, 4, 3), 256: (32, 4, 2)}
+#: Peak memory bandwidth per SM (bytes/s) from which plain decode takes :data:`DECODE_PLAIN_WIDE`, on Hopper.
+WIDE_DECODE_SM_BANDWIDTH = 30e9
+#: Fewest cache positions (``Nmax``) for :data:`DECODE_PLAIN_WIDE`.
+WIDE_DECODE_MIN_KEYS = 16384
 DECODE_INTERPRETER = (32, 4, 1)
 #: Head-dim widths at which MTA decode's split kernel takes three measured shortcuts: the band's program stacks its
 #: kernel rows' queries into one product (``mta.decode_kernels._band_scores_stacked``; elsewhere one product per
@@ -134,6 +141,22 @@ def gpu_family(device: torch.device | None = None) -> str:
 def _family_of(index: int) -> str:  # asked at every launch: once per GPU
     major, _ = torch.cuda.get_device_capability(index)
     return "hopper" if major >= 9 else "other"
+
+
+def memory_bandwidth_per_sm(device: torch.device | None = None) -> float:
+    """The GPU's peak memory bandwidth per SM in bytes/s, from the clock and bus width the driver reports (double
+    data rate), or 0.0 where torch does not report them (and in the interpreter)."""
+    if INTERPRET:
+        return 0.0
+    return _bandwidth_per_sm(torch.cuda.current_device() if device is None or torch.device(device).index is None
+                             else torch.device(device).index)
+
+
+@functools.cache
+def _bandwidth_per_sm(index: int) -> float:
+    props = torch.cuda.get_device_properties(index)
+    clock_khz, bus_bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
+    return 2 * clock_khz * 1e3 * bus_bits / 8 / props.multi_processor_count
 
 
 def width_of(block_d: int) -> int:

@@ -181,6 +181,33 @@ def test_split_rule():
     assert mta_rule(programs=8, n_max=32768, block_n=64, sms=132) == 14
 
 
+def test_plain_decode_takes_long_tiles_where_memory_feeds_each_sm_fast(monkeypatch):
+    """The tile rule without a GPU: the driver's memory clock and bus width give the bandwidth per SM (an H100
+    SXM 25 GB/s, an H200 37 GB/s); plain 16-bit decode over 16k positions or more on a Hopper GPU at 30 GB/s an SM
+    or more takes the long tiles, everything else the general table."""
+    h100 = type("P", (), dict(memory_clock_rate=2_619_000, memory_bus_width=5120, multi_processor_count=132))
+    h200 = type("P", (), dict(memory_clock_rate=3_201_000, memory_bus_width=6144, multi_processor_count=132))
+    for props, per_sm in ((h100, 25.4e9), (h200, 37.2e9)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index, props=props: props)
+        mta.tuning._bandwidth_per_sm.cache_clear()
+        assert abs(mta.tuning._bandwidth_per_sm(0) - per_sm) < 0.1e9
+    mta.tuning._bandwidth_per_sm.cache_clear()
+    monkeypatch.setattr(decode.runtime, "INTERPRET", False)
+    monkeypatch.setattr(mta.tuning, "gpu_family", lambda device=None: "hopper")
+    for per_sm, plain, n_max, dtype, wide in ((37e9, True, 16384, torch.bfloat16, True),
+                                              (37e9, True, 16383, torch.bfloat16, False),
+                                              (37e9, False, 1 << 17, torch.bfloat16, False),
+                                              (37e9, True, 1 << 17, torch.float32, False),
+                                              (25e9, True, 1 << 17, torch.float16, False)):
+        monkeypatch.setattr(mta.tuning, "memory_bandwidth_per_sm", lambda device=None, per_sm=per_sm: per_sm)
+        for block_d, width in ((64, 64), (128, 128), (256, 256)):
+            table = (mta.tuning.DECODE_PLAIN_WIDE if wide else
+                     mta.tuning.DECODE_FP32 if dtype == torch.float32 else mta.tuning.DECODE)
+            assert decode.decode_tile(block_d, dtype, plain=plain, n_max=n_max) == table[width]
+    monkeypatch.setattr(mta.tuning, "gpu_family", lambda device=None: "other")
+    assert decode.decode_tile(64, torch.bfloat16, plain=True, n_max=1 << 17) == mta.tuning.DECODE[64]
+
+
 @pytest.mark.parametrize("n_max, counted", [(64, True), (decode.BAND_COUNTS_BELOW * decode.MAX_SPLITS * 2, False)])
 def test_mta_split_count_counts_the_band_when_splits_are_short(n_max, counted):
     """MTA decode chooses its split count again with the band's program counted when a far split holds at most
