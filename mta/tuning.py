@@ -86,19 +86,19 @@ FP32_BACKWARD = {64: (32, 32, 4, 2), 128: (32, 32, 4, 2), 256: (32, 32, 4, 2)}
 #: 64 x 32 over 4 warps took 13-27 s (``notes/performance.md``).
 FP32_MTA = {64: (16, 16, 8, 1), 128: (16, 16, 8, 1), 256: (16, 16, 8, 1)}
 
-#: Split-K decode (:mod:`mta.decode`), ``(BLOCK_N, num_warps, num_stages)`` by head-dim width, any GPU: decode
-#: reads K and V once, so long key tiles and a deep pipeline at 16 bits; fp32 (three TF32 products each) halves
-#: the tile. Chosen, not swept; at 16 bits they run at the plain read's bandwidth on an H100
-#: (``figures/bench_decode.json``).
+#: Split-K decode (:mod:`mta.decode`), ``(BLOCK_N, num_warps, num_stages)`` by head-dim width, any GPU (plain
+#: decode on GPUs with faster memory per SM: :data:`DECODE_PLAIN_WIDE`): decode reads K and V once, so long key
+#: tiles and a deep pipeline at 16 bits; fp32 (three TF32 products each) halves the tile. Chosen, not swept; at 16
+#: bits they run at the plain read's bandwidth on an H100 (``figures/bench_decode.json``).
 DECODE = {64: (128, 4, 3), 128: (64, 4, 3), 256: (32, 4, 2)}
 DECODE_FP32 = {64: (64, 4, 2), 128: (32, 4, 2), 256: (16, 4, 2)}
 #: Plain decode (``decode_attention``, no MTA fold) at 16 bits where memory feeds each SM fast: key tiles twice as
 #: long, 64 KB of K and V per pipeline stage (one program an SM). A streaming program must keep about
 #: bandwidth-per-SM x latency bytes in flight (Little's law): ``DECODE``'s 32 KB tiles do on an H100 SXM (3.35 TB/s
-#: over 132 SMs, 25 GB/s an SM), not on an H200 (4.8 TB/s, 37 GB/s an SM). On the H200 at B = 8, 64k keys they took
+#: over 132 SMs, 25 GB/s an SM), not on an H200 (4.8 TB/s, 36 GB/s an SM). On the H200 at B = 8, 64k keys they took
 #: 271.7 us (d = 64) and 533.8 us (d = 128, 32 on 8 heads) against SDPA's 255.4 and 489.1, these 255.2-255.6 and
 #: 489.6; below 16k keys (fewer key tiles to split) and on the H100 they were 1-10% slower
-#: (``notes/h100_2026-11-25g/``). MTA decode keeps ``DECODE``: its stacked rows shrink as the window grows
+#: (``notes/h100_2026-11-25g/``). d = 256 keeps its tile (not measured). MTA decode keeps ``DECODE``: its stacked rows shrink as the window grows
 #: (:func:`mta.decode.row_tile`).
 DECODE_PLAIN_WIDE = {64: (256, 4, 3), 128: (128, 4, 3), 256: (32, 4, 2)}
 #: Peak memory bandwidth per SM (bytes/s) from which plain decode takes :data:`DECODE_PLAIN_WIDE`, on Hopper.

@@ -183,11 +183,11 @@ def test_split_rule():
 
 def test_plain_decode_takes_long_tiles_where_memory_feeds_each_sm_fast(monkeypatch):
     """The tile rule without a GPU: the driver's memory clock and bus width give the bandwidth per SM (an H100
-    SXM 25 GB/s, an H200 37 GB/s); plain 16-bit decode over 16k positions or more on a Hopper GPU at 30 GB/s an SM
+    SXM 25.4 GB/s, an H200 36.5 GB/s, as their drivers report); plain 16-bit decode over 16k positions or more on a Hopper GPU at 30 GB/s an SM
     or more takes the long tiles, everything else the general table."""
     h100 = type("P", (), dict(memory_clock_rate=2_619_000, memory_bus_width=5120, multi_processor_count=132))
-    h200 = type("P", (), dict(memory_clock_rate=3_201_000, memory_bus_width=6144, multi_processor_count=132))
-    for props, per_sm in ((h100, 25.4e9), (h200, 37.2e9)):
+    h200 = type("P", (), dict(memory_clock_rate=3_201_000, memory_bus_width=6016, multi_processor_count=132))
+    for props, per_sm in ((h100, 25.4e9), (h200, 36.5e9)):
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index, props=props: props)
         mta.tuning._bandwidth_per_sm.cache_clear()
         assert abs(mta.tuning._bandwidth_per_sm(0) - per_sm) < 0.1e9
