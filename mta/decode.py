@@ -12,7 +12,7 @@ import torch
 
 from . import runtime, tuning
 from ._checks import check_count, is_int_list, resolve_scale
-from .decode_kernels import decode_combine_kernel, decode_split_kernel
+from .decode_kernels import decode_combine_kernel, decode_split_kernel, decode_stream_kernel
 from .launch import (INT32_INDEX_LIMIT, batch_chunks, cdiv, check_kernel_inputs, dot_precision, head_dim_block,
                      index_span, launch, next_power_of_2)
 
@@ -39,6 +39,16 @@ MTA_PROGRAMS_PER_SM = 2
 BAND_COUNTS_BELOW = 2048
 #: Splits of the merge kernel read per step.
 COMBINE_BLOCK_S = 16
+#: Plain decode deals its key tiles out evenly over this many programs an SM (:func:`stream_programs`) where the
+#: (batch, kv head) units alone fill less than :data:`STREAM_BELOW` of their last wave of SMs, over caches of
+#: :data:`STREAM_MIN_KEYS` positions or more. On an H100 (bf16, 8 kv heads, ``notes/h100_2026-11-25h/``), one
+#: program a unit took 1.03-1.09x SDPA's time with 136-320 units at 32k keys (the SMs that run a second program
+#: end last); the deal took 2-7% off those steps (1, 2 or 3 programs an SM within 1% of each other), 1-4% at 8k keys
+#: at three of four batches (1.4% slower at 160 units), and was 4-8% slower at 2k keys, where the merge and the
+#: states cost more than the imbalance.
+STREAM_PROGRAMS_PER_SM = 2
+STREAM_BELOW = 0.9
+STREAM_MIN_KEYS = 8192
 
 #: The tile tables live with the others in :mod:`mta.tuning`.
 TILES, TILES_FP32, INTERPRETER_TILE = tuning.DECODE, tuning.DECODE_FP32, tuning.DECODE_INTERPRETER
@@ -242,6 +252,51 @@ def split_states(splits: int, rows: int, D: int, device) -> tuple[torch.Tensor, 
     return m.view(splits, rows), l.view(splits, rows), acc.view(splits, rows, D)
 
 
+@functools.lru_cache(maxsize=1024)
+def stream_programs(units: int, n_max: int, block_n: int, sms: int) -> tuple[int, int, int]:
+    """``(tiles_per_program, programs, slots)`` for plain decode's even deal (:func:`decode_stream_kernel
+    <mta.decode_kernels.decode_stream_kernel>`), or ``(0, 0, 0)`` to run one split per unit instead.
+
+    ``units`` (batch x kv heads x row tiles) fill the GPU (:func:`choose_num_splits` gives one split), but the last
+    wave of one program a unit would leave SMs idle or some SMs a program more than others:
+    ``units / (sms * ceil(units / sms)) <`` :data:`STREAM_BELOW`, and the cache is long enough
+    (:data:`STREAM_MIN_KEYS`). Then the ``units x tiles`` key tiles of the cache (``n_max`` positions, ``block_n``
+    a tile) are dealt out in equal runs of ``W`` tiles to about :data:`STREAM_PROGRAMS_PER_SM` x ``sms`` programs
+    (stream-K's split of a GEMM's loop, as LeanAttention does for decode); a unit's tiles then span at most
+    ``slots`` programs. Like the split count, this uses host numbers only: ``n_max``, not the lengths."""
+    tiles = cdiv(max(n_max, 1), block_n)
+    if n_max < STREAM_MIN_KEYS or units < 0.8 * sms or units / (sms * cdiv(units, sms)) >= STREAM_BELOW:
+        return 0, 0, 0
+    total = units * tiles
+    per_program = cdiv(total, STREAM_PROGRAMS_PER_SM * sms)
+    programs = cdiv(total, per_program)
+    return per_program, programs, min(programs, (tiles - 1) // per_program + 2)
+
+
+def launch_stream(q, k, v, lens, o, n_new: int, scale: float, tile: tuple[int, int, int], rows_tile: tuple[int, int],
+                  deal: tuple[int, int, int]) -> torch.Tensor:
+    """Plain decode's even deal (:func:`stream_programs`), then the merge of each row's slots."""
+    B, Hkv, n_max, D = k.shape
+    Hq = q.shape[1]
+    block_n, warps, stages = tile
+    tile_rows, block_m = rows_tile
+    per_program, programs, slots = deal
+    block_d = head_dim_block(D)
+    rows = B * Hq * n_new
+    units = B * Hkv * cdiv((Hq // Hkv) * n_new, tile_rows)
+    parts = split_states(slots, rows, D, k.device)
+    pdl = dependent_launch(k.device)
+    launch(decode_stream_kernel, (programs,), q, k, v, lens, *parts, *q.stride(), *k.stride(), *v.stride(),
+           n_max, n_new, Hq, Hkv, units // (B * Hkv), cdiv(n_max, block_n), per_program,
+           units * cdiv(n_max, block_n), slots, scale, HAS_LENS=lens is not None, D=D, BLOCK_D=block_d,
+           ROWS=tile_rows, BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl, PRECISION=dot_precision(k.dtype),
+           WIDE=wide_offsets(q, k, v), num_warps=warps, num_stages=stages)
+    launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, slots, D=D, BLOCK_D=block_d,
+           BLOCK_S=COMBINE_BLOCK_S, PDL=pdl, num_warps=1 if block_d <= 64 else 2,
+           **({"launch_pdl": True} if pdl else {}))
+    return o
+
+
 def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | None, *, weight=None,
                   kernel_size: tuple[int, int] = (1, 1), out_dtype=None) -> torch.Tensor:
     """Split kernel, then (with more than one split) the merge: ``o [B, Hq, n_new, D]``.
@@ -266,6 +321,10 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     block_n, own = key_window(block_n, ck)  # own: keys whose scores one key window completes
     tile_rows, block_m, stack = row_tile((Hq // Hkv) * n_new, block_d, block_n, ck)
     row_tiles = cdiv((Hq // Hkv) * n_new, tile_rows)
+    if num_splits is None and (cq, ck) == (1, 1):
+        deal = stream_programs(B * Hkv * row_tiles, n_max, block_n, sm_count(k.device))
+        if deal[0]:
+            return launch_stream(q, k, v, lens, o, n_new, scale, (block_n, warps, stages), (tile_rows, block_m), deal)
     if num_splits is None:
         rule = functools.partial(choose_num_splits, B * Hkv * row_tiles, n_max, own,
                                  sm_count(k.device) * (MTA_PROGRAMS_PER_SM if ck > 1 else 1),
@@ -314,7 +373,9 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
             ``[0, Nmax]`` and a query before position 0 outputs 0.
         scale: default ``D ** -0.5``.
         num_splits: key splits per sequence; default :func:`choose_num_splits` (from the SM count, ``B * Hkv``
-            and ``Nmax``). Each split keeps an fp32 ``(m, l, acc)`` state; a second kernel merges them.
+            and ``Nmax``). Each split keeps an fp32 ``(m, l, acc)`` state; a second kernel merges them. By
+            default, where ``B * Hkv`` passes the SM count unevenly, the key tiles of all sequences are instead
+            dealt out evenly to the programs (:func:`stream_programs`).
 
     Returns:
         ``[B, Hq, Nq, D]`` in q's dtype. Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32.

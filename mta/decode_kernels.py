@@ -79,6 +79,16 @@ def merge_states(m, l, acc, m_s, l_s, acc_s):
 
 
 @triton.jit
+def store_state(M_PART, L_PART, ACC_PART, part, m, l, acc, offs_d, row_ok, D: tl.constexpr):
+    """Write the fp32 state ``(m, l, acc)`` of the rows ``part`` (indices into ``[S, B * Hq * n]``) where
+    ``row_ok``."""
+    d_ok = offs_d < D
+    tl.store(M_PART + part, m, mask=row_ok)
+    tl.store(L_PART + part, l, mask=row_ok)
+    tl.store(ACC_PART + part.to(tl.int64)[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
 def _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                i, offs_d, start, stop, seq_len, qk_scale, CK: tl.constexpr, E: tl.constexpr, D: tl.constexpr,
                ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
@@ -303,9 +313,76 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     else:
         rows_total = tl.num_programs(1) // num_kv_heads * num_heads * n_new
         row = split * rows_total + (b * num_heads + h) * n_new + t
-        tl.store(M_PART + row, m, mask=row_ok)
-        tl.store(L_PART + row, l, mask=row_ok)
-        tl.store(ACC_PART + row.to(tl.int64)[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+        store_state(M_PART, L_PART, ACC_PART, row, m, l, acc, offs_d, row_ok, D)
+
+
+@triton.jit(do_not_specialize=["n_max", "n_new", "tiles_per_pair", "tiles_per_program", "total_tiles",
+                                 "num_slots"])
+def decode_stream_kernel(Q, K, V, LENS, M_PART, L_PART, ACC_PART,
+                         stride_qb, stride_qh, stride_qm, stride_qd,
+                         stride_kb, stride_kh, stride_kn, stride_kd,
+                         stride_vb, stride_vh, stride_vn, stride_vd,
+                         n_max, n_new, num_heads, num_kv_heads, row_tiles, tiles_per_pair, tiles_per_program,
+                         total_tiles, num_slots, scale,
+                         HAS_LENS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+                         PRECISION: tl.constexpr, WIDE: tl.constexpr = False):
+    """Plain decode with the key tiles of all (batch, kv head, row tile) units dealt out evenly: program ``g``
+    takes tiles ``[g * W, (g + 1) * W)`` of the flattened ``units x tiles_per_pair`` range (``W``:
+    ``tiles_per_program``, tiles of ``BLOCK_N`` of the cache's ``n_max`` positions), so every SM streams the same
+    bytes when the units alone would leave some SMs one program more than others. A range crosses units; for each
+    unit it touches, the program writes its state to slot ``g - first(unit)`` of that unit's rows
+    (``first(unit) = unit * tiles_per_pair // W``), in :func:`decode_split_kernel`'s layout ``[S, B * Hq * n]``, and
+    the program that ends a unit writes empty states (``m = -inf``, ``l = 0``, ``acc = 0``) to the slots up to
+    ``num_slots`` that no program fills, so :func:`decode_combine_kernel` merges ``num_slots`` slots of every row.
+    Tiles past a sequence's length add nothing. Grid: ``(cdiv(total_tiles, W),)``."""
+    if PDL:
+        gdc_launch_dependents()
+    g = tl.program_id(0)
+    group_size = num_heads // num_kv_heads
+    rows_total = total_tiles // tiles_per_pair // row_tiles * group_size * n_new
+    qk_scale = scale * LOG2E
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    if WIDE:
+        offs_d = offs_d.to(tl.int64)
+    tile = g * tiles_per_program
+    end = tl.minimum(tile + tiles_per_program, total_tiles)
+    while tile < end:
+        unit = tile // tiles_per_pair
+        last = tl.minimum((unit + 1) * tiles_per_pair, end)  # this program's tiles of the unit: [tile, last)
+        pair = unit // row_tiles
+        b = pair // num_kv_heads
+        kv_h = pair % num_kv_heads
+        if WIDE:
+            kv_h = kv_h.to(tl.int64)
+        h, t, copy, exists = group_rows(unit % row_tiles, kv_h, n_new, group_size, ROWS, BLOCK_M)
+        row_ok = exists & (copy == 0)
+        seq_len = sequence_length(LENS, b, n_max, HAS_LENS)
+        if WIDE:
+            seq_len, t = seq_len.to(tl.int64), t.to(tl.int64)
+        b64 = b.to(tl.int64)
+        q = tl.load(Q + b64 * stride_qb + h[:, None] * stride_qh + t[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        first_tile = unit * tiles_per_pair
+        start = (tile - first_tile) * BLOCK_N
+        stop = tl.minimum((last - first_tile) * BLOCK_N, seq_len)
+        acc, m, l = _far_tiles(acc, m, l, q, copy, K + b64 * stride_kb + kv_h * stride_kh,
+                               V + b64 * stride_vb + kv_h * stride_vh, stride_kn, stride_kd, stride_vn, stride_vd,
+                               seq_len - n_new + t, offs_d, start, stop, seq_len, qk_scale, 1, 0, D, ROWS, BLOCK_N,
+                               PRECISION)
+        row = (b * num_heads + h) * n_new + t
+        slot = g - first_tile // tiles_per_program
+        store_state(M_PART, L_PART, ACC_PART, slot * rows_total + row, m, l, acc, offs_d, row_ok, D)
+        if last == first_tile + tiles_per_pair:  # the unit's last program: empty states in its unused slots
+            for empty in range(slot + 1, num_slots):
+                store_state(M_PART, L_PART, ACC_PART, empty * rows_total + row,
+                            tl.full([BLOCK_M], float("-inf"), dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
+                            tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), offs_d, row_ok, D)
+        tile = last
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)

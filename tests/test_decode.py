@@ -208,6 +208,56 @@ def test_plain_decode_takes_long_tiles_where_memory_feeds_each_sm_fast(monkeypat
     assert decode.decode_tile(64, torch.bfloat16, plain=True, n_max=1 << 17) == mta.tuning.DECODE[64]
 
 
+def test_even_deal_rule():
+    """Plain decode deals its key tiles out evenly only where one program a (batch, kv head) unit would fill the
+    last wave of SMs unevenly, over long caches; the deal covers every tile once, and no unit spans more programs
+    than it has slots."""
+    deal = decode.stream_programs
+    assert deal(units=64, n_max=1 << 16, block_n=128, sms=132) == (0, 0, 0)  # splits fill the GPU instead
+    assert deal(units=128, n_max=1 << 16, block_n=128, sms=132) == (0, 0, 0)  # one program an SM, 97% of them
+    assert deal(units=264, n_max=1 << 16, block_n=128, sms=132) == (0, 0, 0)  # two an SM, every SM
+    assert deal(units=136, n_max=decode.STREAM_MIN_KEYS - 1, block_n=128, sms=132) == (0, 0, 0)  # short cache
+    per_program, programs, slots = deal(units=136, n_max=32768, block_n=128, sms=132)
+    assert programs <= decode.STREAM_PROGRAMS_PER_SM * 132 and per_program * programs >= 136 * 256
+    for units, n_max, block_n, sms in ((136, 32768, 128, 132), (192, 8192, 64, 132), (5, 8192, 32, 4),
+                                       (7, 9000, 32, 4), (5, 8192, 4096, 4), (300, 1 << 17, 256, 132)):
+        per_program, programs, slots = deal(units, n_max, block_n, sms)
+        assert per_program > 0, (units, n_max)
+        tiles = triton.cdiv(n_max, block_n)
+        assert per_program * (programs - 1) < units * tiles <= per_program * programs
+        spans = [((u + 1) * tiles - 1) // per_program - u * tiles // per_program + 1 for u in range(units)]
+        assert max(spans) <= slots <= programs
+
+
+@pytest.mark.parametrize("case", [dict(nq=3), dict(nq=1, Hq=2, Hkv=1, D=16, lengths=(1, 64, 65, 200, 7), n_max=200),
+                                  dict(nq=5, Hq=16, Hkv=1, D=16, lengths=(9, 70, 33), n_max=70),
+                                  dict(nq=2, dtype=torch.float16, Hq=6, Hkv=2, D=32, lengths=(2, 33, 64, 96, 100, 5, 128),
+                                       n_max=128, noncontiguous=True)])
+@pytest.mark.parametrize("per_sm", [1, 3])
+def test_even_deal_matches_the_reference(case, per_sm, monkeypatch, poisoned_outputs):
+    """The even deal (forced on the CPU's short caches) against float64: ragged lengths with NaN past them, GQA,
+    several row tiles, runs of tiles that cross units and units that span several programs."""
+    monkeypatch.setattr(decode, "STREAM_MIN_KEYS", 0)
+    monkeypatch.setattr(decode, "STREAM_PROGRAMS_PER_SM", per_sm)
+    decode.stream_programs.cache_clear()
+    calls = []
+    monkeypatch.setattr(decode, "launch_stream", lambda *a, _f=decode.launch_stream: calls.append(a[-1]) or _f(*a))
+    run_case(**case)
+    assert calls and calls[0][0] > 0  # the deal ran
+    decode.stream_programs.cache_clear()
+
+
+def test_even_deal_is_bitwise_repeatable(monkeypatch):
+    monkeypatch.setattr(decode, "STREAM_MIN_KEYS", 0)
+    decode.stream_programs.cache_clear()
+    q = rand(5, 4, 2, 16)
+    k, v = ragged_cache(5, 2, 100, 16, [100, 37, 2, 64, 99], torch.float32)
+    first = mta.decode_attention(q, k, v, cache_seqlens=[100, 37, 2, 64, 99])
+    assert decode.stream_programs(10, 100, 32, decode.INTERPRETER_SMS)[0] > 0
+    assert torch.equal(first, mta.decode_attention(q, k, v, cache_seqlens=[100, 37, 2, 64, 99]))
+    decode.stream_programs.cache_clear()
+
+
 @pytest.mark.parametrize("n_max, counted", [(64, True), (decode.BAND_COUNTS_BELOW * decode.MAX_SPLITS * 2, False)])
 def test_mta_split_count_counts_the_band_when_splits_are_short(n_max, counted):
     """MTA decode chooses its split count again with the band's program counted when a far split holds at most
@@ -301,6 +351,21 @@ def test_long_caches_on_the_gpu(dtype, D):
     k, v = ragged_cache(3, 2, 33000, D, lengths, dtype)
     out = mta.decode_attention(q, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=DEVICE))
     assert close(out, reference(q, k, v, lengths), TOL[dtype])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the SM count of a GPU")
+def test_even_deal_on_the_gpu(monkeypatch):
+    """Two kv heads' worth of units past the SM count, over a cache long enough for the even deal: ragged lengths
+    with NaN past them, GQA, two new queries, bf16."""
+    B = decode.sm_count(torch.device(DEVICE)) // 8 + 2
+    lengths = [8200 - 37 * b for b in range(B)]
+    q = rand(B, 16, 2, 128, dtype=torch.bfloat16)
+    k, v = ragged_cache(B, 8, 8200, 128, lengths, torch.bfloat16)
+    calls = []
+    monkeypatch.setattr(decode, "launch_stream", lambda *a, _f=decode.launch_stream: calls.append(a[-1]) or _f(*a))
+    out = mta.decode_attention(q, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=DEVICE))
+    assert calls, "the even deal did not run"
+    assert close(out, reference(q, k, v, lengths), TOL[torch.bfloat16])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch is a GPU matter")
