@@ -157,3 +157,22 @@ def plot_mta_key_axis(seq_len: int, n_new: int, cq: int, ck: int, bounds: list[t
 
 
 __all__ = ["plot_decode_roofline", "plot_mta_key_axis", "plot_programs_vs_sms", "plot_wave_efficiency"]
+
+
+def plot_even_deal(units: int, tiles: int, per_program: int):
+    """The even deal of plain decode (:func:`mta.decode.stream_programs`): ``units`` rows of ``tiles`` key tiles
+    each, coloured by the program that streams them (runs of ``per_program`` tiles of the flattened list, which
+    cross from one unit into the next), each tile labelled with its program. Returns the Figure."""
+    owner = np.arange(units * tiles).reshape(units, tiles) // per_program
+    programs = int(owner.max()) + 1
+    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * tiles, 0.9 + 0.45 * units))
+    ax.imshow(owner, cmap=ListedColormap(plt.get_cmap("tab10").colors[:programs]), aspect="auto",
+              vmin=-0.5, vmax=programs - 0.5)
+    for (u, t), g in np.ndenumerate(owner):
+        ax.text(t, u, f"p{g}", ha="center", va="center", fontsize=8, color="white")
+    ax.set_xticks(range(tiles), [str(t) for t in range(tiles)], fontsize=8)
+    ax.set_yticks(range(units), [f"unit {u}" for u in range(units)], fontsize=8)
+    ax.set_xlabel("key tile of the unit's cache")
+    ax.set_title(f"{units} units x {tiles} tiles dealt to {programs} programs, {per_program} tiles each", fontsize=9)
+    fig.tight_layout()
+    return fig

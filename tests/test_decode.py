@@ -239,6 +239,7 @@ def test_even_deal_matches_the_reference(case, per_sm, monkeypatch, poisoned_out
     several row tiles, runs of tiles that cross units and units that span several programs."""
     monkeypatch.setattr(decode, "STREAM_MIN_KEYS", 0)
     monkeypatch.setattr(decode, "STREAM_PROGRAMS_PER_SM", per_sm)
+    monkeypatch.setattr(decode, "sm_count", lambda device: decode.INTERPRETER_SMS)  # a GPU's too: 4 SMs
     decode.stream_programs.cache_clear()
     calls = []
     monkeypatch.setattr(decode, "launch_stream", lambda *a, _f=decode.launch_stream: calls.append(a[-1]) or _f(*a))
@@ -249,6 +250,7 @@ def test_even_deal_matches_the_reference(case, per_sm, monkeypatch, poisoned_out
 
 def test_even_deal_is_bitwise_repeatable(monkeypatch):
     monkeypatch.setattr(decode, "STREAM_MIN_KEYS", 0)
+    monkeypatch.setattr(decode, "sm_count", lambda device: decode.INTERPRETER_SMS)
     decode.stream_programs.cache_clear()
     q = rand(5, 4, 2, 16)
     k, v = ragged_cache(5, 2, 100, 16, [100, 37, 2, 64, 99], torch.float32)
