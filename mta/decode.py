@@ -45,10 +45,17 @@ COMBINE_BLOCK_S = 16
 #: program a unit took 1.03-1.09x SDPA's time with 136-320 units at 32k keys (the SMs that run a second program
 #: end last); the deal took 2-7% off those steps (1, 2 or 3 programs an SM within 1% of each other), 1-4% at 8k keys
 #: at three of four batches (1.4% slower at 160 units), and was 4-8% slower at 2k keys, where the merge and the
-#: states cost more than the imbalance.
+#: states cost more than the imbalance. On an H200, whose long tiles at 16k keys or more fit one program an SM (so one
+#: program a unit ran 136 units in two full waves), the deal took 5-41% off at 16k-32k keys and up to 12% at 8k
+#: (0.2% slower at one shape).
 STREAM_PROGRAMS_PER_SM = 2
 STREAM_BELOW = 0.9
 STREAM_MIN_KEYS = 8192
+#: Shared memory an SM gives the deal's programs (of about 228 KB on Hopper): a tile whose pipeline buffers pass
+#: half of it runs one program an SM, and the deal then counts one. On an H200, dealt to one program an SM rather than
+#: two, the long tiles of ``tuning.DECODE_PLAIN_WIDE`` (128 KB of K and V in flight) took 0-2.5% less time and the
+#: shorter ones 6-11% more (``notes/h100_2026-11-25h/stream_probe_h200_*.log``).
+STREAM_SHARED_BYTES = 200 * 1024
 
 #: The tile tables live with the others in :mod:`mta.tuning`.
 TILES, TILES_FP32, INTERPRETER_TILE = tuning.DECODE, tuning.DECODE_FP32, tuning.DECODE_INTERPRETER
@@ -252,8 +259,15 @@ def split_states(splits: int, rows: int, D: int, device) -> tuple[torch.Tensor, 
     return m.view(splits, rows), l.view(splits, rows), acc.view(splits, rows, D)
 
 
+def stream_programs_per_sm(block_n: int, block_d: int, stages: int, itemsize: int) -> int:
+    """Programs of a ``(block_n, stages)`` decode tile that share an SM: :data:`STREAM_PROGRAMS_PER_SM`, or fewer
+    where their K and V pipeline buffers (``stages - 1`` tiles of each) pass :data:`STREAM_SHARED_BYTES`."""
+    buffers = max(stages - 1, 1) * 2 * block_n * block_d * itemsize
+    return max(1, min(STREAM_PROGRAMS_PER_SM, STREAM_SHARED_BYTES // buffers))
+
+
 @functools.lru_cache(maxsize=1024)
-def stream_programs(units: int, n_max: int, block_n: int, sms: int) -> tuple[int, int, int]:
+def stream_programs(units: int, n_max: int, block_n: int, sms: int, per_sm: int | None = None) -> tuple[int, int, int]:
     """``(tiles_per_program, programs, slots)`` for plain decode's even deal (:func:`decode_stream_kernel
     <mta.decode_kernels.decode_stream_kernel>`), or ``(0, 0, 0)`` to run one split per unit instead.
 
@@ -261,14 +275,15 @@ def stream_programs(units: int, n_max: int, block_n: int, sms: int) -> tuple[int
     wave of one program a unit would leave SMs idle or some SMs a program more than others:
     ``units / (sms * ceil(units / sms)) <`` :data:`STREAM_BELOW`, and the cache is long enough
     (:data:`STREAM_MIN_KEYS`). Then the ``units x tiles`` key tiles of the cache (``n_max`` positions, ``block_n``
-    a tile) are dealt out in equal runs of ``W`` tiles to about :data:`STREAM_PROGRAMS_PER_SM` x ``sms`` programs
+    a tile) are dealt out in equal runs of ``W`` tiles to about ``per_sm`` x ``sms`` programs (default
+    :data:`STREAM_PROGRAMS_PER_SM`; the launcher asks :func:`stream_programs_per_sm`)
     (stream-K's split of a GEMM's loop, as LeanAttention does for decode); a unit's tiles then span at most
     ``slots`` programs. Like the split count, this uses host numbers only: ``n_max``, not the lengths."""
     tiles = cdiv(max(n_max, 1), block_n)
     if n_max < STREAM_MIN_KEYS or units < 0.8 * sms or units / (sms * cdiv(units, sms)) >= STREAM_BELOW:
         return 0, 0, 0
     total = units * tiles
-    per_program = cdiv(total, STREAM_PROGRAMS_PER_SM * sms)
+    per_program = cdiv(total, (per_sm or STREAM_PROGRAMS_PER_SM) * sms)
     programs = cdiv(total, per_program)
     return per_program, programs, min(programs, (tiles - 1) // per_program + 2)
 
@@ -322,7 +337,8 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     tile_rows, block_m, stack = row_tile((Hq // Hkv) * n_new, block_d, block_n, ck)
     row_tiles = cdiv((Hq // Hkv) * n_new, tile_rows)
     if num_splits is None and (cq, ck) == (1, 1):
-        deal = stream_programs(B * Hkv * row_tiles, n_max, block_n, sm_count(k.device))
+        deal = stream_programs(B * Hkv * row_tiles, n_max, block_n, sm_count(k.device),
+                               stream_programs_per_sm(block_n, block_d, stages, k.element_size()))
         if deal[0]:
             return launch_stream(q, k, v, lens, o, n_new, scale, (block_n, warps, stages), (tile_rows, block_m), deal)
     if num_splits is None:

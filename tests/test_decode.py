@@ -219,6 +219,12 @@ def test_even_deal_rule():
     assert deal(units=136, n_max=decode.STREAM_MIN_KEYS - 1, block_n=128, sms=132) == (0, 0, 0)  # short cache
     per_program, programs, slots = deal(units=136, n_max=32768, block_n=128, sms=132)
     assert programs <= decode.STREAM_PROGRAMS_PER_SM * 132 and per_program * programs >= 136 * 256
+    assert deal(units=136, n_max=32768, block_n=128, sms=132, per_sm=1)[1] <= 132
+    # Two programs an SM where two tiles' K and V buffers fit the shared memory, else one (Hopper's tables).
+    assert decode.stream_programs_per_sm(128, 64, 3, 2) == 2  # DECODE, d = 64: 64 KB
+    assert decode.stream_programs_per_sm(64, 128, 3, 2) == 2  # DECODE, d = 128: 64 KB
+    assert decode.stream_programs_per_sm(256, 64, 3, 2) == 1  # DECODE_PLAIN_WIDE, d = 64: 128 KB
+    assert decode.stream_programs_per_sm(128, 128, 3, 2) == 1  # DECODE_PLAIN_WIDE, d = 128: 128 KB
     for units, n_max, block_n, sms in ((136, 32768, 128, 132), (192, 8192, 64, 132), (5, 8192, 32, 4),
                                        (7, 9000, 32, 4), (5, 8192, 4096, 4), (300, 1 << 17, 256, 132)):
         per_program, programs, slots = deal(units, n_max, block_n, sms)
