@@ -25,13 +25,15 @@ INTERPRETER_SMS = 4
 #: SMs) were 1.1-3.9% faster than the 14-15 that 85% picks, at 16k-128k keys
 #: (``notes/h100_remeasure_2026-11-23/decode_fill_splits_6c0f4cb.json``).
 SPLIT_EFFICIENCY = 0.95
-#: MTA decode keeps flash-attn's 85% (its counts were tuned with it; ``notes/performance.md``).
+#: MTA decode keeps flash-attn's 85% (its counts were tuned with it; ``notes/performance.md``), but 95% with
+#: :data:`mta.tuning.DECODE_MTA_FAST`'s tiles, where counts that fill four programs an SM ran 1.07-1.6x faster than
+#: the others tried (``notes/h100_2026-11-25h/h200_conv_sweep.log``).
 MTA_SPLIT_EFFICIENCY = 0.85
 MAX_SPLITS = 128
 #: MTA decode counts each SM twice when it picks the split count: its key tiles carry ``ck`` products and
 #: register shifts besides the loads, so two programs per SM hide each other's latency (on an H100, twice the
 #: splits of plain decode were 1.1-1.9x faster at 16k-64k keys; ``notes/performance.md``).
-MTA_PROGRAMS_PER_SM = 2
+MTA_PROGRAMS_PER_SM = 2  # mta.tuning.MTA_FAST_PROGRAMS_PER_SM with mta.tuning.DECODE_MTA_FAST's tiles
 #: MTA decode: while a far split holds at most this many keys, the band's program costs about what a far split's
 #: does, and the split count is chosen with it counted as one more program per row tile; longer splits leave it
 #: out. On an H100 at B = 8, 4k-8k keys, that took 3 splits instead of 4 and a step 5-21% less time; at 16k-64k
@@ -66,16 +68,34 @@ def decode_tile(block_d: int, dtype: torch.dtype, plain: bool = False, device: t
     """``(BLOCK_N, num_warps, num_stages)`` for a head-dim tile ``block_d``, looked up (nothing timed). ``plain``:
     for ``decode_attention`` (no MTA fold) over a cache of ``n_max`` positions, which at 16 bits on a Hopper GPU
     (``device``'s, default the current one) whose memory feeds each SM at :data:`mta.tuning.WIDE_DECODE_SM_BANDWIDTH`
-    or more takes :data:`mta.tuning.DECODE_PLAIN_WIDE`'s longer tiles from :data:`mta.tuning.WIDE_DECODE_MIN_KEYS`."""
+    or more takes :data:`mta.tuning.DECODE_PLAIN_WIDE`'s longer tiles from :data:`mta.tuning.WIDE_DECODE_MIN_KEYS`;
+    MTA decode there takes :data:`mta.tuning.DECODE_MTA_FAST`'s shorter ones (:func:`mta_fast_memory`)."""
     if runtime.INTERPRET:
         return INTERPRETER_TILE
     width = next(w for w in TILES if block_d <= w)
     if dtype == torch.float32:
         return TILES_FP32[width]
-    if (plain and n_max >= tuning.WIDE_DECODE_MIN_KEYS and tuning.gpu_family(device) == "hopper"
-            and tuning.memory_bandwidth_per_sm(device) >= tuning.WIDE_DECODE_SM_BANDWIDTH):
+    if plain and n_max >= tuning.WIDE_DECODE_MIN_KEYS and fast_memory(device):
         return tuning.DECODE_PLAIN_WIDE[width]
+    if not plain and mta_fast_memory(block_d, dtype, device, n_max):
+        return tuning.DECODE_MTA_FAST[width]
     return TILES[width]
+
+
+def fast_memory(device: torch.device | None) -> bool:
+    """A Hopper GPU whose memory feeds each SM at :data:`mta.tuning.WIDE_DECODE_SM_BANDWIDTH` or more (an H200, not
+    an H100 SXM)."""
+    return (tuning.gpu_family(device) == "hopper"
+            and tuning.memory_bandwidth_per_sm(device) >= tuning.WIDE_DECODE_SM_BANDWIDTH)
+
+
+def mta_fast_memory(block_d: int, dtype: torch.dtype, device: torch.device | None, n_max: int) -> bool:
+    """Whether MTA decode takes :data:`mta.tuning.DECODE_MTA_FAST`'s tile and counts
+    :data:`mta.tuning.MTA_FAST_PROGRAMS_PER_SM` programs an SM: 16 bits, a head-dim width in that table, a cache of
+    :data:`mta.tuning.MTA_FAST_MIN_KEYS` positions or more, on a GPU with :func:`fast_memory`."""
+    if runtime.INTERPRET or dtype == torch.float32 or n_max < tuning.MTA_FAST_MIN_KEYS:
+        return False
+    return next(w for w in TILES if block_d <= w) in tuning.DECODE_MTA_FAST and fast_memory(device)
 
 
 def row_block(rows: int, block_d: int) -> int:
@@ -342,11 +362,13 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         if deal[0]:
             return launch_stream(q, k, v, lens, o, n_new, scale, (block_n, warps, stages), (tile_rows, block_m), deal)
     if num_splits is None:
-        rule = functools.partial(choose_num_splits, B * Hkv * row_tiles, n_max, own,
-                                 sm_count(k.device) * (MTA_PROGRAMS_PER_SM if ck > 1 else 1),
-                                 efficiency=SPLIT_EFFICIENCY if (cq, ck) == (1, 1) else MTA_SPLIT_EFFICIENCY)
+        mta_fast = (cq, ck) != (1, 1) and mta_fast_memory(block_d, k.dtype, k.device, n_max)  # decode_tile's choice
+        per_sm = tuning.MTA_FAST_PROGRAMS_PER_SM if mta_fast else MTA_PROGRAMS_PER_SM if ck > 1 else 1
+        rule = functools.partial(choose_num_splits, B * Hkv * row_tiles, n_max, own, sm_count(k.device) * per_sm,
+                                 efficiency=SPLIT_EFFICIENCY if (cq, ck) == (1, 1) or mta_fast
+                                 else MTA_SPLIT_EFFICIENCY)
         num_splits = rule()
-        if e > 0 and n_max <= BAND_COUNTS_BELOW * num_splits:
+        if e > 0 and n_max <= BAND_COUNTS_BELOW * num_splits and not mta_fast:
             num_splits = rule(extra=1)
     num_splits = splits_run(num_splits, n_max, own)
     programs = num_splits + (e > 0)

@@ -98,13 +98,25 @@ DECODE_FP32 = {64: (64, 4, 2), 128: (32, 4, 2), 256: (16, 4, 2)}
 #: over 132 SMs, 25 GB/s an SM), not on an H200 (4.8 TB/s, 36 GB/s an SM). On the H200 at B = 8, 64k keys they took
 #: 271.7 us (d = 64) and 533.8 us (d = 128, 32 on 8 heads) against SDPA's 255.4 and 489.1, these 255.2-255.6 and
 #: 489.6; below 16k keys (fewer key tiles to split) and on the H100 they were 1-10% slower
-#: (``notes/h100_2026-11-25g/``). d = 256 keeps its tile (not measured). MTA decode keeps ``DECODE``: its stacked rows shrink as the window grows
-#: (:func:`mta.decode.row_tile`).
+#: (``notes/h100_2026-11-25g/``). d = 256 keeps its tile (not measured). MTA decode does not take these: its stacked
+#: rows shrink as the window grows (:func:`mta.decode.row_tile`); it has :data:`DECODE_MTA_FAST` instead.
 DECODE_PLAIN_WIDE = {64: (256, 4, 3), 128: (128, 4, 3), 256: (32, 4, 2)}
 #: Peak memory bandwidth per SM (bytes/s) from which plain decode takes :data:`DECODE_PLAIN_WIDE`, on Hopper.
 WIDE_DECODE_SM_BANDWIDTH = 30e9
 #: Fewest cache positions (``Nmax``) for :data:`DECODE_PLAIN_WIDE`.
 WIDE_DECODE_MIN_KEYS = 16384
+#: MTA decode (``conv_decode_attention``) at 16 bits on the same GPUs (memory feeding each SM at
+#: :data:`WIDE_DECODE_SM_BANDWIDTH` or more): shorter key windows, of which four programs share an SM
+#: (:data:`MTA_FAST_PROGRAMS_PER_SM`, which the split count then counts). Where memory is that fast the fold's work, not
+#: the read, sets the pace, and four programs an SM hide each other's latency. On an H200 (6 x 11, d = 64, bf16) the
+#: shipped 128-key windows took 1.34-1.41x ``decode_attention``'s time at B = 8 and 16k-128k keys and 1.39x at B = 1,
+#: 128k; these 1.24-1.30x at the split counts that fill four programs an SM (8 at B = 8, 64 at B = 1), and 1.43-2.06x
+#: at counts that do not (``notes/h100_2026-11-25h/h200_conv_sweep.log``). Other head dims keep ``DECODE``
+#: (not measured).
+DECODE_MTA_FAST = {64: (64, 4, 3)}
+MTA_FAST_PROGRAMS_PER_SM = 4
+#: Fewest cache positions for :data:`DECODE_MTA_FAST` (measured from 4096: 1.19x against 1.26x at B = 8).
+MTA_FAST_MIN_KEYS = 4096
 DECODE_INTERPRETER = (32, 4, 1)
 #: Head-dim widths at which MTA decode's split kernel takes three measured shortcuts: the band's program stacks its
 #: kernel rows' queries into one product (``mta.decode_kernels._band_scores_stacked``; elsewhere one product per

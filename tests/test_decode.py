@@ -203,9 +203,35 @@ def test_plain_decode_takes_long_tiles_where_memory_feeds_each_sm_fast(monkeypat
         for block_d, width in ((64, 64), (128, 128), (256, 256)):
             table = (mta.tuning.DECODE_PLAIN_WIDE if wide else
                      mta.tuning.DECODE_FP32 if dtype == torch.float32 else mta.tuning.DECODE)
+            if not plain and per_sm > 30e9 and dtype != torch.float32 and width == 64:  # MTA: the short windows
+                table = mta.tuning.DECODE_MTA_FAST
             assert decode.decode_tile(block_d, dtype, plain=plain, n_max=n_max) == table[width]
     monkeypatch.setattr(mta.tuning, "gpu_family", lambda device=None: "other")
     assert decode.decode_tile(64, torch.bfloat16, plain=True, n_max=1 << 17) == mta.tuning.DECODE[64]
+    assert decode.decode_tile(64, torch.bfloat16, n_max=1 << 17) == mta.tuning.DECODE[64]
+
+
+@pytest.mark.parametrize("batch, n_max, splits", [(8, 16384, 8), (1, 131072, 63), (8, 4095, None)])
+def test_mta_decode_where_memory_feeds_each_sm_fast(batch, n_max, splits, monkeypatch):
+    """On an H200-like GPU (a Hopper GPU at 36.5 GB/s an SM), MTA decode at d = 64 takes the short key windows from
+    4096 positions and counts four programs an SM: 8 kv heads x 8 splits at B = 8 and 63 splits at B = 1 fill
+    97% and 95% of 4 x 132 (the band not counted); shorter caches keep the general tile and rule. The launches are
+    recorded, not run."""
+    monkeypatch.setattr(decode.runtime, "INTERPRET", False)
+    monkeypatch.setattr(mta.tuning, "gpu_family", lambda device=None: "hopper")
+    monkeypatch.setattr(mta.tuning, "memory_bandwidth_per_sm", lambda device=None: 36.5e9)
+    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
+    launched = []
+    monkeypatch.setattr(decode, "launch", lambda kernel, grid, *a, **meta: launched.append((grid, meta)))
+    cache = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16).expand(batch, 8, n_max, 64)  # never read
+    decode.launch_decode(cache, cache, cache, None, 1, 0.125, None, weight=torch.zeros(8, 6, 11),
+                         kernel_size=(6, 11))
+    (grid, meta), _ = launched
+    if splits is None:
+        assert (meta["BLOCK_N"], meta["num_warps"], meta["num_stages"]) == mta.tuning.DECODE[64]
+    else:
+        assert (meta["BLOCK_N"], meta["num_warps"], meta["num_stages"]) == mta.tuning.DECODE_MTA_FAST[64]
+        assert grid == (splits + 1, batch * 8, 1)  # the far splits and the band
 
 
 def test_even_deal_rule():
