@@ -111,7 +111,7 @@ def _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride
         shifted = tl.minimum(offs_n[None, :] + shift[:, None], BLOCK_N - 1)
     key_stop = tl.minimum(stop + PK, seq_len)  # the last valid column reads key stop - 1 + pk
     for start_n in range(start, stop, OWN):
-        j = start_n + offs_n
+        j = start_n + offs_n.to(start.dtype)  # int64 with WIDE offsets: Triton's interpreter loops in Python ints
         window = j - PK
         kt = tl.load(k_base + window[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                      mask=d_ok[:, None] & ((window >= 0) & (window < key_stop))[None, :], other=0.0)
@@ -369,6 +369,8 @@ def decode_stream_kernel(Q, K, V, LENS, M_PART, L_PART, ACC_PART,
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         first_tile = unit * tiles_per_pair
         start = (tile - first_tile) * BLOCK_N
+        if WIDE:
+            start = start.to(tl.int64)
         stop = tl.minimum((last - first_tile) * BLOCK_N, seq_len)
         acc, m, l = _far_tiles(acc, m, l, q, copy, K + b64 * stride_kb + kv_h * stride_kh,
                                V + b64 * stride_vb + kv_h * stride_vh, stride_kn, stride_kd, stride_vn, stride_vd,
