@@ -296,9 +296,9 @@ def stream_programs(units: int, n_max: int, block_n: int, sms: int, per_sm: int 
     ``units / (sms * ceil(units / sms)) <`` :data:`STREAM_BELOW`, and the cache is long enough
     (:data:`STREAM_MIN_KEYS`). Then the ``units x tiles`` key tiles of the cache (``n_max`` positions, ``block_n``
     a tile) are dealt out in equal runs of ``W`` tiles to about ``per_sm`` x ``sms`` programs (default
-    :data:`STREAM_PROGRAMS_PER_SM`; the launcher asks :func:`stream_programs_per_sm`)
-    (stream-K's split of a GEMM's loop, as LeanAttention does for decode); a unit's tiles then span at most
-    ``slots`` programs. Like the split count, this uses host numbers only: ``n_max``, not the lengths."""
+    :data:`STREAM_PROGRAMS_PER_SM`; the launcher asks :func:`stream_programs_per_sm`), as stream-K splits a GEMM's
+    loop and LeanAttention a decode step's keys; a unit's tiles then span at most ``slots`` programs. Like the
+    split count, this uses host numbers only: ``n_max``, not the lengths."""
     tiles = cdiv(max(n_max, 1), block_n)
     if n_max < STREAM_MIN_KEYS or units < 0.8 * sms or units / (sms * cdiv(units, sms)) >= STREAM_BELOW:
         return 0, 0, 0

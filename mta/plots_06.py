@@ -156,7 +156,6 @@ def plot_mta_key_axis(seq_len: int, n_new: int, cq: int, ck: int, bounds: list[t
     return fig
 
 
-__all__ = ["plot_decode_roofline", "plot_mta_key_axis", "plot_programs_vs_sms", "plot_wave_efficiency"]
 
 
 def plot_even_deal(units: int, tiles: int, per_program: int):
@@ -176,3 +175,7 @@ def plot_even_deal(units: int, tiles: int, per_program: int):
     ax.set_title(f"{units} units x {tiles} tiles dealt to {programs} programs, {per_program} tiles each", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+__all__ = ["plot_decode_roofline", "plot_even_deal", "plot_mta_key_axis", "plot_programs_vs_sms",
+           "plot_wave_efficiency"]

@@ -110,7 +110,7 @@ WIDE_DECODE_MIN_KEYS = 16384
 #: (:data:`MTA_FAST_PROGRAMS_PER_SM`, which the split count then counts). Where memory is that fast the fold's work, not
 #: the read, sets the pace, and four programs an SM hide each other's latency. On an H200 (6 x 11, d = 64, bf16) the
 #: shipped 128-key windows took 1.34-1.41x ``decode_attention``'s time at B = 8 and 16k-128k keys and 1.39x at B = 1,
-#: 128k; these 1.24-1.30x at the split counts that fill four programs an SM (8 at B = 8, 64 at B = 1), and 1.43-2.06x
+#: 128k; these 1.23-1.30x at the split counts that fill four programs an SM (8 at B = 8, 64 at B = 1), and 1.27-2.06x
 #: at counts that do not (``notes/h100_2026-11-25h/h200_conv_sweep.log``). Other head dims keep ``DECODE``
 #: (not measured).
 DECODE_MTA_FAST = {64: (64, 4, 3)}
