@@ -308,27 +308,32 @@ def stream_programs(units: int, n_max: int, block_n: int, sms: int, per_sm: int 
     return per_program, programs, min(programs, (tiles - 1) // per_program + 2)
 
 
+def launch_merge(parts, o, n_new: int, slots: int, block_d: int, pdl: bool) -> None:
+    """:func:`decode_combine_kernel <mta.decode_kernels.decode_combine_kernel>` over the ``slots`` states
+    ``parts`` of every row of ``o [B, Hq, n_new, D]``; ``pdl``: as a programmatic dependent of the kernel before."""
+    launch(decode_combine_kernel, (o.shape[0] * o.shape[1] * n_new,), *parts, o, *o.stride(), n_new, o.shape[1],
+           slots, D=o.shape[3], BLOCK_D=block_d, BLOCK_S=COMBINE_BLOCK_S, PDL=pdl,
+           num_warps=1 if block_d <= 64 else 2, **({"launch_pdl": True} if pdl else {}))
+
+
 def launch_stream(q, k, v, lens, o, n_new: int, scale: float, tile: tuple[int, int, int], rows_tile: tuple[int, int],
-                  deal: tuple[int, int, int]) -> torch.Tensor:
-    """Plain decode's even deal (:func:`stream_programs`), then the merge of each row's slots."""
+                  row_tiles: int, deal: tuple[int, int, int]) -> torch.Tensor:
+    """Plain decode's even deal (:func:`stream_programs`) over ``B * Hkv * row_tiles`` units, then the merge of
+    each row's slots."""
     B, Hkv, n_max, D = k.shape
     Hq = q.shape[1]
     block_n, warps, stages = tile
     tile_rows, block_m = rows_tile
     per_program, programs, slots = deal
     block_d = head_dim_block(D)
-    rows = B * Hq * n_new
-    units = B * Hkv * cdiv((Hq // Hkv) * n_new, tile_rows)
-    parts = split_states(slots, rows, D, k.device)
+    tiles = cdiv(n_max, block_n)
+    parts = split_states(slots, B * Hq * n_new, D, k.device)
     pdl = dependent_launch(k.device)
     launch(decode_stream_kernel, (programs,), q, k, v, lens, *parts, *q.stride(), *k.stride(), *v.stride(),
-           n_max, n_new, Hq, Hkv, units // (B * Hkv), cdiv(n_max, block_n), per_program,
-           units * cdiv(n_max, block_n), slots, scale, HAS_LENS=lens is not None, D=D, BLOCK_D=block_d,
+           n_max, n_new, Hq, Hkv, row_tiles, tiles, per_program, B * Hkv * row_tiles * tiles, slots, scale, HAS_LENS=lens is not None, D=D, BLOCK_D=block_d,
            ROWS=tile_rows, BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl, PRECISION=dot_precision(k.dtype),
            WIDE=wide_offsets(q, k, v), num_warps=warps, num_stages=stages)
-    launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, slots, D=D, BLOCK_D=block_d,
-           BLOCK_S=COMBINE_BLOCK_S, PDL=pdl, num_warps=1 if block_d <= 64 else 2,
-           **({"launch_pdl": True} if pdl else {}))
+    launch_merge(parts, o, n_new, slots, block_d, pdl)
     return o
 
 
@@ -360,7 +365,8 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         deal = stream_programs(B * Hkv * row_tiles, n_max, block_n, sm_count(k.device),
                                stream_programs_per_sm(block_n, block_d, stages, k.element_size()))
         if deal[0]:
-            return launch_stream(q, k, v, lens, o, n_new, scale, (block_n, warps, stages), (tile_rows, block_m), deal)
+            return launch_stream(q, k, v, lens, o, n_new, scale, (block_n, warps, stages), (tile_rows, block_m),
+                                 row_tiles, deal)
     if num_splits is None:
         mta_fast = (cq, ck) != (1, 1) and mta_fast_memory(block_d, k.dtype, k.device, n_max)  # decode_tile's choice
         per_sm = tuning.MTA_FAST_PROGRAMS_PER_SM if mta_fast else MTA_PROGRAMS_PER_SM if ck > 1 else 1
@@ -387,9 +393,7 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         PRECISION=dot_precision(k.dtype),
         WIDE=wide_offsets(q, k, v), num_warps=warps, num_stages=stages)
     if not one:
-        launch(decode_combine_kernel, (rows,), *parts, o, *o.stride(), n_new, Hq, programs, D=D, BLOCK_D=block_d,
-               BLOCK_S=COMBINE_BLOCK_S, PDL=pdl, num_warps=1 if block_d <= 64 else 2,
-               **({"launch_pdl": True} if pdl else {}))
+        launch_merge(parts, o, n_new, programs, block_d, pdl)
     return o
 
 
