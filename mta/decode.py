@@ -59,6 +59,18 @@ STREAM_MIN_KEYS = 8192
 #: shorter ones 6-11% more (``notes/h100_2026-11-25h/stream_probe_h200_*.log``).
 STREAM_SHARED_BYTES = 200 * 1024
 
+#: Programs of a decode tile that an SM of Triton's interpreter is taken to run at once (no GPU to ask).
+INTERPRETER_RESIDENT = 2
+#: Plain decode whose units leave a poor grid (:func:`poor_grid`) runs two splits from this many cache positions
+#: (the even deal from :data:`STREAM_MIN_KEYS`). On an H100 (bf16, 8 kv heads, ``notes/h100_2026-11-25i/``) at
+#: 192-512 units and 2k-4k keys, two splits took 1-5% off a step (1.7% slower at one of twelve shapes) and at 1k keys
+#: lost up to 6%.
+POOR_GRID_MIN_KEYS = 2048
+#: A last round of resident programs filled below this fraction is thin (:func:`poor_grid`). On an H100 (three plain
+#: decode programs an SM, 396 at once), 512-528 units of one program each (116-132 past a full round, 29-33%) took
+#: 1.05-1.15x SDPA's time at 2k-16k keys; 640 units (244 past, 62%) 0.99-1.02x (``notes/h100_2026-11-25i/``).
+THIN_LAST_ROUND = 0.5
+
 #: The tile tables live with the others in :mod:`mta.tuning`.
 TILES, TILES_FP32, INTERPRETER_TILE = tuning.DECODE, tuning.DECODE_FP32, tuning.DECODE_INTERPRETER
 
@@ -145,6 +157,45 @@ def dependent_launch(device: torch.device) -> bool:
     so the gap between the two kernels is not paid (on an H100, 2-9% of a step at B = 1 and 4k-64k keys;
     ``notes/performance.md``)."""
     return device.type == "cuda" and tuning.gpu_family(device) == "hopper"
+
+
+@functools.cache
+def _shared_memory_per_sm(index: int) -> int:
+    return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_multiprocessor", 0)
+
+
+def resident_programs(block_n: int, block_m: int, block_d: int, stages: int, itemsize: int,
+                      device: torch.device) -> int:
+    """Programs of plain decode's ``(block_n, stages)`` tile with ``block_m`` row slots that an SM of ``device``
+    runs at once, estimated from their shared memory: ``stages - 1`` K and V buffers, an fp32 ``[block_m, block_n]``
+    scratch for layout conversions, and 1 KB the driver keeps per program (73 KB at Hopper's d = 64 tile, as the
+    profiler reports it: three fit an H100's SM). 1 where the GPU does not say; :data:`INTERPRETER_RESIDENT` in the
+    interpreter."""
+    if runtime.INTERPRET:
+        return INTERPRETER_RESIDENT
+    index = device.index if device.index is not None else torch.cuda.current_device() if device.type == "cuda" else 0
+    shared = _shared_memory_per_sm(index)
+    per_program = max(stages - 1, 1) * 2 * block_n * block_d * itemsize + block_m * block_n * 4 + 1024
+    return max(1, shared // per_program)
+
+
+def poor_grid(programs: int, sms: int, resident: int = 1) -> bool:
+    """Whether ``programs`` of equal work (about a wave or more) load the ``sms`` SMs unevenly, so that a few end
+    last: one program an SM fills its last wave below :data:`STREAM_BELOW` (some SMs run a program more than the
+    others), or, where an SM runs ``resident`` programs at once, the programs past the full rounds of
+    ``resident * sms`` fill less than :data:`THIN_LAST_ROUND` of a round (they start on whichever SMs finish first,
+    several to an SM, while the others idle)."""
+    if programs / (sms * cdiv(programs, sms)) < STREAM_BELOW:
+        return True
+    slots = resident * sms
+    return resident > 1 and programs > slots and 0 < programs % slots < THIN_LAST_ROUND * slots
+
+
+def two_splits_for_a_poor_grid(units: int, n_max: int, sms: int, resident: int) -> bool:
+    """Plain decode's ``units`` fill the GPU (the split rule gives one split) but :func:`poor_grid`, over at least
+    :data:`POOR_GRID_MIN_KEYS` positions, and twice as many programs would not be: two splits instead."""
+    return (units >= 0.8 * sms and n_max >= POOR_GRID_MIN_KEYS and poor_grid(units, sms, resident)
+            and not poor_grid(2 * units, sms, resident))
 
 
 def sm_count(device: torch.device) -> int:
@@ -287,20 +338,20 @@ def stream_programs_per_sm(block_n: int, block_d: int, stages: int, itemsize: in
 
 
 @functools.lru_cache(maxsize=1024)
-def stream_programs(units: int, n_max: int, block_n: int, sms: int, per_sm: int | None = None) -> tuple[int, int, int]:
+def stream_programs(units: int, n_max: int, block_n: int, sms: int, per_sm: int | None = None,
+                    resident: int = 1) -> tuple[int, int, int]:
     """``(tiles_per_program, programs, slots)`` for plain decode's even deal (:func:`decode_stream_kernel
     <mta.decode_kernels.decode_stream_kernel>`), or ``(0, 0, 0)`` to run one split per unit instead.
 
-    ``units`` (batch x kv heads x row tiles) fill the GPU (:func:`choose_num_splits` gives one split), but the last
-    wave of one program a unit would leave SMs idle or some SMs a program more than others:
-    ``units / (sms * ceil(units / sms)) <`` :data:`STREAM_BELOW`, and the cache is long enough
-    (:data:`STREAM_MIN_KEYS`). Then the ``units x tiles`` key tiles of the cache (``n_max`` positions, ``block_n``
+    ``units`` (batch x kv heads x row tiles) fill the GPU (:func:`choose_num_splits` gives one split), but one
+    program a unit would load the SMs unevenly (:func:`poor_grid`, with ``resident`` programs an SM at once), and the
+    cache is long enough (:data:`STREAM_MIN_KEYS`). Then the ``units x tiles`` key tiles of the cache (``n_max`` positions, ``block_n``
     a tile) are dealt out in equal runs of ``W`` tiles to about ``per_sm`` x ``sms`` programs (default
     :data:`STREAM_PROGRAMS_PER_SM`; the launcher asks :func:`stream_programs_per_sm`), as stream-K splits a GEMM's
     loop and LeanAttention a decode step's keys; a unit's tiles then span at most ``slots`` programs. Like the
     split count, this uses host numbers only: ``n_max``, not the lengths."""
     tiles = cdiv(max(n_max, 1), block_n)
-    if n_max < STREAM_MIN_KEYS or units < 0.8 * sms or units / (sms * cdiv(units, sms)) >= STREAM_BELOW:
+    if n_max < STREAM_MIN_KEYS or units < 0.8 * sms or not poor_grid(units, sms, resident):
         return 0, 0, 0
     total = units * tiles
     per_program = cdiv(total, (per_sm or STREAM_PROGRAMS_PER_SM) * sms)
@@ -362,11 +413,15 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
     tile_rows, block_m, stack = row_tile((Hq // Hkv) * n_new, block_d, block_n, ck)
     row_tiles = cdiv((Hq // Hkv) * n_new, tile_rows)
     if num_splits is None and (cq, ck) == (1, 1):
-        deal = stream_programs(B * Hkv * row_tiles, n_max, block_n, sm_count(k.device),
-                               stream_programs_per_sm(block_n, block_d, stages, k.element_size()))
+        units, sms = B * Hkv * row_tiles, sm_count(k.device)
+        resident = resident_programs(block_n, block_m, block_d, stages, k.element_size(), k.device)
+        deal = stream_programs(units, n_max, block_n, sms, stream_programs_per_sm(block_n, block_d, stages,
+                                                                                  k.element_size()), resident)
         if deal[0]:
             return launch_stream(q, k, v, lens, o, n_new, scale, (block_n, warps, stages), (tile_rows, block_m),
                                  row_tiles, deal)
+        if two_splits_for_a_poor_grid(units, n_max, sms, resident):
+            num_splits = 2
     if num_splits is None:
         mta_fast = (cq, ck) != (1, 1) and mta_fast_memory(block_d, k.dtype, k.device, n_max)  # decode_tile's choice
         per_sm = tuning.MTA_FAST_PROGRAMS_PER_SM if mta_fast else MTA_PROGRAMS_PER_SM if ck > 1 else 1

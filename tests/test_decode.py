@@ -292,6 +292,75 @@ def test_even_deal_is_bitwise_repeatable(monkeypatch):
     decode.stream_programs.cache_clear()
 
 
+def test_poor_grid_rule():
+    """Where an SM runs several programs at once, a grid is poor when the programs past its full rounds fill less
+    than half a round (an H100: 132 SMs, three of Hopper's plain decode tiles at once), as well as when one program
+    an SM fills its last wave unevenly; plain decode then runs two splits over 2k-8k keys and deals from 8k."""
+    poor = decode.poor_grid
+    assert poor(512, 132, 3) and poor(528, 132, 3) and poor(592, 132, 3)  # 116, 132 and 196 past 396
+    assert not any(poor(p, 132, 3) for p in (128, 384, 396, 600, 640, 768, 1024))
+    assert poor(192, 132, 3) and poor(320, 132, 3)  # 1.45 and 2.42 programs an SM: the last wave uneven
+    assert not poor(512, 132, 1)  # one program at a time: 3.88 even waves
+    two = decode.two_splits_for_a_poor_grid
+    assert two(512, 4096, 132, 3) and two(320, 2048, 132, 3) and two(192, 4096, 132, 3)
+    assert not two(512, decode.POOR_GRID_MIN_KEYS - 1, 132, 3)  # short caches: the merge costs more
+    assert not two(384, 4096, 132, 3) and not two(64, 4096, 132, 3)  # an even grid; splits by the rule
+    assert not two(106, 4096, 132, 3)  # 106 and 212 programs are both uneven: no gain in doubling
+    assert decode.stream_programs(512, 8192, 128, 132, 2, 3)[0] > 0
+    assert decode.stream_programs(512, 8192, 128, 132, 2, 1) == (0, 0, 0)
+
+
+def test_resident_programs_from_shared_memory(monkeypatch):
+    """Three of Hopper's plain decode tiles fit an SM's 228 KB (72 KB + 1 KB each at d = 64 and d = 128), one of the
+    long tiles; a GPU that does not report its shared memory counts one."""
+    monkeypatch.setattr(decode.runtime, "INTERPRET", False)
+    cpu = torch.device("cpu", 0)
+    for shared, tile, expected in ((233472, (128, 16, 64, 3, 2), 3), (233472, (64, 16, 128, 3, 2), 3),
+                                   (233472, (256, 16, 64, 3, 2), 1), (0, (128, 16, 64, 3, 2), 1)):
+        monkeypatch.setattr(decode, "_shared_memory_per_sm", lambda index, shared=shared: shared)
+        assert decode.resident_programs(*tile, cpu) == expected
+
+
+@pytest.mark.parametrize("batch, n_max, launched_as", [(64, 4096, ("split", 2)), (64, 8192, ("deal", None)),
+                                                       (66, 2048, ("split", 2)), (64, 1024, ("split", 1)),
+                                                       (48, 4096, ("split", 1)), (80, 4096, ("split", 1)),
+                                                       (8, 4096, ("split", 2))])
+def test_plain_decode_on_a_poor_grid_of_an_h100(batch, n_max, launched_as, monkeypatch):
+    """On an H100-like GPU (132 SMs of 228 KB, memory at 25 GB/s an SM), 64 x 8 and 66 x 8 (batch, kv head) units
+    take two splits at 2k-4k keys and the even deal at 8k; 1k keys, 48 x 8 and 80 x 8 units and B = 8 (the split
+    rule's 2) are as before.
+    The launches are recorded, not run."""
+    monkeypatch.setattr(decode.runtime, "INTERPRET", False)
+    monkeypatch.setattr(mta.tuning, "gpu_family", lambda device=None: "hopper")
+    monkeypatch.setattr(mta.tuning, "memory_bandwidth_per_sm", lambda device=None: 25.4e9)
+    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
+    monkeypatch.setattr(decode, "_shared_memory_per_sm", lambda index: 233472)
+    launched = []
+    monkeypatch.setattr(decode, "launch", lambda kernel, grid, *a, **meta: launched.append((kernel, grid)))
+    cache = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16).expand(batch, 8, n_max, 64)  # never read
+    decode.launch_decode(cache[:, :, :1], cache, cache, None, 1, 0.125, None)
+    (kernel, grid), _merge = launched if len(launched) == 2 else (launched[0], None)
+    kind, splits = launched_as
+    if kind == "deal":
+        assert kernel is decode.decode_stream_kernel
+    else:
+        assert kernel is decode.decode_split_kernel and grid == (splits, batch * 8, 1)
+
+
+def test_two_splits_for_a_poor_grid_match_the_reference(monkeypatch, poisoned_outputs):
+    """The two-split rule run in the interpreter (4 SMs, 2 programs each: 11 units leave 3 past a full round, 22
+    leave 6): ragged lengths with NaN past them, GQA, against float64."""
+    monkeypatch.setattr(decode, "POOR_GRID_MIN_KEYS", 0)
+    monkeypatch.setattr(decode, "sm_count", lambda device: decode.INTERPRETER_SMS)  # a GPU's too
+    monkeypatch.setattr(decode, "resident_programs", lambda *args: decode.INTERPRETER_RESIDENT)
+    assert decode.two_splits_for_a_poor_grid(11, 70, decode.INTERPRETER_SMS, decode.INTERPRETER_RESIDENT)
+    grids = []
+    monkeypatch.setattr(decode, "launch", lambda kernel, grid, *a, _f=decode.launch, **meta:
+                        grids.append(grid) or _f(kernel, grid, *a, **meta))
+    run_case(1, Hq=2, Hkv=1, D=16, lengths=(70, 1, 33, 64, 2, 69, 40, 5, 70, 17, 31), n_max=70)
+    assert grids[0] == (2, 11, 1)
+
+
 @pytest.mark.parametrize("n_max, counted", [(64, True), (decode.BAND_COUNTS_BELOW * decode.MAX_SPLITS * 2, False)])
 def test_mta_split_count_counts_the_band_when_splits_are_short(n_max, counted):
     """MTA decode chooses its split count again with the band's program counted when a far split holds at most
