@@ -168,15 +168,20 @@ def resident_programs(block_n: int, block_m: int, block_d: int, stages: int, ite
                       device: torch.device) -> int:
     """Programs of plain decode's ``(block_n, stages)`` tile with ``block_m`` row slots that an SM of ``device``
     runs at once, estimated from their shared memory: ``stages - 1`` K and V buffers, an fp32 ``[block_m, block_n]``
-    scratch for layout conversions, and 1 KB the driver keeps per program (73 KB at Hopper's d = 64 tile, as the
-    profiler reports it: three fit an H100's SM). 1 where the GPU does not say; :data:`INTERPRETER_RESIDENT` in the
+    scratch for layout conversions, and 1 KB the driver keeps per program (73 KB at Hopper's d = 64 and d = 128 tiles,
+    which Triton 3.6 compiles to 70 KB: three fit an H100's 228 KB either way). 1 where the GPU does not say; :data:`INTERPRETER_RESIDENT` in the
     interpreter."""
     if runtime.INTERPRET:
         return INTERPRETER_RESIDENT
     index = device.index if device.index is not None else torch.cuda.current_device() if device.type == "cuda" else 0
-    shared = _shared_memory_per_sm(index)
+    return programs_in_shared_memory(_shared_memory_per_sm(index), block_n, block_m, block_d, stages, itemsize)
+
+
+def programs_in_shared_memory(shared_per_sm: int, block_n: int, block_m: int, block_d: int, stages: int,
+                              itemsize: int) -> int:
+    """:func:`resident_programs` for an SM of ``shared_per_sm`` bytes (at least 1)."""
     per_program = max(stages - 1, 1) * 2 * block_n * block_d * itemsize + block_m * block_n * 4 + 1024
-    return max(1, shared // per_program)
+    return max(1, shared_per_sm // per_program)
 
 
 def poor_grid(programs: int, sms: int, resident: int = 1) -> bool:
