@@ -71,6 +71,12 @@ POOR_GRID_MIN_KEYS = 2048
 #: 1.05-1.15x SDPA's time at 2k-16k keys; 640 units (244 past, 62%) 0.99-1.02x (``notes/h100_2026-11-25i/``).
 THIN_LAST_ROUND = 0.5
 
+#: Plain decode's split ``s`` of ``S`` takes key tiles ``s, s + S, ...`` (the pair's splits read neighbouring tiles
+#: at the same time) rather than one contiguous range. On an H100 (bf16, Nq = 1, ``notes/h100_2026-11-25i/``) that
+#: order was 0.3-1.8% faster at B = 8 and up to 5% at B = 1 (16 splits), but made MTA decode 2-5% slower at B = 8,
+#: d = 128, from 32k keys: MTA decode keeps the ranges.
+INTERLEAVED_SPLITS = True
+
 #: The tile tables live with the others in :mod:`mta.tuning`.
 TILES, TILES_FP32, INTERPRETER_TILE = tuning.DECODE, tuning.DECODE_FP32, tuning.DECODE_INTERPRETER
 
@@ -450,7 +456,7 @@ def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | Non
         HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D,
         BLOCK_D=block_d, ROWS=tile_rows, BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e,
         BLOCK_W=next_power_of_2(block_e + ck - 1), A_GROUP=a_group, BAND_STACK=band_stack, PDL=pdl,
-        PRECISION=dot_precision(k.dtype),
+        PRECISION=dot_precision(k.dtype), INTERLEAVE=INTERLEAVED_SPLITS and weight is None,
         WIDE=wide_offsets(q, k, v), num_warps=warps, num_stages=stages)
     if not one:
         launch_merge(parts, o, n_new, programs, block_d, pdl)

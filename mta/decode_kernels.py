@@ -4,10 +4,11 @@ A decode step has few query rows (``n`` new tokens times the ``G`` query heads
 of a kv head) and many keys, so one program per query tile would leave most of
 the GPU idle. Instead one program owns a (batch, kv head, split) triple: all
 ``G * n`` rows of its group as the rows of one tile (K and V are read once per
-group, the scores are one tensor-core product), and every ``S``-th key tile
-of its sequence (split ``s`` of ``S`` takes tiles ``s, s + S, s + 2S, ...``:
-the ``S`` programs of a pair then read neighbouring tiles at the same time,
-one front in memory per pair instead of ``S``). It keeps chapter 02's running state ``(m, l, acc)`` (base-2 units)
+group, the scores are one tensor-core product), and a share of its key tiles:
+plain decode gives split ``s`` of ``S`` the tiles ``s, s + S, s + 2S, ...``
+(the ``S`` programs of a pair then read neighbouring tiles at the same time,
+one front in memory per pair instead of ``S``), MTA decode one contiguous
+range. It keeps chapter 02's running state ``(m, l, acc)`` (base-2 units)
 over its range and writes it out unnormalised; :func:`decode_combine_kernel`
 merges the splits of each row with :func:`merge_states` and normalises.
 
@@ -237,15 +238,15 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
                         E: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
                         BLOCK_M: tl.constexpr, STACK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                         BLOCK_W: tl.constexpr, A_GROUP: tl.constexpr, BAND_STACK: tl.constexpr, PDL: tl.constexpr,
-                        PRECISION: tl.constexpr, WIDE: tl.constexpr = False):
+                        PRECISION: tl.constexpr, INTERLEAVE: tl.constexpr, WIDE: tl.constexpr = False):
     """The state of one split for the ``G * n`` rows of a (batch, kv head) pair.
 
     Plain attention: ``Q [B, Hq, n, D]``, the new queries. MTA (``FOLD``): ``Q [B, Hq, n_max, D]``, the query
     cache, and ``W [Hq, CQ, CK]`` (fp32), the kernel; each program folds its rows' queries itself
     (:func:`folded_rows`) and the band reads the cache too.
     The new queries sit at positions ``len - n .. len - 1``. Splits ``0 .. num_splits - 1`` share the keys
-    ``[0, len - E)`` tile by tile, split ``s`` every ``num_splits``-th tile from tile ``s`` on; split
-    ``num_splits`` (``E > 0``) is the band. ``ONE_SPLIT``: write the
+    ``[0, len - E)`` tile by tile: with ``INTERLEAVE`` split ``s`` takes every ``num_splits``-th tile from tile
+    ``s`` on, else one contiguous range of tiles; split ``num_splits`` (``E > 0``) is the band. ``ONE_SPLIT``: write the
     normalised output to ``O [B, Hq, n, D]``; else the fp32 state to ``M_PART, L_PART [S, B * Hq * n]`` and
     ``ACC_PART [S, B * Hq * n, D]`` (``m`` in base-2 units). ``PDL``: the merge kernel is launched as a
     programmatic dependent (Hopper on) and may be scheduled as soon as every program has started. Grid:
@@ -279,12 +280,18 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # Split s takes key tiles s, s + S, ... of this sequence's own length (the S splits of a pair stream one
-    # front of neighbouring tiles, which an H100 reads 0.3-1.8% faster than S fronts of contiguous ranges:
-    # notes/h100_2026-11-25i/); the band split's range is empty.
+    # Whole key tiles per split, balanced for this sequence's own length; the band split's range is empty.
     n_far = tl.maximum(seq_len - E, 0)
     OWN: tl.constexpr = BLOCK_N - (CK - 1)  # keys per tile (MTA: a window's keys with both halos in it)
-    start = tl.where(split < num_splits, split * OWN, n_far).to(n_far.dtype)
+    if INTERLEAVE:  # tiles s, s + S, ...: the S splits of a pair stream one front of neighbouring tiles
+        start = tl.where(split < num_splits, split * OWN, n_far).to(n_far.dtype)
+        stop = n_far
+        step = num_splits * OWN
+    else:  # one contiguous range of tiles
+        per_split = tl.cdiv(tl.cdiv(n_far, OWN), num_splits) * OWN
+        start = split * per_split
+        stop = tl.minimum(start + per_split, n_far)
+        step = OWN
     # The rows of the far tiles' product: MTA stacks ck folded copies of the program's rows (row s: copy
     # s // ROWS of row s % ROWS); plain attention has one copy (STACK = ROWS = BLOCK_M).
     h_s, t_s, shift, exists_s = group_rows(tl.program_id(2), kv_h, n_new, group_size, ROWS, STACK)
@@ -300,8 +307,8 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
         q = tl.load(Q + b64 * stride_qb + h_s[:, None] * stride_qh + t_s[:, None] * stride_qm
                     + offs_d[None, :] * stride_qd, mask=q_ok[:, None] & (offs_d < D)[None, :], other=0.0)
     acc, m, l = _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                           stride_vd, i, offs_d, start, n_far, num_splits * OWN, seq_len, qk_scale, CK, E, D, ROWS,
-                           BLOCK_N, PRECISION)
+                           stride_vd, i, offs_d, start, stop, step, seq_len, qk_scale, CK, E, D, ROWS, BLOCK_N,
+                           PRECISION)
     if E > 0:
         if split == num_splits:
             acc, m, l = _band_state(acc, m, l, Q + b64 * stride_qb, stride_qh, stride_qm, stride_qd, W, h, row_ok,

@@ -64,8 +64,12 @@ def test_small_head_dims_padded_in_16_bits(D, dtype, poisoned_outputs):
 
 
 # 12: more splits than key tiles (300 keys, 32 a tile on CPU: 10 tiles, run as 10 splits, mta.decode.splits_run)
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "ranges"])
 @pytest.mark.parametrize("num_splits", [1, 3, 12])
-def test_forced_split_counts(num_splits, poisoned_outputs):
+def test_forced_split_counts(num_splits, interleaved, poisoned_outputs, monkeypatch):
+    """Both orders of a split's key tiles (every S-th tile, as plain decode runs them, or one range, as MTA decode
+    does) against float64, ragged lengths, NaN past them."""
+    monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
     run_case(3, num_splits=num_splits, D=32)
 
 
