@@ -72,9 +72,10 @@ POOR_GRID_MIN_KEYS = 2048
 THIN_LAST_ROUND = 0.5
 
 #: Plain decode's split ``s`` of ``S`` takes key tiles ``s, s + S, ...`` (the pair's splits read neighbouring tiles
-#: at the same time) rather than one contiguous range. On an H100 (bf16, Nq = 1, ``notes/h100_2026-11-25i/``) that
-#: order was 0.3-1.8% faster at B = 8 and up to 5% at B = 1 (16 splits), but made MTA decode 2-5% slower at B = 8,
-#: d = 128, from 32k keys: MTA decode keeps the ranges.
+#: at the same time) rather than one contiguous range. On an H100 (bf16, Nq = 1, the decode benchmark's 24 shapes
+#: from 4k keys, same run, ``notes/h100_2026-11-25i/interleave_ab.log``) that order took 0.2-6% off at 18 shapes and
+#: added 0.5-2.3% at 6 (all four at 8k keys among them); for MTA decode it added 2.2-4.6% at B = 8, d = 128 from 32k
+#: keys (and up to 4.6% elsewhere at 12 of the 24), so MTA decode keeps the ranges.
 INTERLEAVED_SPLITS = True
 
 #: The tile tables live with the others in :mod:`mta.tuning`.
