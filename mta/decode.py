@@ -63,8 +63,8 @@ STREAM_SHARED_BYTES = 200 * 1024
 INTERPRETER_RESIDENT = 2
 #: Plain decode whose units leave a poor grid (:func:`poor_grid`) runs two splits from this many cache positions
 #: (the even deal from :data:`STREAM_MIN_KEYS`). On an H100 (bf16, 8 kv heads, ``notes/h100_2026-11-25i/``) at
-#: 192-512 units and 2k-4k keys, two splits took 1-5% off a step (1.7% slower at one of twelve shapes) and at 1k keys
-#: lost up to 6%.
+#: 192-512 units and 2k-4k keys, two splits took 0.3-4.6% off a step at 11 of 12 shapes (1.7% more at one), and at 1k
+#: keys added up to 6% at 5 of 6.
 POOR_GRID_MIN_KEYS = 2048
 #: A last round of resident programs filled below this fraction is thin (:func:`poor_grid`). On an H100 (three plain
 #: decode programs an SM, 396 at once), 512-528 units of one program each (116-132 past a full round, 29-33%) took
@@ -176,8 +176,8 @@ def resident_programs(block_n: int, block_m: int, block_d: int, stages: int, ite
     """Programs of plain decode's ``(block_n, stages)`` tile with ``block_m`` row slots that an SM of ``device``
     runs at once, estimated from their shared memory: ``stages - 1`` K and V buffers, an fp32 ``[block_m, block_n]``
     scratch for layout conversions, and 1 KB the driver keeps per program (73 KB at Hopper's d = 64 and d = 128 tiles,
-    which Triton 3.6 compiles to 70 KB: three fit an H100's 228 KB either way). 1 where the GPU does not say; :data:`INTERPRETER_RESIDENT` in the
-    interpreter."""
+    which Triton 3.6 compiles to 70 KB: three fit an H100's 228 KB either way). 1 where the GPU does not say;
+    :data:`INTERPRETER_RESIDENT` in the interpreter."""
     if runtime.INTERPRET:
         return INTERPRETER_RESIDENT
     index = device.index if device.index is not None else torch.cuda.current_device() if device.type == "cuda" else 0
@@ -357,10 +357,10 @@ def stream_programs(units: int, n_max: int, block_n: int, sms: int, per_sm: int 
 
     ``units`` (batch x kv heads x row tiles) fill the GPU (:func:`choose_num_splits` gives one split), but one
     program a unit would load the SMs unevenly (:func:`poor_grid`, with ``resident`` programs an SM at once), and the
-    cache is long enough (:data:`STREAM_MIN_KEYS`). Then the ``units x tiles`` key tiles of the cache (``n_max`` positions, ``block_n``
-    a tile) are dealt out in equal runs of ``W`` tiles to about ``per_sm`` x ``sms`` programs (default
-    :data:`STREAM_PROGRAMS_PER_SM`; the launcher asks :func:`stream_programs_per_sm`), as stream-K splits a GEMM's
-    loop and LeanAttention a decode step's keys; a unit's tiles then span at most ``slots`` programs. Like the
+    cache is long enough (:data:`STREAM_MIN_KEYS`). Then the ``units x tiles`` key tiles of the cache (``n_max``
+    positions, ``block_n`` a tile) are dealt out in equal runs of ``W`` tiles to about ``per_sm`` x ``sms`` programs
+    (default :data:`STREAM_PROGRAMS_PER_SM`; the launcher asks :func:`stream_programs_per_sm`), as stream-K splits a
+    GEMM's loop and LeanAttention a decode step's keys; a unit's tiles then span at most ``slots`` programs. Like the
     split count, this uses host numbers only: ``n_max``, not the lengths."""
     tiles = cdiv(max(n_max, 1), block_n)
     if n_max < STREAM_MIN_KEYS or units < 0.8 * sms or not poor_grid(units, sms, resident):
@@ -393,7 +393,8 @@ def launch_stream(q, k, v, lens, o, n_new: int, scale: float, tile: tuple[int, i
     parts = split_states(slots, B * Hq * n_new, D, k.device)
     pdl = dependent_launch(k.device)
     launch(decode_stream_kernel, (programs,), q, k, v, lens, *parts, *q.stride(), *k.stride(), *v.stride(),
-           n_max, n_new, Hq, Hkv, row_tiles, tiles, per_program, B * Hkv * row_tiles * tiles, slots, scale, HAS_LENS=lens is not None, D=D, BLOCK_D=block_d,
+           n_max, n_new, Hq, Hkv, row_tiles, tiles, per_program, B * Hkv * row_tiles * tiles, slots, scale,
+           HAS_LENS=lens is not None, D=D, BLOCK_D=block_d,
            ROWS=tile_rows, BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl, PRECISION=dot_precision(k.dtype),
            WIDE=wide_offsets(q, k, v), num_warps=warps, num_stages=stages)
     launch_merge(parts, o, n_new, slots, block_d, pdl)

@@ -93,8 +93,8 @@ def store_state(M_PART, L_PART, ACC_PART, part, m, l, acc, offs_d, row_ok, D: tl
 
 @triton.jit
 def _far_tiles(acc, m, l, q, shift, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-               i, offs_d, start, stop, step, seq_len, qk_scale, CK: tl.constexpr, E: tl.constexpr, D: tl.constexpr,
-               ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+               i, offs_d, start, stop, step, seq_len, qk_scale, CK: tl.constexpr, E: tl.constexpr,
+               D: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the key tiles that start at ``start, start + step, ...`` below ``stop`` (each ``BLOCK_N - (CK - 1)``
     keys, none at or past ``stop``) into ``(acc, m, l)`` for the rows at positions ``i`` (row ``r`` sees
     key ``j`` when ``j <= i - E``).
@@ -246,8 +246,8 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     (:func:`folded_rows`) and the band reads the cache too.
     The new queries sit at positions ``len - n .. len - 1``. Splits ``0 .. num_splits - 1`` share the keys
     ``[0, len - E)`` tile by tile: with ``INTERLEAVE`` split ``s`` takes every ``num_splits``-th tile from tile
-    ``s`` on, else one contiguous range of tiles; split ``num_splits`` (``E > 0``) is the band. ``ONE_SPLIT``: write the
-    normalised output to ``O [B, Hq, n, D]``; else the fp32 state to ``M_PART, L_PART [S, B * Hq * n]`` and
+    ``s`` on, else one contiguous range of tiles; split ``num_splits`` (``E > 0``) is the band. ``ONE_SPLIT``: write
+    the normalised output to ``O [B, Hq, n, D]``; else the fp32 state to ``M_PART, L_PART [S, B * Hq * n]`` and
     ``ACC_PART [S, B * Hq * n, D]`` (``m`` in base-2 units). ``PDL``: the merge kernel is launched as a
     programmatic dependent (Hopper on) and may be scheduled as soon as every program has started. Grid:
     ``(splits, B * Hkv, row tiles)``; a row tile is ``ROWS`` rows in ``BLOCK_M >= 16`` slots
