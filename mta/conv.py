@@ -12,7 +12,7 @@ import functools
 import torch
 from triton.runtime.errors import OutOfResources
 
-from . import conv_backward, conv_forward, runtime, tuning
+from . import conv_backward, conv_forward, conv_two_phase, runtime, tuning
 from ._checks import check_causal, check_weight, resolve_scale
 from .differentiable_once import differentiable_once
 from .flash import KernelFunction, wrapped_by_functorch
@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - older Triton: the pointer path only
 
 
 
-def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int) -> torch.Tensor:
+def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int, keys_major: bool = False) -> torch.Tensor:
     """``Kf[b, h, a, j] = sum_b' w[h, a, b'] * k[b, h // G, j - pk + b']`` (zero outside ``[0, N)``).
 
     The key axis of the convolution, applied to the keys once (O(N) memory).
@@ -42,6 +42,9 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int) -> torch.
     Args:
         k: ``[B, Hkv, N, D]``.
         weight: ``[Hq, cq, ck]``.
+        keys_major: lay the result out as ``[B, Hq, N, cq, D]`` in memory (a view of it is returned), so that
+            ``[B * Hq, N, cq * D]``, each key's folded copies side by side, is a view too (the two-phase
+            backward's GEMM operand, :mod:`mta.conv_two_phase`).
     Returns:
         ``[B, Hq, cq, N, D]`` in k's dtype (accumulated in fp32).
     """
@@ -49,7 +52,10 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int) -> torch.
     B, Hkv, N, D = k.shape
     _, cq, ck = weight.shape
     w = weight.detach().float().contiguous()
-    kf = torch.empty((B, num_q_heads, cq, N, D), device=k.device, dtype=k.dtype)
+    if keys_major:
+        kf = torch.empty((B, num_q_heads, N, cq, D), device=k.device, dtype=k.dtype).permute(0, 1, 3, 2, 4)
+    else:
+        kf = torch.empty((B, num_q_heads, cq, N, D), device=k.device, dtype=k.dtype)
     block_d = head_dim_block(D)
     # The interpreter pays per operation, not per element. On a GPU short tiles keep the ck shifted
     # loads of a tile in L1 across the cq kernel rows (8 rows, 2 warps: fastest on an H200 at d = 128).
@@ -346,19 +352,18 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
 def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     """:func:`conv_attention_backward`'s fused kernels. Order: the pre-passes again (folded keys, past and
     diagonal scores: recomputed, cheaper than keeping ``cq`` folded copies of K alive between forward and
-    backward), ``Delta``, the near-diagonal kernel (causal), the dQ-side tiled kernel and its fold, then the
-    dK/dV-side tiled kernel and its fold: the two ``cq``-fold fp32 buffers ``Gq`` and ``U`` are never alive at
-    the same time."""
+    backward), ``Delta``, the near-diagonal kernel (causal), then the dQ side and the dK/dV side: one pass each
+    (:func:`_one_pass_sides`), or two phases where the shifted query blocks do not fit on chip
+    (:mod:`mta.conv_two_phase`)."""
     compile_ahead("conv_backward", lambda *x: conv_attention_backward(*x, scale), do, q, k, v, o, lse, weight, causal)
     B, Hq, N, D = q.shape
-    Hkv = k.shape[1]
     cq, ck = weight.shape[1:]
     e, e_past = diagonal_reach(cq, ck)
     near = causal and e > 0
     block_d = shifted_head_dim_block(D, q.dtype)
     qa, qb = query_shift_groups(cq)
     w = weight.detach().float().contiguous()
-    kf = fold_keys(k, w, Hq)
+    two_phase = conv_two_phase.uses_two_phase(q, cq, causal)
     dev = q.device
     if near:
         pq = past_scores(q, k, e_past)
@@ -372,7 +377,6 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     launch(rowsum_do_o_kernel, (cdiv(N, rowsum_block), B * Hq),
         o, do, delta, *o.stride(), *do.stride(), N, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
 
-    bucket = size_bucket(N)
     # True fp32 products for fp32, as in the forward: P recomputed here must match the forward's lse (at
     # logits of 1e3, tf32x3's 4x larger product error moved dV by 4x the fp32 rounding of the same method).
     meta = dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=e_pad, QA=qa, QB=qb, D=D, BLOCK_D=block_d,
@@ -391,7 +395,30 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     else:
         g = torch.zeros(16, device=dev, dtype=torch.float32)
 
-    # dQ side, then dK/dV side: the two cq-fold fp32 buffers (Gq, U) are never alive together.
+    sides = conv_two_phase.two_phase_sides if two_phase else _one_pass_sides
+    # The folded keys are made here, not above, so that the sides hold the only reference and can free them early.
+    dq, dk, dv = sides(do, q, k, v, lse, delta, fold_keys(k, w, Hq, keys_major=two_phase), cd, g, w, causal, scale,
+                       near, meta, dw_parts)
+    if in_dry_run():
+        return dq, dk, dv, None
+    # Fixed-order reductions over the per-program partials: deterministic.
+    dweight = torch.cat(dw_parts).sum(dim=(0, 1)) * scale
+    return dq, dk, dv, dweight
+
+
+def _one_pass_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal: bool, scale: float, near: bool, meta: dict,
+                    dw_parts: list):
+    """``dq, dk, dv`` by the one-pass tiled kernels of :mod:`mta.conv_backward` and their folds, the far part of the
+    kernel's gradient appended to ``dw_parts``. The dQ side runs first: the two ``cq``-fold fp32 buffers ``Gq``
+    and ``U`` are never alive together."""
+    B, Hq, N, D = q.shape
+    Hkv = k.shape[1]
+    cq, ck = w.shape[1:]
+    block_d = meta["BLOCK_D"]
+    e_past = ck + cq - 3
+    ep_pad = _pad16(e_past + 1)
+    dev = q.device
+    bucket = size_bucket(N)
     gq = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
     launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (cdiv(N, tile["BLOCK_M"]), B * Hq),
                  (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
@@ -400,9 +427,10 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
                  key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     dq = empty_contiguous(q)
     dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
-    launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), gq, g, k, dq, *k.stride(), *dq.stride(), N, Hq,
-           Hq // Hkv, scale, NEAR=near, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=dq_rows,
-           num_warps=dq_warps)
+    head = cq * N * D  # gq and u: contiguous [B, Hq, cq, N, D], read from row 0 (no previous chunk)
+    launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), gq, gq, g, k, dq, head, N * D, D, head, *k.stride(),
+           *dq.stride(), N, 0, 0, 0, N, Hq, Hq // Hkv, scale, NEAR=near, HAS_PREV=False, CQ=cq, EP=e_past,
+           EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=dq_rows, num_warps=dq_warps)
     del gq
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
@@ -422,15 +450,12 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     dk = empty_contiguous(k)
     fold_rows, fold_warps = post_pass_tile(block_d, 64)
     dwf = torch.empty((cdiv(N, fold_rows), B, Hq, cq, ck), device=dev, dtype=torch.float32)
-    launch(conv_dk_fold_kernel, (cdiv(N, fold_rows), B * Hkv), u, g, q, k, w, dk, dwf, *q.stride(), *k.stride(),
-           *dk.stride(), N, Hkv, Hq // Hkv, scale, NEAR=near, CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past,
-           EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=fold_rows, num_warps=fold_warps)
+    launch(conv_dk_fold_kernel, (cdiv(N, fold_rows), B * Hkv), u, u, g, q, k, w, dk, dwf, head, N * D, D, head,
+           *q.stride(), *k.stride(), *dk.stride(), N, 0, 0, 0, N, Hkv, Hq // Hkv, scale, NEAR=near, HAS_PREV=False,
+           CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d,
+           BLOCK_R=fold_rows, num_warps=fold_warps)
     dw_parts.append(dwf)
-    if in_dry_run():
-        return dq, dk, dv, None
-    # Fixed-order reductions over the per-program partials: deterministic.
-    dweight = torch.cat(dw_parts).sum(dim=(0, 1)) * scale
-    return dq, dk, dv, dweight
+    return dq, dk, dv
 
 
 def compile_conv_ahead(q, k, v, weight, causal: bool, scale: float) -> None:

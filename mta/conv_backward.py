@@ -392,51 +392,77 @@ def conv_near_kernel(CD, PV, PQ, LSE, DELTA, W, G, DWP, n, num_heads, scale,
             tl.store(dwp_base + a * CK + t, tl.sum(tl.sum(tl.where(shift == t + (CQ - 1) - a - PK, m, 0.0), 1), 0))
 
 
-@triton.jit(do_not_specialize=["n"])
-def conv_dq_fold_kernel(GQ, G, K, DQ, stride_kb, stride_kh, stride_kn, stride_kd,
-                        stride_dqb, stride_dqh, stride_dqm, stride_dqd, n, num_heads, group_size, scale,
-                        NEAR: tl.constexpr, CQ: tl.constexpr, EP: tl.constexpr, EP_PAD: tl.constexpr,
-                        D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+@triton.jit
+def _shifted_rows(CUR, PREV, bh_cur, bh_prev, stride_a, stride_n, a, rows, offs_d, n, cur0, prev0,
+                  HAS_PREV: tl.constexpr, D: tl.constexpr):
+    """``X_a[rows]`` (fp32 ``[ROWS, BLOCK_D]``, 0 outside ``[0, n)``) of a buffer ``X[bh, a, row, d]`` whose rows from
+    ``cur0`` are in ``CUR`` (at ``bh_cur + a * stride_a + (row - cur0) * stride_n + d``) and, ``HAS_PREV``, the rows
+    from ``prev0`` to ``cur0`` in ``PREV`` (the previous chunk's buffer, laid out alike but for ``bh_prev``)."""
+    ok = (rows < n)[:, None] & (offs_d < D)[None, :]
+    in_cur = (rows >= cur0)[:, None]
+    x = tl.load(CUR + bh_cur + a * stride_a + (rows - cur0)[:, None] * stride_n + offs_d[None, :],
+                mask=ok & in_cur, other=0.0).to(tl.float32)
+    if HAS_PREV:
+        x += tl.load(PREV + bh_prev + a * stride_a + (rows - prev0)[:, None] * stride_n + offs_d[None, :],
+                     mask=ok & (rows >= prev0)[:, None] & ~in_cur, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit(do_not_specialize=["n", "cur0", "prev0", "f0", "f1"])
+def conv_dq_fold_kernel(GQ, GQ_PREV, G, K, DQ, stride_gb, stride_ga, stride_gn, stride_pb,
+                        stride_kb, stride_kh, stride_kn, stride_kd,
+                        stride_dqb, stride_dqh, stride_dqm, stride_dqd, n, cur0, prev0, f0, f1, num_heads,
+                        group_size, scale, NEAR: tl.constexpr, HAS_PREV: tl.constexpr, CQ: tl.constexpr,
+                        EP: tl.constexpr, EP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_R: tl.constexpr):
     """``dq[r] = scale * (sum_a Gq_a[r + (cq-1) - a] + sum_{e <= EP} G[r, e] k[r - e])`` (the second sum
-    when ``NEAR``), in dq's dtype. ``GQ``: contiguous ``[B, Hq, CQ, n, D]``; ``G``: ``[B, Hq, n, EP_PAD]``.
-    Grid: ``(cdiv(n, BLOCK_R), B * Hq)``."""
+    when ``NEAR``), in dq's dtype, for the rows ``[f0, f1)``. ``Gq_a[b * Hq + h, row, d]`` at
+    ``GQ + bh * stride_gb + a * stride_ga + (row - cur0) * stride_gn + d`` for rows from ``cur0`` (the one-pass
+    backward: contiguous ``[B, Hq, CQ, n, D]``, ``cur0 = 0``; the two-phase one: a chunk of rows ``[B * Hq, rows,
+    CQ * D]``) and, ``HAS_PREV``, in ``GQ_PREV`` (bh stride ``stride_pb``) from ``prev0``: the previous chunk.
+    ``G``: ``[B, Hq, n, EP_PAD]``. Grid: ``(cdiv(f1 - f0, BLOCK_R), B * Hq)``."""
     pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = pid_bh // num_heads
     h = pid_bh % num_heads
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_r = f0 + tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = offs_r < f1
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     dq = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    gq_base = GQ + pid_bh * CQ * n * D
     for a in range(CQ):
-        rows = offs_r + (CQ - 1) - a
-        dq += tl.load(gq_base + a * n * D + rows[:, None] * D + offs_d[None, :],
-                      mask=(rows < n)[:, None] & d_ok[None, :], other=0.0)
+        dq += _shifted_rows(GQ, GQ_PREV, pid_bh * stride_gb, pid_bh * stride_pb, stride_ga, stride_gn, a,
+                            offs_r + (CQ - 1) - a, offs_d, n, cur0, prev0, HAS_PREV, D)
     if NEAR:
         k_base = K + b * stride_kb + (h // group_size) * stride_kh
         g_base = G + pid_bh * n * EP_PAD
         for e in range(EP + 1):
             keys = offs_r - e
-            g = tl.load(g_base + offs_r * EP_PAD + e, mask=offs_r < n, other=0.0)
+            g = tl.load(g_base + offs_r * EP_PAD + e, mask=r_ok, other=0.0)
             k = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                         mask=((keys >= 0) & (keys < n))[:, None] & d_ok[None, :], other=0.0)
             dq += g[:, None] * k.to(tl.float32)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_r[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
-             (dq * scale).to(DQ.dtype.element_ty), mask=(offs_r < n)[:, None] & d_ok[None, :])
+             (dq * scale).to(DQ.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["n"])
-def conv_dk_fold_kernel(U, G, Q, K, W, DK, DWP, stride_qb, stride_qh, stride_qm, stride_qd,
+@triton.jit(do_not_specialize=["n", "cur0", "prev0", "f0", "f1"])
+def conv_dk_fold_kernel(U, U_PREV, G, Q, K, W, DK, DWP, stride_ub, stride_ua, stride_un, stride_pb,
+                        stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_kb, stride_kh, stride_kn, stride_kd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-                        n, num_kv_heads, group_size, scale, NEAR: tl.constexpr, CQ: tl.constexpr,
-                        CK: tl.constexpr, CK_PAD: tl.constexpr, EP: tl.constexpr, EP_PAD: tl.constexpr,
-                        D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+                        n, cur0, prev0, f0, f1, num_kv_heads, group_size, scale, NEAR: tl.constexpr,
+                        HAS_PREV: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, CK_PAD: tl.constexpr,
+                        EP: tl.constexpr, EP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_R: tl.constexpr):
     """``dk[c] = scale * sum_{h in group} (sum_{a, b} W[h, a, b] U_{h,a}[c + pk - b] + sum_{e <= EP} G_h[c + e, e] q_h[c + e])``
-    (the second sum when ``NEAR``), in dk's dtype, and the kernel's gradient from the far part, over ``scale``:
-    ``DWP[tile, b, h, a, b] = sum_{c in tile} <U_{h,a}[c + pk - b], k[c]>`` (the same shifted tiles of ``U``).
+    (the second sum when ``NEAR``), in dk's dtype, for the keys ``[f0, f1)``, and the kernel's gradient from the
+    far part, over ``scale``: ``DWP[tile, b, h, a, b] = sum_{c in tile} <U_{h,a}[c + pk - b], k[c]>`` (the same
+    shifted tiles of ``U``).
 
-    ``U``: contiguous ``[B, Hq, CQ, n, D]``; ``G``: ``[B, Hq, n, EP_PAD]``; ``W``: ``[Hq, CQ, CK]`` fp32.
-    Grid: ``(cdiv(n, BLOCK_R), B * Hkv)``. Memory-bound, like :func:`mta.conv_forward.fold_keys_kernel`.
+    ``U_a[b * Hq + h, row, d]`` at ``U + bh * stride_ub + a * stride_ua + (row - cur0) * stride_un + d`` for rows
+    from ``cur0`` (the one-pass backward: contiguous ``[B, Hq, CQ, n, D]``, ``cur0 = 0``; the two-phase one: a
+    chunk of keys ``[B * Hq, keys, CQ * D]``) and, ``HAS_PREV``, in ``U_PREV`` (bh stride ``stride_pb``) from
+    ``prev0``: the previous chunk. ``G``: ``[B, Hq, n, EP_PAD]``; ``W``: ``[Hq, CQ, CK]`` fp32.
+    Grid: ``(cdiv(f1 - f0, BLOCK_R), B * Hkv)``. Memory-bound, like :func:`mta.conv_forward.fold_keys_kernel`.
     The ``DWP`` partials of kernel row ``a`` sit per row in a ``[BLOCK_R, CK_PAD]`` tile, one column per kernel
     column, and are summed over the rows once per ``a``: a sum across warps per ``(a, b)`` is a barrier each.
     """
@@ -446,10 +472,10 @@ def conv_dk_fold_kernel(U, G, Q, K, W, DK, DWP, stride_qb, stride_qh, stride_qm,
     b = pid_bkv // num_kv_heads
     kv_h = pid_bkv % num_kv_heads
     num_heads = num_kv_heads * group_size
-    offs_c = tile * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = f0 + tile * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    c_ok = offs_c < n
+    c_ok = offs_c < f1
     k = tl.load(K + b * stride_kb + kv_h * stride_kh + offs_c[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                 mask=c_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     dk = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
@@ -459,12 +485,11 @@ def conv_dk_fold_kernel(U, G, Q, K, W, DK, DWP, stride_qb, stride_qh, stride_qm,
         bh = b * num_heads + h
         dwp_base = DWP + (tile * tl.num_programs(1) * group_size + bh) * CQ * CK
         for a in range(CQ):
-            u_base = U + (bh * CQ + a) * n * D
             dw_rows = tl.zeros([BLOCK_R, CK_PAD], dtype=tl.float32)  # column t: <U_a[c + pk - t], k[c]> per row c
             for t in tl.static_range(CK):
                 rows = offs_c + PK - t
-                u = tl.load(u_base + rows[:, None] * D + offs_d[None, :],
-                            mask=((rows >= 0) & (rows < n))[:, None] & d_ok[None, :], other=0.0)
+                u = _shifted_rows(U, U_PREV, bh * stride_ub, bh * stride_pb, stride_ua, stride_un, a, rows,
+                                  offs_d, n, cur0, prev0, HAS_PREV, D)  # rows before 0 are before cur0, prev0
                 dk += tl.load(W + (h * CQ + a) * CK + t) * u
                 dw_rows += tl.where(cols[None, :] == t, tl.sum(u * k, 1)[:, None], 0.0)
             tl.store(dwp_base + a * CK + cols, tl.sum(dw_rows, 0), mask=cols < CK)

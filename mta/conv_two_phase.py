@@ -1,0 +1,198 @@
+"""The two-phase MTA backward: ``dC_far`` made at the forward's rate, then its products as GEMMs, chunk by chunk.
+
+The one-pass kernels of :mod:`mta.conv_backward` hold ``cq`` shifted copies of a tile's queries (or folded keys)
+side by side and accumulate products ``cq'`` head dims wide. Where those blocks do not fit on chip (d = 128 at
+6 x 11: ``[64, 768]`` 16-bit operands and fp32 accumulators), their tiles shrink to 32-64 rows and the backward
+runs at a fraction of the forward's rate. Here each side of the backward runs in two phases per chunk of rows
+(dQ side) or keys (dK/dV side):
+
+1. a Triton kernel (:mod:`mta.conv_dc_kernels`) makes ``C`` exactly as the forward's streamed path does, then
+   ``P``, ``dP``, ``dC`` and its far part, and stores ``dC_far`` for the chunk in a scratch (16-bit, the inputs'
+   dtype; the one-pass kernels round it to that dtype for their products too); the dK/dV side's kernel also
+   sums ``dV = P^T dO`` over the group in registers;
+2. one GEMM of the chunk: ``Gq = dC_far Kf`` (dQ side, the folded keys of all shifts side by side, ``cq d``
+   wide) or ``U = dC_far^T Qshift`` (dK/dV side, the shifted queries side by side), written once;
+
+and the folds of :mod:`mta.conv_backward` turn each chunk's ``Gq`` or ``U`` into ``dq`` or ``dk`` (and the far
+part of ``dW``) as soon as the rows they need are made: a row's fold reads ``cq - 1`` rows of ``Gq`` after it, a
+key's fold ``pk`` rows of ``U`` on each side, so each fold reads the chunk's buffer and the previous chunk's.
+
+``C`` is made twice, once per side (as in the one-pass backward), ``3 cq' + 2`` product units in all plus
+``cq'`` recomputed: the GEMMs carry ``2 cq'`` of them, at cuBLAS's rate. Extra memory: the scratch (one chunk,
+:data:`SCRATCH_BYTES` at most), the two chunk buffers of each side, and the folded keys and shifted queries laid
+out for the GEMMs (each ``cq`` times q's size): O(N). Deterministic: every output row has one owner and the
+GEMMs and sums run in a fixed order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import conv_forward, runtime, tuning
+from .conv_backward import conv_dk_fold_kernel, conv_dq_fold_kernel
+from .conv_dc_kernels import conv_dc_keys_kernel, conv_dc_rows_kernel
+from .conv_forward import fit_stream_descriptors, holds_queries
+from .launch import cdiv, empty_contiguous, in_dry_run, launch, next_power_of_2, shifted_head_dim_block
+
+#: Most bytes of ``dC_far`` scratch (one chunk of rows or keys of every head) the backward allocates; a chunk is
+#: at least one tile. At 6 x 11, bf16, N = 8192: 1024 rows of 16 heads (d = 128), 2048 of 8.
+SCRATCH_BYTES = 256 * 2 ** 20
+#: ``None``: :func:`uses_two_phase` decides; ``True`` / ``False``: always / never (tests, benchmarks).
+FORCE: bool | None = None
+#: Rows (or keys) per chunk where set (tests: many chunks at small N); else from :data:`SCRATCH_BYTES`.
+CHUNK: int | None = None
+
+
+def phase_one_tile(block_d: int, dtype: torch.dtype, causal: bool) -> dict:
+    """The tile of both phase-1 kernels: the forward's streamed tile (128 x 128, 8 warps, 3 stages on Hopper at
+    16 bits), at which the dK/dV side's phase 1 took 3.39 ms at 6 x 11, d = 128, N = 8192 on an H200 against 5.56
+    with 64 query rows (``notes/h200_2026-11-28/``)."""
+    return tuning.config_for("conv_forward_streamed", block_d, dtype, causal)
+
+
+def uses_two_phase(q: torch.Tensor, cq: int, causal: bool) -> bool:
+    """Whether :func:`mta.conv.conv_attention_backward` runs the two phases: bf16 on a Hopper GPU where the
+    forward streams its shifted queries (they do not fit on chip: :func:`mta.conv_forward.holds_queries`), or as
+    :data:`FORCE` says."""
+    if FORCE is not None:
+        return FORCE
+    if runtime.INTERPRET or q.dtype != torch.bfloat16 or tuning.gpu_family(q.device) != "hopper":
+        return False
+    block_d = shifted_head_dim_block(q.shape[-1], q.dtype)
+    tile = phase_one_tile(block_d, q.dtype, causal)
+    return not holds_queries(tile["BLOCK_M"], cq, block_d, q.element_size())
+
+
+def chunk_size(batch_heads: int, n: int, tile: dict, halo: int) -> int:
+    """Rows (or keys) per chunk: :data:`CHUNK` where set, else as many as :data:`SCRATCH_BYTES` of 16-bit
+    ``dC_far`` hold for ``batch_heads`` heads of ``n`` keys; a multiple of both tile sides and at least ``halo``
+    (the rows a fold reads past its own)."""
+    step = max(tile["BLOCK_M"], tile["BLOCK_N"])
+    rows = CHUNK if CHUNK is not None else SCRATCH_BYTES // (2 * batch_heads * max(n, 1))
+    rows = max(rows // step * step, step * cdiv(max(halo, 1), step))
+    return min(rows, step * cdiv(n, step))
+
+
+def shifted_queries_side_by_side(q: torch.Tensor, cq: int) -> torch.Tensor:
+    """``[B * Hq, N, cq * D]``: column ``a * D + d`` of row ``i`` holds ``q[i - (cq-1) + a, d]`` (0 before row 0),
+    the queries of every shift of the convolution side by side: the right operand of ``U = dC_far^T Qshift``."""
+    B, Hq, N, D = q.shape
+    padded = q.new_zeros((B * Hq, N + cq - 1, D))
+    padded[:, cq - 1:] = q.reshape(B * Hq, N, D)
+    return padded.as_strided((B * Hq, N, cq, D), (padded.stride(0), D, D, 1)).reshape(B * Hq, N, cq * D)
+
+
+def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` batched: in the inputs' dtype on a GPU (cuBLAS accumulates in fp32), in fp32 on the CPU."""
+    if a.device.type == "cuda":
+        return torch.matmul(a, b)
+    return torch.matmul(a.float(), b.float())
+
+
+def _chunks(n: int, size: int) -> list[tuple[int, int]]:
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def _descriptors(q, v, kf, tile: dict, block_d: int):
+    """TMA descriptors for the phase-1 kernels (as the forward's streamed path), boxes fitted to ``tile``."""
+    from .conv import stream_descriptors  # the forward's launcher module imports this one
+    qd, kfd, vd = stream_descriptors(q, v, kf)
+    fit_stream_descriptors({"QD": qd, "KFD": kfd, "VD": vd, "BLOCK_D": block_d, **tile})
+    return qd, kfd, vd
+
+
+def two_phase_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal: bool, scale: float, near: bool,
+                    meta: dict, dw_parts: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dq, dk, dv`` (the dtypes of ``q, k, v``) by the two phases, the far part of the kernel's gradient
+    appended to ``dw_parts`` (per-program partials over ``scale``, as :func:`mta.conv._fused_backward`'s).
+
+    ``kf``: folded keys ``[B, Hq, cq, N, D]`` laid out keys-major (:func:`mta.conv.fold_keys` with
+    ``keys_major=True``, so that ``[B * Hq, N, cq * D]`` is a view of them); ``cd``, ``g``: the diagonal scores
+    and the near part's score gradients (causal), ``meta``: the one-pass kernels' constexprs.
+    """
+    from .conv import post_pass_tile  # the launcher module imports this one
+    B, Hq, N, D = q.shape
+    Hkv = k.shape[1]
+    cq, ck = w.shape[1:]
+    pk = (ck - 1) // 2
+    block_d = meta["BLOCK_D"]
+    tile = phase_one_tile(block_d, q.dtype, causal)
+    qd, kfd, vd = _descriptors(q, v, kf, tile, block_d)
+    constexprs = {name: meta[name] for name in ("CAUSAL", "CQ", "CK", "E", "E_PAD", "D", "BLOCK_D", "PRECISION")}
+    size = chunk_size(B * Hq, N, tile, max(cq - 1, 2 * pk))
+    scratch = torch.empty(B * Hq * size * N, device=q.device, dtype=q.dtype)
+    e_past = ck + cq - 3
+    fold_meta = dict(NEAR=near, CQ=cq, EP=e_past, EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D, BLOCK_D=block_d)
+    dry = in_dry_run()
+
+    # dQ side: chunks of query rows.
+    kf_cat = kf.permute(0, 1, 3, 2, 4).reshape(B * Hq, N, cq * D)  # a view: kf is laid out keys-major
+    dq = empty_contiguous(q)
+    dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
+    prev, prev0 = None, 0
+    for r0, r1 in _chunks(N, size):
+        k_end = min(r1, N) if causal else N
+        dcs = scratch[:B * Hq * size * k_end].view(B * Hq, size, k_end)
+        launch(conv_dc_rows_kernel, (cdiv(r1 - r0, tile["BLOCK_M"]), B * Hq), q, kf, v, do, lse, delta, cd, dcs,
+               qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *do.stride(), dcs.stride(0), dcs.stride(1),
+               N, N, r0, k_end, Hq, Hq // Hkv, scale, tuning.size_bucket(N), **constexprs, **tile)
+        if dry:  # one launch of each kernel compiles it
+            break
+        gq = _product(dcs[:, :r1 - r0], kf_cat[:, :k_end])  # [B * Hq, rows, cq * D]
+        f0, f1 = max(r0 - (cq - 1), 0) if prev is not None else 0, r1 - (cq - 1) if r1 < N else N
+        if f1 > f0:  # rows r need Gq rows r .. r + cq - 1: those past this chunk wait for the next one
+            launch(conv_dq_fold_kernel, (cdiv(f1 - f0, dq_rows), B * Hq), gq, gq if prev is None else prev, g, k,
+                   dq, gq.stride(0), D, cq * D, (gq if prev is None else prev).stride(0), *k.stride(),
+                   *dq.stride(), N, r0, prev0, f0, f1, Hq, Hq // Hkv, scale, HAS_PREV=prev is not None,
+                   BLOCK_R=dq_rows, num_warps=dq_warps, **fold_meta)
+        prev, prev0 = gq, r0
+    del prev, kf_cat
+
+    # dK/dV side: chunks of keys.
+    qs = None if dry else shifted_queries_side_by_side(q, cq)
+    dk, dv = empty_contiguous(k), empty_contiguous(v)
+    fold_rows, fold_warps = post_pass_tile(block_d, 64)
+    prev, prev0 = None, 0
+    for c0, c1 in _chunks(N, size):
+        row0 = c0 if causal else 0
+        dcs = scratch[:B * Hq * (N - row0) * size].view(B * Hq, N - row0, size)
+        launch(conv_dc_keys_kernel, (cdiv(c1 - c0, tile["BLOCK_N"]), B * Hkv), q, kf, v, do, lse, delta, cd, dcs,
+               dv, qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *do.stride(), *dv.stride(), dcs.stride(0),
+               dcs.stride(1), N, N, c0, row0, Hkv, Hq // Hkv, scale, tuning.size_bucket(N), **constexprs, **tile)
+        if dry:
+            break
+        u = _product(dcs[:, :, :c1 - c0].transpose(1, 2), qs[:, row0:])  # [B * Hq, keys, cq * D]
+        f0, f1 = max(c0 - pk, 0) if prev is not None else 0, c1 - pk if c1 < N else N
+        if f1 > f0:  # key c needs U rows c - pk .. c + pk
+            dwf = torch.empty((cdiv(f1 - f0, fold_rows), B, Hq, cq, ck), device=q.device, dtype=torch.float32)
+            launch(conv_dk_fold_kernel, (cdiv(f1 - f0, fold_rows), B * Hkv), u, u if prev is None else prev, g, q,
+                   k, w, dk, dwf, u.stride(0), D, cq * D, (u if prev is None else prev).stride(0), *q.stride(),
+                   *k.stride(), *dk.stride(), N, c0, prev0, f0, f1, Hkv, Hq // Hkv, scale,
+                   HAS_PREV=prev is not None, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows,
+                   num_warps=fold_warps, **fold_meta)
+            dw_parts.append(dwf)
+        prev, prev0 = u, c0
+    del kf, qs, prev, scratch
+    if dry:
+        # The folds compile here too (their first chunk's launch), on buffers of the chunks' shapes.
+        _dry_run_folds(q, k, g, w, dq, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps, scale)
+    return dq, dk, dv
+
+
+def _dry_run_folds(q, k, g, w, dq, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps, scale):
+    """Inside :func:`mta.launch.compile_ahead`'s dry run: the folds' launches of :func:`two_phase_sides` on meta
+    buffers of a chunk's shape (the GEMMs that make them do not run there), with and without a previous chunk."""
+    B, Hq, N, D = q.shape
+    Hkv = k.shape[1]
+    cq, ck = w.shape[1:]
+    buf = torch.empty((B * Hq, size, cq * D), device=q.device, dtype=q.dtype if q.is_cuda or q.device.type == "meta"
+                      else torch.float32)
+    for has_prev in (False, True):
+        launch(conv_dq_fold_kernel, (1, B * Hq), buf, buf, g, k, dq, buf.stride(0), D, cq * D, buf.stride(0),
+               *k.stride(), *dq.stride(), N, 0, 0, 0, 1, Hq, Hq // Hkv, scale, HAS_PREV=has_prev, BLOCK_R=dq_rows,
+               num_warps=dq_warps, **fold_meta)
+        dwf = torch.empty((1, B, Hq, cq, ck), device=q.device, dtype=torch.float32)
+        launch(conv_dk_fold_kernel, (1, B * Hkv), buf, buf, g, q, k, w, dk, dwf, buf.stride(0), D, cq * D,
+               buf.stride(0), *q.stride(), *k.stride(), *dk.stride(), N, 0, 0, 0, 1, Hkv, Hq // Hkv, scale,
+               HAS_PREV=has_prev, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows, num_warps=fold_warps,
+               **fold_meta)
