@@ -39,6 +39,8 @@ from .launch import cdiv, empty_contiguous, in_dry_run, launch, next_power_of_2,
 SCRATCH_BYTES = 256 * 2 ** 20
 #: ``None``: :func:`uses_two_phase` decides; ``True`` / ``False``: always / never (tests, benchmarks).
 FORCE: bool | None = None
+#: Whether :func:`uses_two_phase`'s rule applies at all (else only :data:`FORCE` selects the two phases).
+BY_DEFAULT = False
 #: Rows (or keys) per chunk where set (tests: many chunks at small N); else from :data:`SCRATCH_BYTES`.
 CHUNK: int | None = None
 
@@ -56,7 +58,7 @@ def uses_two_phase(q: torch.Tensor, cq: int, causal: bool) -> bool:
     :data:`FORCE` says."""
     if FORCE is not None:
         return FORCE
-    if runtime.INTERPRET or q.dtype != torch.bfloat16 or tuning.gpu_family(q.device) != "hopper":
+    if not BY_DEFAULT or runtime.INTERPRET or q.dtype != torch.bfloat16 or tuning.gpu_family(q.device) != "hopper":
         return False
     block_d = shifted_head_dim_block(q.shape[-1], q.dtype)
     tile = phase_one_tile(block_d, q.dtype, causal)
