@@ -393,12 +393,14 @@ def conv_near_kernel(CD, PV, PQ, LSE, DELTA, W, G, DWP, n, num_heads, scale,
 
 
 @triton.jit
-def _shifted_rows(CUR, PREV, bh_cur, bh_prev, stride_a, stride_n, a, rows, offs_d, n, cur0, prev0,
+def _shifted_rows(CUR, PREV, bh_cur, bh_prev, stride_a, stride_n, a, rows, wanted, offs_d, n, cur0, prev0,
                   HAS_PREV: tl.constexpr, D: tl.constexpr):
-    """``X_a[rows]`` (fp32 ``[ROWS, BLOCK_D]``, 0 outside ``[0, n)``) of a buffer ``X[bh, a, row, d]`` whose rows from
-    ``cur0`` are in ``CUR`` (at ``bh_cur + a * stride_a + (row - cur0) * stride_n + d``) and, ``HAS_PREV``, the rows
-    from ``prev0`` to ``cur0`` in ``PREV`` (the previous chunk's buffer, laid out alike but for ``bh_prev``)."""
-    ok = (rows < n)[:, None] & (offs_d < D)[None, :]
+    """``X_a[rows]`` (fp32 ``[ROWS, BLOCK_D]``, 0 outside ``[0, n)`` and where not ``wanted``) of a buffer
+    ``X[bh, a, row, d]`` whose rows from ``cur0`` are in ``CUR`` (at ``bh_cur + a * stride_a + (row - cur0) *
+    stride_n + d``) and, ``HAS_PREV``, the rows from ``prev0`` to ``cur0`` in ``PREV`` (the previous chunk's
+    buffer, laid out alike but for ``bh_prev``). Only the ``wanted`` rows are read: the others may lie past a
+    chunk's buffer."""
+    ok = (wanted & (rows < n))[:, None] & (offs_d < D)[None, :]
     in_cur = (rows >= cur0)[:, None]
     x = tl.load(CUR + bh_cur + a * stride_a + (rows - cur0)[:, None] * stride_n + offs_d[None, :],
                 mask=ok & in_cur, other=0.0).to(tl.float32)
@@ -431,7 +433,7 @@ def conv_dq_fold_kernel(GQ, GQ_PREV, G, K, DQ, stride_gb, stride_ga, stride_gn, 
     dq = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     for a in range(CQ):
         dq += _shifted_rows(GQ, GQ_PREV, pid_bh * stride_gb, pid_bh * stride_pb, stride_ga, stride_gn, a,
-                            offs_r + (CQ - 1) - a, offs_d, n, cur0, prev0, HAS_PREV, D)
+                            offs_r + (CQ - 1) - a, r_ok, offs_d, n, cur0, prev0, HAS_PREV, D)
     if NEAR:
         k_base = K + b * stride_kb + (h // group_size) * stride_kh
         g_base = G + pid_bh * n * EP_PAD
@@ -488,7 +490,7 @@ def conv_dk_fold_kernel(U, U_PREV, G, Q, K, W, DK, DWP, stride_ub, stride_ua, st
             dw_rows = tl.zeros([BLOCK_R, CK_PAD], dtype=tl.float32)  # column t: <U_a[c + pk - t], k[c]> per row c
             for t in tl.static_range(CK):
                 rows = offs_c + PK - t
-                u = _shifted_rows(U, U_PREV, bh * stride_ub, bh * stride_pb, stride_ua, stride_un, a, rows,
+                u = _shifted_rows(U, U_PREV, bh * stride_ub, bh * stride_pb, stride_ua, stride_un, a, rows, c_ok,
                                   offs_d, n, cur0, prev0, HAS_PREV, D)  # rows before 0 are before cur0, prev0
                 dk += tl.load(W + (h * CQ + a) * CK + t) * u
                 dw_rows += tl.where(cols[None, :] == t, tl.sum(u * k, 1)[:, None], 0.0)

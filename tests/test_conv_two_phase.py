@@ -1,0 +1,145 @@
+"""The two-phase MTA backward (:mod:`mta.conv_two_phase`) against autograd through the float64 reference.
+
+Forced on (``FORCE``) with chunks of 32 rows or keys, so that short sequences cross several chunks and each fold
+reads the previous chunk's buffer. On the CPU the phase-1 kernels run in Triton's interpreter: fp32 takes the
+pointer loads, fp16 the copy engine's (emulated), as bf16 does on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import mta
+from mta import conv_two_phase
+from conftest import ON_GPU, rand, rand_qkv
+
+TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+NAMES = ("dq", "dk", "dv", "dweight")
+
+
+@pytest.fixture
+def two_phase(monkeypatch):
+    """The two phases, in chunks of 32 rows or keys (two interpreter tiles)."""
+    monkeypatch.setattr(conv_two_phase, "FORCE", True)
+    monkeypatch.setattr(conv_two_phase, "CHUNK", 32)
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Buffers the launchers allocate start as NaN: a scratch entry the GEMMs read but no kernel wrote fails."""
+    empty_like, empty = torch.empty_like, torch.empty
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: empty_like(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+
+
+def grads(fn, q, k, v, weight, do, **kwargs):
+    xs = [x.detach().clone().requires_grad_() for x in (q, k, v, weight)]
+    fn(*xs, **kwargs).backward(do)
+    return tuple(x.grad for x in xs)
+
+
+def check(name, out, ref, tol):
+    out, ref = out.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(out).all(), f"{name} is not finite"
+    err, bound = (out - ref).norm().item(), tol * ref.norm().item() + 1e-6 * math.sqrt(ref.numel())
+    assert err <= bound, f"{name}: error {err:.3g} > {bound:.3g}"
+
+
+def run_case(N, cq, ck, causal, dtype, Hq=2, Hkv=1, D=16, B=1):
+    q, k, v = rand_qkv(B, Hq, Hkv, N, N, D, dtype=dtype)
+    weight = rand(Hq, cq, ck, scale=0.2)
+    do = rand(B, Hq, N, D, dtype=dtype)
+    out = grads(mta.conv_attention, q, k, v, weight, do, causal=causal)
+    ref = grads(mta.conv_attention_reference, *(x.cpu().double() for x in (q, k, v, weight, do)), causal=causal)
+    for name, x, y, like in zip(NAMES, out, ref, (q, k, v, weight)):
+        assert x.dtype == like.dtype and x.shape == like.shape, name
+        check(name, x, y, TOL[dtype])
+
+
+# N = 1 and N < cq, ck; N = 100: four chunks; 16 x 15: E = 22 diagonals and a fold reading 15 rows of the next
+# chunk's Gq; 11 x 15: 14 keys of U across a chunk edge; 1 x 1: no near part.
+@pytest.mark.parametrize("N,cq,ck", [(1, 6, 11), (5, 11, 15), (100, 6, 11), (70, 16, 15), (45, 11, 15),
+                                     (37, 1, 1)], ids=str)
+def test_causal_lengths_and_kernels(N, cq, ck, two_phase, poisoned_outputs):
+    run_case(N, cq, ck, True, torch.float32)
+
+
+@pytest.mark.parametrize("N,cq,ck,causal,dtype,Hq,Hkv,D,B", [
+    (70, 6, 11, True, torch.float16, 4, 2, 24, 2),  # the copy engine's loads, GQA, a batch of two for dW
+    (45, 2, 9, False, torch.float32, 2, 1, 16, 1),
+    (33, 3, 3, False, torch.float16, 3, 3, 16, 1),
+    (40, 5, 3, True, torch.float16, 2, 1, 96, 1),  # d = 96 inside a 128-wide tile: pieces past the head dim
+] + ([(300, 6, 11, True, torch.bfloat16, 4, 2, 128, 2), (200, 11, 11, False, torch.bfloat16, 2, 1, 64, 1),
+      (130, 6, 11, True, torch.bfloat16, 2, 2, 96, 1)] if ON_GPU else []), ids=str)
+def test_dtypes_gqa_and_noncausal(N, cq, ck, causal, dtype, Hq, Hkv, D, B, two_phase, poisoned_outputs):
+    run_case(N, cq, ck, causal, dtype, Hq=Hq, Hkv=Hkv, D=D, B=B)
+
+
+@pytest.mark.parametrize("chunk", [32, 64, 1024])
+def test_chunks_change_nothing_but_rounding(chunk, monkeypatch):
+    """One chunk or several: the same gradients as the one-pass kernels, to fp32 rounding."""
+    q, k, v = rand_qkv(1, 2, 1, 90, 90, 16)
+    weight, do = rand(2, 4, 7, scale=0.2), rand(1, 2, 90, 16)
+    monkeypatch.setattr(conv_two_phase, "FORCE", False)
+    one_pass = grads(mta.conv_attention, q, k, v, weight, do)
+    monkeypatch.setattr(conv_two_phase, "FORCE", True)
+    monkeypatch.setattr(conv_two_phase, "CHUNK", chunk)
+    for name, x, y in zip(NAMES, grads(mta.conv_attention, q, k, v, weight, do), one_pass):
+        check(name, x, y, 1e-5)
+
+
+def test_bitwise_deterministic(two_phase):
+    q, k, v = rand_qkv(2, 2, 1, 50, 50, 16, dtype=torch.float16)
+    weight, do = rand(2, 3, 5, scale=0.2), rand(2, 2, 50, 16, dtype=torch.float16)
+    first, second = (grads(mta.conv_attention, q, k, v, weight, do) for _ in range(2))
+    for name, x, y in zip(NAMES, first, second):
+        assert torch.equal(x, y), name
+
+
+def test_gradients_are_exactly_causal(two_phase):
+    """A loss on the outputs before t: exactly zero gradient for q, k, v from t on (rows past t set large)."""
+    t, N = 40, 70
+    q, k, v = rand_qkv(1, 2, 1, N, N, 16)
+    for x in (q, k, v):
+        x[:, :, t:] *= 1e3
+    do = rand(1, 2, N, 16)
+    do[:, :, t:] = 0
+    dq, dk, dv, _ = grads(mta.conv_attention, q, k, v, rand(2, 6, 11, scale=0.2), do)
+    for name, x in zip(NAMES, (dq, dk, dv)):
+        assert torch.isfinite(x).all() and (x[:, :, t:] == 0).all(), name
+
+
+@pytest.mark.parametrize("halo,expected", [(5, 32), (10, 32), (33, 64)])
+def test_chunk_is_whole_tiles_and_covers_the_folds_reach(halo, expected, monkeypatch):
+    monkeypatch.setattr(conv_two_phase, "CHUNK", 20)
+    tile = {"BLOCK_M": 16, "BLOCK_N": 32}
+    assert conv_two_phase.chunk_size(4, 1000, tile, halo) == expected
+
+
+def test_chunk_from_the_scratch_budget():
+    """At the benchmark's d = 128 shape (16 heads of 8192 keys) 256 MiB of 16-bit scratch holds 1024 rows; a chunk
+    never passes the sequence (rounded up to a tile), and is at least one tile however many heads there are."""
+    tile = {"BLOCK_M": 128, "BLOCK_N": 128}
+    assert conv_two_phase.chunk_size(16, 8192, tile, 10) == 1024
+    assert conv_two_phase.chunk_size(8, 8192, tile, 10) == 2048
+    assert conv_two_phase.chunk_size(1, 300, tile, 10) == 384
+    assert conv_two_phase.chunk_size(4096, 65536, tile, 10) == 128
+
+
+def test_shifted_queries_side_by_side():
+    q = rand(2, 3, 7, 4)
+    qs = conv_two_phase.shifted_queries_side_by_side(q, 3).view(2, 3, 7, 3, 4)
+    for a in range(3):
+        for i in range(7):
+            r = i - 2 + a
+            expected = q[:, :, r] if r >= 0 else torch.zeros_like(q[:, :, 0])
+            assert torch.equal(qs[:, :, i, a], expected), (a, i)
+
+
+def test_off_unless_forced_in_the_interpreter():
+    """The rule takes bf16 on Hopper GPUs only (the interpreter has neither)."""
+    q = rand(1, 2, 64, 128, dtype=torch.float16)
+    assert not conv_two_phase.uses_two_phase(q, 6, True)
