@@ -40,7 +40,7 @@ SCRATCH_BYTES = 256 * 2 ** 20
 #: ``None``: :func:`uses_two_phase` decides; ``True`` / ``False``: always / never (tests, benchmarks).
 FORCE: bool | None = None
 #: Whether :func:`uses_two_phase`'s rule applies at all (else only :data:`FORCE` selects the two phases).
-BY_DEFAULT = False
+BY_DEFAULT = True
 #: Rows (or keys) per chunk where set (tests: many chunks at small N); else from :data:`SCRATCH_BYTES`.
 CHUNK: int | None = None
 

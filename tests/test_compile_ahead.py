@@ -13,10 +13,10 @@ import torch
 import triton
 
 import mta
-from mta import conv_backward, conv_forward, flash_backward, flash_forward, launch, runtime
+from mta import conv_backward, conv_dc_kernels, conv_forward, flash_backward, flash_forward, launch, runtime
 
 GPU = pytest.mark.skipif(runtime.INTERPRET, reason="compiling needs a GPU (the interpreter compiles nothing)")
-MODULES = (conv_forward, conv_backward, flash_forward, flash_backward)
+MODULES = (conv_forward, conv_backward, conv_dc_kernels, flash_forward, flash_backward)
 
 
 class FakeKernel:
@@ -79,7 +79,8 @@ def compiled_kernels() -> dict:
 
 @GPU
 @pytest.mark.parametrize("dtype, head_dim, n, kernel_size", [
-    (torch.bfloat16, 64, 200, (6, 11)), (torch.float16, 96, 37, (2, 9)), (torch.float32, 32, 1, (3, 3))])
+    (torch.bfloat16, 64, 200, (6, 11)), (torch.float16, 96, 37, (2, 9)), (torch.float32, 32, 1, (3, 3)),
+    (torch.bfloat16, 128, 200, (6, 11))])  # the last: the two-phase backward (mta.conv_two_phase) on Hopper
 def test_after_the_dry_run_the_first_forward_and_backward_compile_nothing(dtype, head_dim, n, kernel_size):
     torch.manual_seed(0)
     q = torch.randn(2, 4, n, head_dim, device="cuda", dtype=dtype, requires_grad=True)
