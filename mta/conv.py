@@ -364,6 +364,8 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     qa, qb = query_shift_groups(cq)
     w = weight.detach().float().contiguous()
     two_phase = conv_two_phase.uses_two_phase(q, cq, causal)
+    # Handed to the sides in a list that they empty, so that the folded keys are freed as soon as they are done.
+    kf = [fold_keys(k, w, Hq, keys_major=two_phase)]
     dev = q.device
     if near:
         pq = past_scores(q, k, e_past)
@@ -396,9 +398,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
         g = torch.zeros(16, device=dev, dtype=torch.float32)
 
     sides = conv_two_phase.two_phase_sides if two_phase else _one_pass_sides
-    # The folded keys are made here, not above, so that the sides hold the only reference and can free them early.
-    dq, dk, dv = sides(do, q, k, v, lse, delta, fold_keys(k, w, Hq, keys_major=two_phase), cd, g, w, causal, scale,
-                       near, meta, dw_parts)
+    dq, dk, dv = sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta, dw_parts)
     if in_dry_run():
         return dq, dk, dv, None
     # Fixed-order reductions over the per-program partials: deterministic.
@@ -406,11 +406,12 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     return dq, dk, dv, dweight
 
 
-def _one_pass_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal: bool, scale: float, near: bool, meta: dict,
+def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, scale: float, near: bool, meta: dict,
                     dw_parts: list):
     """``dq, dk, dv`` by the one-pass tiled kernels of :mod:`mta.conv_backward` and their folds, the far part of the
-    kernel's gradient appended to ``dw_parts``. The dQ side runs first: the two ``cq``-fold fp32 buffers ``Gq``
-    and ``U`` are never alive together."""
+    kernel's gradient appended to ``dw_parts``. ``kf_held``: a list holding the folded keys, emptied here. The dQ
+    side runs first: the two ``cq``-fold fp32 buffers ``Gq`` and ``U`` are never alive together."""
+    kf = kf_held.pop()
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
     cq, ck = w.shape[1:]

@@ -103,16 +103,18 @@ def _descriptors(q, v, kf, tile: dict, block_d: int):
     return qd, kfd, vd
 
 
-def two_phase_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal: bool, scale: float, near: bool,
+def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, scale: float, near: bool,
                     meta: dict, dw_parts: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``dq, dk, dv`` (the dtypes of ``q, k, v``) by the two phases, the far part of the kernel's gradient
     appended to ``dw_parts`` (per-program partials over ``scale``, as :func:`mta.conv._fused_backward`'s).
 
-    ``kf``: folded keys ``[B, Hq, cq, N, D]`` laid out keys-major (:func:`mta.conv.fold_keys` with
-    ``keys_major=True``, so that ``[B * Hq, N, cq * D]`` is a view of them); ``cd``, ``g``: the diagonal scores
-    and the near part's score gradients (causal), ``meta``: the one-pass kernels' constexprs.
+    ``kf_held``: a list holding the folded keys ``[B, Hq, cq, N, D]`` laid out keys-major
+    (:func:`mta.conv.fold_keys` with ``keys_major=True``, so that ``[B * Hq, N, cq * D]`` is a view of them),
+    emptied here; ``cd``, ``g``: the diagonal scores and the near part's score gradients (causal), ``meta``: the
+    one-pass kernels' constexprs.
     """
     from .conv import post_pass_tile  # the launcher module imports this one
+    kf = kf_held.pop()
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
     cq, ck = w.shape[1:]
