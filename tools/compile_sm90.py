@@ -286,7 +286,9 @@ def conv_backward_launches(D, causal, cq, ck, dtype, B=2, Hq=8, Hkv=4, N=N_RES):
     saved = {n: getattr(conv, n) for n in names}
     saved_check = conv.check_kernel_device
     stand_ins = {n: RecordedLaunch(k) for n, k in saved.items()}
+    saved_force = conv.conv_two_phase.FORCE
     try:
+        conv.conv_two_phase.FORCE = False  # the one-pass kernels (the two-phase ones are not recorded here)
         for n, k in stand_ins.items():
             setattr(conv, n, k)
         conv.check_kernel_device = lambda **tensors: None  # CPU tensors stand in for the GPU's
@@ -298,6 +300,7 @@ def conv_backward_launches(D, causal, cq, ck, dtype, B=2, Hq=8, Hkv=4, N=N_RES):
         for n, k in saved.items():
             setattr(conv, n, k)
         conv.check_kernel_device = saved_check
+        conv.conv_two_phase.FORCE = saved_force
     out = []
     for n, stand_in in stand_ins.items():
         for args, kwargs in stand_in.launches:
