@@ -406,8 +406,8 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     return dq, dk, dv, dweight
 
 
-def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, scale: float, near: bool, meta: dict,
-                    dw_parts: list):
+def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, scale: float, near: bool,
+                    meta: dict, dw_parts: list):
     """``dq, dk, dv`` by the one-pass tiled kernels of :mod:`mta.conv_backward` and their folds, the far part of the
     kernel's gradient appended to ``dw_parts``. ``kf_held``: a list holding the folded keys, emptied here. The dQ
     side runs first: the two ``cq``-fold fp32 buffers ``Gq`` and ``U`` are never alive together."""

@@ -102,8 +102,8 @@ def conv_dc_rows_kernel(Q, KF, V, DO, LSE, DELTA, CD, DCS, QD, KFD, VD,
                         TMA: tl.constexpr, WIDTH: tl.constexpr):
     """``DCS[b * Hq + h, i - r0, j] = dC_far[i, j]`` (dO's dtype) for the query tile ``pid``-th of the chunk of rows
     from ``r0`` and every key ``j < k_end`` (the chunk's last row + 1 when causal, else ``n``): made where the row
-    sees the key, 0 where it does not (the future, and the near diagonals, which :func:`mta.conv_backward.conv_near_kernel`
-    takes). ``KF``, ``CD``: the forward's folded keys and diagonal scores; ``QD``, ``KFD``, ``VD``: TMA descriptors
+    sees the key, 0 where it does not (the future, and the near diagonals, which
+    :func:`mta.conv_backward.conv_near_kernel` takes). ``KF``, ``CD``: the forward's folded keys and diagonal scores; ``QD``, ``KFD``, ``VD``: TMA descriptors
     (boxes of the forward's streamed tile) or None.
 
     Grid: ``(rows of the chunk / BLOCK_M, B * Hq)``, heaviest (last) query tiles first.

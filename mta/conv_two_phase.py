@@ -18,10 +18,10 @@ part of ``dW``) as soon as the rows they need are made: a row's fold reads ``cq 
 key's fold ``pk`` rows of ``U`` on each side, so each fold reads the chunk's buffer and the previous chunk's.
 
 ``C`` is made twice, once per side (as in the one-pass backward), ``3 cq' + 2`` product units in all plus
-``cq'`` recomputed: the GEMMs carry ``2 cq'`` of them, at cuBLAS's rate. Extra memory: the scratch (one chunk,
-:data:`SCRATCH_BYTES` at most), the two chunk buffers of each side, and the folded keys and shifted queries laid
-out for the GEMMs (each ``cq`` times q's size): O(N). Deterministic: every output row has one owner and the
-GEMMs and sums run in a fixed order.
+``cq'`` recomputed: the GEMMs carry ``2 cq'`` of them, at cuBLAS's rate. Extra memory: the scratch (one chunk:
+:data:`SCRATCH_BYTES`, or one tile of rows of every head where that is more), the two chunk buffers of each side,
+and the folded keys and shifted queries laid out for the GEMMs (each ``cq`` times q's size): O(N). Deterministic:
+every output row has one owner and the GEMMs and sums run in a fixed order.
 """
 
 from __future__ import annotations
@@ -189,8 +189,7 @@ def _dry_run_folds(q, k, g, w, dq, dk, size, near, fold_meta, dq_rows, dq_warps,
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
     cq, ck = w.shape[1:]
-    buf = torch.empty((B * Hq, size, cq * D), device=q.device, dtype=q.dtype if q.is_cuda or q.device.type == "meta"
-                      else torch.float32)
+    buf = torch.empty((B * Hq, size, cq * D), device=q.device, dtype=q.dtype)  # cuBLAS's output dtype
     for has_prev in (False, True):
         launch(conv_dq_fold_kernel, (1, B * Hq), buf, buf, g, k, dq, buf.stride(0), D, cq * D, buf.stride(0),
                *k.stride(), *dq.stride(), N, 0, 0, 0, 1, Hq, Hq // Hkv, scale, HAS_PREV=has_prev, BLOCK_R=dq_rows,
