@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from . import conv_forward, runtime, tuning
+from . import runtime, tuning
 from .conv_backward import conv_dk_fold_kernel, conv_dq_fold_kernel
 from .conv_dc_kernels import conv_dc_keys_kernel, conv_dc_rows_kernel
 from .conv_forward import fit_stream_descriptors, holds_queries
