@@ -216,6 +216,21 @@ def _put_diagonals_keys_as_rows(ct, cd_base, offs_m, offs_k, n, E: tl.constexpr,
 
 
 @triton.jit
+def finish_scores_keys_as_rows(ct, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL: tl.constexpr,
+                               MASK_KEYS: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr):
+    """:func:`mta.conv_forward._finish_scores` for scores held transposed, ``ct [keys, rows]``, and ``MASK_KEYS``:
+    keys past ``n`` get ``-inf``."""
+    if DIAGONAL:
+        ct = _put_diagonals_keys_as_rows(ct, cd_base, offs_m, offs_k, n, E, E_PAD) * qk_scale
+        ct = tl.where(offs_m[None, :] - offs_k[:, None] >= 0, ct, float("-inf"))
+    else:
+        ct = ct * qk_scale
+    if MASK_KEYS:
+        ct = tl.where((offs_k < n)[:, None], ct, float("-inf"))
+    return ct
+
+
+@triton.jit
 def _dkdv_query_tiles_keys_as_rows(dv, u_hi, u_lo, kft_hi, kft_lo, v, q_base, do_base, lse_base, delta_base,
                                    cd_base, stride_qm, stride_qd, stride_dom, stride_dod, offs_k, offs_d, start,
                                    stop, n, qk_scale, DIAGONAL: tl.constexpr, MASK_KEYS: tl.constexpr,
@@ -235,13 +250,7 @@ def _dkdv_query_tiles_keys_as_rows(dv, u_hi, u_lo, kft_hi, kft_lo, v, q_base, do
         if QB > 0:
             q_lo = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
             ct = tl.dot(kft_lo, tl.trans(q_lo), ct, input_precision=PRECISION)
-        if DIAGONAL:
-            ct = _put_diagonals_keys_as_rows(ct, cd_base, offs_m, offs_k, n, E, E_PAD) * qk_scale
-            ct = tl.where(offs_m[None, :] - offs_k[:, None] >= 0, ct, float("-inf"))
-        else:
-            ct = ct * qk_scale
-        if MASK_KEYS:
-            ct = tl.where((offs_k < n)[:, None], ct, float("-inf"))
+        ct = finish_scores_keys_as_rows(ct, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, MASK_KEYS, E, E_PAD)
         lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         pt = tl.math.exp2(ct - lse2[None, :])
         do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
@@ -410,19 +419,21 @@ def _shifted_rows(CUR, PREV, bh_cur, bh_prev, stride_a, stride_n, a, rows, wante
     return x
 
 
-@triton.jit(do_not_specialize=["n", "cur0", "prev0", "f0", "f1"])
+@triton.jit(do_not_specialize=["n", "cur0", "cur1", "prev0", "f0", "f1"])
 def conv_dq_fold_kernel(GQ, GQ_PREV, G, K, DQ, stride_gb, stride_ga, stride_gn, stride_pb,
                         stride_kb, stride_kh, stride_kn, stride_kd,
-                        stride_dqb, stride_dqh, stride_dqm, stride_dqd, n, cur0, prev0, f0, f1, num_heads,
-                        group_size, scale, NEAR: tl.constexpr, HAS_PREV: tl.constexpr, CQ: tl.constexpr,
-                        EP: tl.constexpr, EP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_R: tl.constexpr):
+                        stride_dqb, stride_dqh, stride_dqm, stride_dqd, n, cur0, cur1, prev0, f0, f1, num_heads,
+                        group_size, scale, NEAR: tl.constexpr, HAS_PREV: tl.constexpr, ACCUMULATE: tl.constexpr,
+                        CQ: tl.constexpr, EP: tl.constexpr, EP_PAD: tl.constexpr, D: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
     """``dq[r] = scale * (sum_a Gq_a[r + (cq-1) - a] + sum_{e <= EP} G[r, e] k[r - e])`` (the second sum
     when ``NEAR``), in dq's dtype, for the rows ``[f0, f1)``. ``Gq_a[b * Hq + h, row, d]`` at
-    ``GQ + bh * stride_gb + a * stride_ga + (row - cur0) * stride_gn + d`` for rows from ``cur0`` (the one-pass
-    backward: contiguous ``[B, Hq, CQ, n, D]``, ``cur0 = 0``; the two-phase one: a chunk of rows ``[B * Hq, rows,
-    CQ * D]``) and, ``HAS_PREV``, in ``GQ_PREV`` (bh stride ``stride_pb``) from ``prev0``: the previous chunk.
-    ``G``: ``[B, Hq, n, EP_PAD]``. Grid: ``(cdiv(f1 - f0, BLOCK_R), B * Hq)``."""
+    ``GQ + bh * stride_gb + a * stride_ga + (row - cur0) * stride_gn + d`` for rows ``[cur0, cur1)`` (the one-pass
+    backward: contiguous ``[B, Hq, CQ, n, D]``, ``cur0 = 0``, ``cur1 = n``; the two-phase one: a block of rows
+    ``[B * Hq, rows, CQ * D]`` of one chunk of keys' part of ``Gq``), 0 outside them, and, ``HAS_PREV``, in
+    ``GQ_PREV`` (bh stride ``stride_pb``) from ``prev0`` up to ``cur0``. ``ACCUMULATE``: ``DQ`` is an fp32 running
+    sum of the parts of ``dq / scale`` (the two-phase backward: one part per chunk of keys), which the sum over
+    this ``Gq`` is added to. ``G``: ``[B, Hq, n, EP_PAD]``. Grid: ``(cdiv(f1 - f0, BLOCK_R), B * Hq)``."""
     pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = pid_bh // num_heads
     h = pid_bh % num_heads
@@ -432,8 +443,9 @@ def conv_dq_fold_kernel(GQ, GQ_PREV, G, K, DQ, stride_gb, stride_ga, stride_gn, 
     d_ok = offs_d < D
     dq = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     for a in range(CQ):
+        rows = offs_r + (CQ - 1) - a
         dq += _shifted_rows(GQ, GQ_PREV, pid_bh * stride_gb, pid_bh * stride_pb, stride_ga, stride_gn, a,
-                            offs_r + (CQ - 1) - a, r_ok, offs_d, n, cur0, prev0, HAS_PREV, D)
+                            rows, r_ok & (rows < cur1), offs_d, n, cur0, prev0, HAS_PREV, D)
     if NEAR:
         k_base = K + b * stride_kb + (h // group_size) * stride_kh
         g_base = G + pid_bh * n * EP_PAD
@@ -443,8 +455,12 @@ def conv_dq_fold_kernel(GQ, GQ_PREV, G, K, DQ, stride_gb, stride_ga, stride_gn, 
             k = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                         mask=((keys >= 0) & (keys < n))[:, None] & d_ok[None, :], other=0.0)
             dq += g[:, None] * k.to(tl.float32)
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_r[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
-             (dq * scale).to(DQ.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
+    dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_r[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
+    if ACCUMULATE:
+        dq += tl.load(dq_ptrs, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+        tl.store(dq_ptrs, dq, mask=r_ok[:, None] & d_ok[None, :])
+    else:
+        tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["n", "cur0", "prev0", "f0", "f1"])

@@ -30,7 +30,7 @@ import torch
 
 from . import runtime, tuning
 from .conv_backward import conv_dk_fold_kernel, conv_dq_fold_kernel
-from .conv_dc_kernels import conv_dc_keys_kernel, conv_dc_rows_kernel
+from .conv_dc_kernels import conv_dc_kernel
 from .conv_forward import fit_stream_descriptors, holds_queries
 from .launch import cdiv, empty_contiguous, in_dry_run, launch, next_power_of_2, shifted_head_dim_block
 
@@ -41,8 +41,12 @@ SCRATCH_BYTES = 256 * 2 ** 20
 FORCE: bool | None = None
 #: Whether :func:`uses_two_phase`'s rule applies at all (else only :data:`FORCE` selects the two phases).
 BY_DEFAULT = True
-#: Rows (or keys) per chunk where set (tests: many chunks at small N); else from :data:`SCRATCH_BYTES`.
+#: Keys per chunk where set (tests: many chunks at small N); else from :data:`SCRATCH_BYTES`.
 CHUNK: int | None = None
+#: Most bytes of one block of ``Gq`` rows (16-bit, ``cq d`` wide, every head) made at once; at least a chunk's rows.
+GQ_BYTES = 64 * 2 ** 20
+#: The scratch's rows (one key's ``dC_far`` over the rows) start at multiples of this many elements: 16 bytes.
+SCRATCH_ALIGN = 8
 
 
 def phase_one_tile(block_d: int, dtype: torch.dtype, causal: bool) -> dict:
@@ -66,13 +70,18 @@ def uses_two_phase(q: torch.Tensor, cq: int, causal: bool) -> bool:
 
 
 def chunk_size(batch_heads: int, n: int, tile: dict, halo: int) -> int:
-    """Rows (or keys) per chunk: :data:`CHUNK` where set, else as many as :data:`SCRATCH_BYTES` of 16-bit
-    ``dC_far`` hold for ``batch_heads`` heads of ``n`` keys; a multiple of both tile sides and at least ``halo``
-    (the rows a fold reads past its own)."""
+    """Keys per chunk: :data:`CHUNK` where set, else as many as :data:`SCRATCH_BYTES` of 16-bit ``dC_far`` hold
+    for ``batch_heads`` heads of ``n`` rows; a multiple of both tile sides and at least ``halo`` (the keys a fold
+    reads past its own)."""
     step = max(tile["BLOCK_M"], tile["BLOCK_N"])
     rows = CHUNK if CHUNK is not None else SCRATCH_BYTES // (2 * batch_heads * max(n, 1))
     rows = max(rows // step * step, step * cdiv(max(halo, 1), step))
     return min(rows, step * cdiv(n, step))
+
+
+def gq_block_rows(batch_heads: int, width: int, chunk: int) -> int:
+    """Rows of ``Gq`` made (and folded) at once: as many as :data:`GQ_BYTES` hold, at least a chunk's."""
+    return max(chunk, GQ_BYTES // (2 * batch_heads * width) // chunk * chunk)
 
 
 def shifted_queries_side_by_side(q: torch.Tensor, cq: int) -> torch.Tensor:
@@ -81,7 +90,9 @@ def shifted_queries_side_by_side(q: torch.Tensor, cq: int) -> torch.Tensor:
     B, Hq, N, D = q.shape
     padded = q.new_zeros((B * Hq, N + cq - 1, D))
     padded[:, cq - 1:] = q.reshape(B * Hq, N, D)
-    return padded.as_strided((B * Hq, N, cq, D), (padded.stride(0), D, D, 1)).reshape(B * Hq, N, cq * D)
+    # Made contiguous once: the overlapping view's rows (D apart, cq * D long) are no GEMM operand, and cuBLAS's
+    # wrapper would copy them for every chunk.
+    return padded.as_strided((B * Hq, N, cq, D), (padded.stride(0), D, D, 1)).reshape(B * Hq, N, cq * D).contiguous()
 
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -95,12 +106,24 @@ def _chunks(n: int, size: int) -> list[tuple[int, int]]:
     return [(start, min(start + size, n)) for start in range(0, n, size)]
 
 
-def _descriptors(q, v, kf, tile: dict, block_d: int):
-    """TMA descriptors for the phase-1 kernels (as the forward's streamed path), boxes fitted to ``tile``."""
+def _descriptors(q, v, kf, do, tile: dict, block_d: int) -> tuple:
+    """``(QD, KFD, DOD)``: TMA descriptors for the phase-1 kernel (as the forward's streamed path, and ``dO``'s like
+    ``q``'s), boxes fitted to ``tile``; all None where the copy engine does not apply to any of them."""
     from .conv import stream_descriptors  # the forward's launcher module imports this one
     qd, kfd, vd = stream_descriptors(q, v, kf)
+    dod = stream_descriptors(do, v, kf)[0] if qd is not None else None
+    if dod is None:
+        return None, None, None
     fit_stream_descriptors({"QD": qd, "KFD": kfd, "VD": vd, "BLOCK_D": block_d, **tile})
-    return qd, kfd, vd
+    dod.block_shape = [1, 1, tile["BLOCK_M"], block_d]
+    return qd, kfd, dod
+
+
+def _scratch_descriptor(dcs: torch.Tensor, tile: dict):
+    """A TMA descriptor over the chunk's scratch ``[B * Hq, keys, rows]``, box ``[1, BLOCK_N, BLOCK_M]``: the
+    stores of its bounds' far side (rows past N) are dropped."""
+    from .conv import TensorDescriptor  # None before Triton 3.4, where no descriptors are made
+    return TensorDescriptor(dcs, list(dcs.shape), list(dcs.stride()), [1, tile["BLOCK_N"], tile["BLOCK_M"]])
 
 
 def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, scale: float, near: bool,
@@ -121,53 +144,43 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     pk = (ck - 1) // 2
     block_d = meta["BLOCK_D"]
     tile = phase_one_tile(block_d, q.dtype, causal)
-    qd, kfd, vd = _descriptors(q, v, kf, tile, block_d)
     constexprs = {name: meta[name] for name in ("CAUSAL", "CQ", "CK", "E", "E_PAD", "D", "BLOCK_D", "PRECISION")}
-    size = chunk_size(B * Hq, N, tile, max(cq - 1, 2 * pk))
-    scratch = torch.empty(B * Hq * size * N, device=q.device, dtype=q.dtype)
+    size = chunk_size(B * Hq, N, tile, 2 * pk)
+    # A key's row of the scratch starts 16-byte aligned (the copy engine, cuBLAS) and runs one group past N.
+    ld = (cdiv(N, SCRATCH_ALIGN) + 1) * SCRATCH_ALIGN
+    scratch = torch.empty(B * Hq * size * ld, device=q.device, dtype=q.dtype)
+    descriptors = _descriptors(q, v, kf, do, tile, block_d)
     e_past = ck + cq - 3
     fold_meta = dict(NEAR=near, CQ=cq, EP=e_past, EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D, BLOCK_D=block_d)
     dry = in_dry_run()
 
-    # dQ side: chunks of query rows.
     kf_cat = kf.permute(0, 1, 3, 2, 4).reshape(B * Hq, N, cq * D)  # a view: kf is laid out keys-major
-    dq = empty_contiguous(q)
-    dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
-    prev, prev0 = None, 0
-    for r0, r1 in _chunks(N, size):
-        k_end = min(r1, N) if causal else N
-        dcs = scratch[:B * Hq * size * k_end].view(B * Hq, size, k_end)
-        launch(conv_dc_rows_kernel, (cdiv(r1 - r0, tile["BLOCK_M"]), B * Hq), q, kf, v, do, lse, delta, cd, dcs,
-               qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *do.stride(), dcs.stride(0), dcs.stride(1),
-               N, N, r0, k_end, Hq, Hq // Hkv, scale, tuning.size_bucket(N), **constexprs, **tile)
-        if dry:  # one launch of each kernel compiles it
-            break
-        gq = _product(dcs[:, :r1 - r0], kf_cat[:, :k_end])  # [B * Hq, rows, cq * D]
-        f0, f1 = max(r0 - (cq - 1), 0) if prev is not None else 0, r1 - (cq - 1) if r1 < N else N
-        if f1 > f0:  # rows r need Gq rows r .. r + cq - 1: those past this chunk wait for the next one
-            launch(conv_dq_fold_kernel, (cdiv(f1 - f0, dq_rows), B * Hq), gq, gq if prev is None else prev, g, k,
-                   dq, gq.stride(0), D, cq * D, (gq if prev is None else prev).stride(0), *k.stride(),
-                   *dq.stride(), N, r0, prev0, f0, f1, Hq, Hq // Hkv, scale, HAS_PREV=prev is not None,
-                   BLOCK_R=dq_rows, num_warps=dq_warps, **fold_meta)
-        prev, prev0 = gq, r0
-    del prev, kf_cat
-
-    # dK/dV side: chunks of keys.
     qs = None if dry else shifted_queries_side_by_side(q, cq)
+    dq_sum = torch.zeros((B, Hq, N, D), device=q.device, dtype=torch.float32)  # dq / scale, summed over chunks
     dk, dv = empty_contiguous(k), empty_contiguous(v)
+    dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
     fold_rows, fold_warps = post_pass_tile(block_d, 64)
+    gq_rows = gq_block_rows(B * Hq, cq * D, size)
     prev, prev0 = None, 0
     for c0, c1 in _chunks(N, size):
         row0 = c0 if causal else 0
-        dcs = scratch[:B * Hq * (N - row0) * size].view(B * Hq, N - row0, size)
-        launch(conv_dc_keys_kernel, (cdiv(c1 - c0, tile["BLOCK_N"]), B * Hkv), q, kf, v, do, lse, delta, cd, dcs,
-               dv, qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *do.stride(), *dv.stride(), dcs.stride(0),
-               dcs.stride(1), N, N, c0, row0, Hkv, Hq // Hkv, scale, tuning.size_bucket(N), **constexprs, **tile)
-        if dry:
+        # dC_far^T of the chunk's keys and the rows from row0: [B * Hq, keys, rows], rows contiguous.
+        scratch_keys = scratch.view(B * Hq, size, ld)
+        dcs = scratch_keys[:, :, :N - row0]
+        dcd = _scratch_descriptor(dcs, tile) if descriptors[0] is not None else None
+        launch(conv_dc_kernel, (cdiv(c1 - c0, tile["BLOCK_N"]), B * Hkv), q, kf, v, do, lse, delta, cd, dcs, dv,
+               *descriptors, dcd, *q.stride(), *v.stride(), *kf.stride(), *do.stride(), *dv.stride(),
+               dcs.stride(0), dcs.stride(1), N, N, c0, row0, Hkv, Hq // Hkv, scale, tuning.size_bucket(N),
+               **constexprs, **tile)
+        if dry:  # one launch of each kernel compiles it
             break
-        u = _product(dcs[:, :, :c1 - c0].transpose(1, 2), qs[:, row0:])  # [B * Hq, keys, cq * D]
+        dct = dcs[:, :c1 - c0]
+
+        # dK side: U = dC_far^T Qshift for the chunk's keys, written once; key c's fold reads U rows c - pk ..
+        # c + pk, so the keys within pk of the chunk's end wait for the next chunk.
+        u = _product(dct, qs[:, row0:])  # [B * Hq, keys, cq * D]
         f0, f1 = max(c0 - pk, 0) if prev is not None else 0, c1 - pk if c1 < N else N
-        if f1 > f0:  # key c needs U rows c - pk .. c + pk
+        if f1 > f0:
             dwf = torch.empty((cdiv(f1 - f0, fold_rows), B, Hq, cq, ck), device=q.device, dtype=torch.float32)
             launch(conv_dk_fold_kernel, (cdiv(f1 - f0, fold_rows), B * Hkv), u, u if prev is None else prev, g, q,
                    k, w, dk, dwf, u.stride(0), D, cq * D, (u if prev is None else prev).stride(0), *q.stride(),
@@ -176,26 +189,47 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
                    num_warps=fold_warps, **fold_meta)
             dw_parts.append(dwf)
         prev, prev0 = u, c0
-    del kf, qs, prev, scratch
+
+        # dQ side: this chunk's part of Gq = dC_far Kf (rows from row0), in blocks of rows, each folded into
+        # dq's running sum at once: row r reads Gq rows r .. r + cq - 1, so a block is made cq - 1 rows longer.
+        # The first chunk's fold (every row) adds the near part.
+        # Blocks start at row0 + multiples of gq_rows (the first reaches back cq - 1 rows): cuBLAS takes a
+        # block of the scratch at a 16-byte-aligned start, else it runs an unaligned kernel 4x slower.
+        # Its rows are made in whole 16-byte groups too (cuBLAS's aligned kernels need the contiguous extent
+        # aligned; the scratch's rows run that far, and the fold reads only up to g1).
+        for b0 in range(row0, N, gq_rows):
+            r0, r1 = max(b0 - (cq - 1), 0) if b0 == row0 else b0, min(b0 + gq_rows, N)
+            g0, g1 = max(r0, row0), min(r1 + cq - 1, N)
+            rows = cdiv(g1 - g0, SCRATCH_ALIGN) * SCRATCH_ALIGN
+            dc_rows = scratch_keys[:, :c1 - c0, g0 - row0:g0 - row0 + rows]
+            gq = _product(dc_rows.transpose(1, 2), kf_cat[:, c0:c1])  # [B * Hq, rows, cq * D]
+            launch(conv_dq_fold_kernel, (cdiv(r1 - r0, dq_rows), B * Hq), gq, gq, g, k, dq_sum, gq.stride(0), D,
+                   cq * D, gq.stride(0), *k.stride(), *dq_sum.stride(), N, g0, g1, g0, r0, r1, Hq, Hq // Hkv,
+                   scale, HAS_PREV=False, ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps,
+                   **{**fold_meta, "NEAR": near and c0 == 0})
+    del kf, kf_cat, qs, prev, scratch
     if dry:
         # The folds compile here too (their first chunk's launch), on buffers of the chunks' shapes.
-        _dry_run_folds(q, k, g, w, dq, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps, scale)
-    return dq, dk, dv
+        _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps,
+                       scale)
+        return empty_contiguous(q), dk, dv
+    return (dq_sum * scale).to(q.dtype), dk, dv
 
 
-def _dry_run_folds(q, k, g, w, dq, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps, scale):
+def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps, scale):
     """Inside :func:`mta.launch.compile_ahead`'s dry run: the folds' launches of :func:`two_phase_sides` on meta
-    buffers of a chunk's shape (the GEMMs that make them do not run there), with and without a previous chunk."""
+    buffers of a chunk's shape (the GEMMs that make them do not run there): the dK fold with and without a
+    previous chunk, the dQ fold with and without the near part."""
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
     cq, ck = w.shape[1:]
     buf = torch.empty((B * Hq, size, cq * D), device=q.device, dtype=q.dtype)  # cuBLAS's output dtype
-    for has_prev in (False, True):
-        launch(conv_dq_fold_kernel, (1, B * Hq), buf, buf, g, k, dq, buf.stride(0), D, cq * D, buf.stride(0),
-               *k.stride(), *dq.stride(), N, 0, 0, 0, 1, Hq, Hq // Hkv, scale, HAS_PREV=has_prev, BLOCK_R=dq_rows,
-               num_warps=dq_warps, **fold_meta)
+    for first in (True, False) if N > size else (True,):  # one chunk: only the first chunk's variants
+        launch(conv_dq_fold_kernel, (1, B * Hq), buf, buf, g, k, dq_sum, buf.stride(0), D, cq * D, buf.stride(0),
+               *k.stride(), *dq_sum.stride(), N, 0, 1, 0, 0, 1, Hq, Hq // Hkv, scale, HAS_PREV=False,
+               ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and first})
         dwf = torch.empty((1, B, Hq, cq, ck), device=q.device, dtype=torch.float32)
         launch(conv_dk_fold_kernel, (1, B * Hkv), buf, buf, g, q, k, w, dk, dwf, buf.stride(0), D, cq * D,
                buf.stride(0), *q.stride(), *k.stride(), *dk.stride(), N, 0, 0, 0, 1, Hkv, Hq // Hkv, scale,
-               HAS_PREV=has_prev, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows, num_warps=fold_warps,
+               HAS_PREV=not first, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows, num_warps=fold_warps,
                **fold_meta)
