@@ -18,14 +18,12 @@ import triton
 import triton.language as tl
 
 from .conv_backward import finish_scores_keys_as_rows
-from .conv_forward import _shifted_query_tile, stream_width
+from .conv_forward import _shifted_query_tile
 from .kernel_parts import LOG2E, program_coordinates, query_tile_bounds
 from .launch import NO_SPECIALIZE
 
-#: Meta-parameters derived at launch: the copy engine where the launcher made descriptors, and the depth of one
-#: streamed product (:func:`mta.conv_forward.stream_width`).
-HEURISTICS = {"TMA": lambda args: args["QD"] is not None,
-              "WIDTH": lambda args: stream_width(args["BLOCK_D"])}
+#: Meta-parameters derived at launch: the copy engine where the launcher made descriptors.
+HEURISTICS = {"TMA": lambda args: args["QD"] is not None}
 
 
 @triton.jit

@@ -1,27 +1,25 @@
-"""The two-phase MTA backward: ``dC_far`` made at the forward's rate, then its products as GEMMs, chunk by chunk.
+"""The two-phase MTA backward: ``dC_far`` made once at the forward's rate, then its products as GEMMs, chunk by chunk.
 
 The one-pass kernels of :mod:`mta.conv_backward` hold ``cq`` shifted copies of a tile's queries (or folded keys)
-side by side and accumulate products ``cq'`` head dims wide. Where those blocks do not fit on chip (d = 128 at
-6 x 11: ``[64, 768]`` 16-bit operands and fp32 accumulators), their tiles shrink to 32-64 rows and the backward
-runs at a fraction of the forward's rate. Here each side of the backward runs in two phases per chunk of rows
-(dQ side) or keys (dK/dV side):
+side by side and accumulate products ``cq'`` head dims wide in registers. Those blocks crowd the chip (d = 128 at
+6 x 11: ``[64, 768]`` 16-bit operands and fp32 accumulators), their tiles shrink to 32-64 rows, and each side
+makes ``C`` again. Here the backward walks chunks of keys, and for each:
 
-1. a Triton kernel (:mod:`mta.conv_dc_kernels`) makes ``C`` exactly as the forward's streamed path does, then
-   ``P``, ``dP``, ``dC`` and its far part, and stores ``dC_far`` for the chunk in a scratch (16-bit, the inputs'
-   dtype; the one-pass kernels round it to that dtype for their products too); the dK/dV side's kernel also
-   sums ``dV = P^T dO`` over the group in registers;
-2. one GEMM of the chunk: ``Gq = dC_far Kf`` (dQ side, the folded keys of all shifts side by side, ``cq d``
-   wide) or ``U = dC_far^T Qshift`` (dK/dV side, the shifted queries side by side), written once;
+1. one Triton kernel (:mod:`mta.conv_dc_kernels`) makes ``C`` with the forward's streamed pieces, then ``P``,
+   ``dP``, ``dC`` and its far part, stores ``dC_far^T`` for the chunk's keys in a 16-bit scratch (keys-major), and
+   sums ``dV = P^T dO`` over the GQA group in registers: the chunk's ``dv``, complete;
+2. the dK side: one GEMM, ``U = dC_far^T Qshift`` (the shifted queries side by side, ``cq d`` wide), written once,
+   and :func:`mta.conv_backward.conv_dk_fold_kernel` folds it into ``dk`` and the far part of ``dW`` as soon as
+   the keys it reads are made (a key reads ``U`` rows ``c - pk .. c + pk``: this chunk's and the previous one's);
+3. the dQ side: the chunk's part of ``Gq = dC_far Kf`` (the folded keys side by side), made in blocks of rows
+   and folded at once into an fp32 running ``dq`` (:func:`mta.conv_backward.conv_dq_fold_kernel`,
+   ``ACCUMULATE``): row ``r`` reads ``Gq`` rows ``r .. r + cq - 1``, so a block is made ``cq - 1`` rows longer.
 
-and the folds of :mod:`mta.conv_backward` turn each chunk's ``Gq`` or ``U`` into ``dq`` or ``dk`` (and the far
-part of ``dW``) as soon as the rows they need are made: a row's fold reads ``cq - 1`` rows of ``Gq`` after it, a
-key's fold ``pk`` rows of ``U`` on each side, so each fold reads the chunk's buffer and the previous chunk's.
-
-``C`` is made twice, once per side (as in the one-pass backward), ``3 cq' + 2`` product units in all plus
-``cq'`` recomputed: the GEMMs carry ``2 cq'`` of them, at cuBLAS's rate. Extra memory: the scratch (one chunk:
-:data:`SCRATCH_BYTES`, or one tile of rows of every head where that is more), the two chunk buffers of each side,
-and the folded keys and shifted queries laid out for the GEMMs (each ``cq`` times q's size): O(N). Deterministic:
-every output row has one owner and the GEMMs and sums run in a fixed order.
+``C`` is made once: ``cq' + 2`` product units in the Triton kernel, ``2 cq'`` in the GEMMs at cuBLAS's rate.
+Extra memory: the scratch (:data:`SCRATCH_BYTES`, or one tile of keys of every head where that is more), two
+chunks of ``U``, one block of ``Gq`` (:data:`GQ_BYTES`), the fp32 running ``dq``, and the folded keys and shifted
+queries laid out for the GEMMs (each ``cq`` times q's size): O(N). Deterministic: every output row has one owner,
+and the GEMMs, folds and sums over chunks run in a fixed order.
 """
 
 from __future__ import annotations
@@ -31,8 +29,7 @@ import torch
 from . import runtime, tuning
 from .conv_backward import conv_dk_fold_kernel, conv_dq_fold_kernel
 from .conv_dc_kernels import conv_dc_kernel
-from .conv_forward import fit_stream_descriptors, holds_queries
-from .launch import cdiv, empty_contiguous, in_dry_run, launch, next_power_of_2, shifted_head_dim_block
+from .launch import cdiv, empty_contiguous, in_dry_run, launch, next_power_of_2
 
 #: Most bytes of ``dC_far`` scratch (one chunk of rows or keys of every head) the backward allocates; a chunk is
 #: at least one tile. At 6 x 11, bf16, N = 8192: 1024 rows of 16 heads (d = 128), 2048 of 8.
@@ -41,6 +38,11 @@ SCRATCH_BYTES = 256 * 2 ** 20
 FORCE: bool | None = None
 #: Whether :func:`uses_two_phase`'s rule applies at all (else only :data:`FORCE` selects the two phases).
 BY_DEFAULT = True
+#: Fewest query shifts (``cq``) at which the rule takes the two phases. On an H200 (bf16, causal, N = 8192,
+#: ``notes/h200_2026-11-28b/``) they were faster at 3 x 3 (d = 128: 6.1 against 12.6 ms), 6 x 11 (d = 64: 3.24
+#: against 3.82; d = 96, N = 4096: 1.63 against 3.36; N = 1024-2048 too) and wider, slower at 1 x 1 and 2 x 9
+#: (d = 64: 1.44 against 1.15 ms, 2.04 against 1.83).
+MIN_QUERY_SHIFTS = 3
 #: Keys per chunk where set (tests: many chunks at small N); else from :data:`SCRATCH_BYTES`.
 CHUNK: int | None = None
 #: Most bytes of one block of ``Gq`` rows (16-bit, ``cq d`` wide, every head) made at once; at least a chunk's rows.
@@ -50,23 +52,21 @@ SCRATCH_ALIGN = 8
 
 
 def phase_one_tile(block_d: int, dtype: torch.dtype, causal: bool) -> dict:
-    """The tile of both phase-1 kernels: the forward's streamed tile (128 x 128, 8 warps, 3 stages on Hopper at
-    16 bits), at which the dK/dV side's phase 1 took 3.39 ms at 6 x 11, d = 128, N = 8192 on an H200 against 5.56
-    with 64 query rows (``notes/h200_2026-11-28/``)."""
-    return tuning.config_for("conv_forward_streamed", block_d, dtype, causal)
+    """The tile of the phase-1 kernel: the forward's streamed tile (128 x 128, 8 warps, 3 stages on Hopper at 16
+    bits) and the depth of one streamed product, ``WIDTH``: at most 64 (whole head dims to 64; half of 128). On an
+    H200 (6 x 11, N = 8192, ``notes/h200_2026-11-28b/``) 64 made phase 1 1.27 ms at d = 64 against 1.53 with the
+    forward's 32, and 128 (in two stages, to fit) made it 4.36 ms at d = 128 against 3.84 with 64."""
+    return {**tuning.config_for("conv_forward_streamed", block_d, dtype, causal), "WIDTH": min(block_d, 64)}
 
 
 def uses_two_phase(q: torch.Tensor, cq: int, causal: bool) -> bool:
-    """Whether :func:`mta.conv.conv_attention_backward` runs the two phases: bf16 on a Hopper GPU where the
-    forward streams its shifted queries (they do not fit on chip: :func:`mta.conv_forward.holds_queries`), or as
-    :data:`FORCE` says."""
+    """Whether :func:`mta.conv.conv_attention_backward` runs the two phases: bf16 on a Hopper GPU with at least
+    :data:`MIN_QUERY_SHIFTS` query shifts, or as :data:`FORCE` says."""
     if FORCE is not None:
         return FORCE
     if not BY_DEFAULT or runtime.INTERPRET or q.dtype != torch.bfloat16 or tuning.gpu_family(q.device) != "hopper":
         return False
-    block_d = shifted_head_dim_block(q.shape[-1], q.dtype)
-    tile = phase_one_tile(block_d, q.dtype, causal)
-    return not holds_queries(tile["BLOCK_M"], cq, block_d, q.element_size())
+    return cq >= MIN_QUERY_SHIFTS
 
 
 def chunk_size(batch_heads: int, n: int, tile: dict, halo: int) -> int:
@@ -110,11 +110,12 @@ def _descriptors(q, v, kf, do, tile: dict, block_d: int) -> tuple:
     """``(QD, KFD, DOD)``: TMA descriptors for the phase-1 kernel (as the forward's streamed path, and ``dO``'s like
     ``q``'s), boxes fitted to ``tile``; all None where the copy engine does not apply to any of them."""
     from .conv import stream_descriptors  # the forward's launcher module imports this one
-    qd, kfd, vd = stream_descriptors(q, v, kf)
+    qd, kfd, _ = stream_descriptors(q, v, kf)
     dod = stream_descriptors(do, v, kf)[0] if qd is not None else None
     if dod is None:
         return None, None, None
-    fit_stream_descriptors({"QD": qd, "KFD": kfd, "VD": vd, "BLOCK_D": block_d, **tile})
+    qd.block_shape = [1, 1, tile["BLOCK_M"], tile["WIDTH"]]
+    kfd.block_shape = [1, 1, 1, tile["BLOCK_N"], tile["WIDTH"]]
     dod.block_shape = [1, 1, tile["BLOCK_M"], block_d]
     return qd, kfd, dod
 
@@ -136,7 +137,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     emptied here; ``cd``, ``g``: the diagonal scores and the near part's score gradients (causal), ``meta``: the
     one-pass kernels' constexprs.
     """
-    from .conv import post_pass_tile  # the launcher module imports this one
+    from .conv import dk_fold_tile, post_pass_tile  # the launcher module imports this one
     kf = kf_held.pop()
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
@@ -156,10 +157,10 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
 
     kf_cat = kf.permute(0, 1, 3, 2, 4).reshape(B * Hq, N, cq * D)  # a view: kf is laid out keys-major
     qs = None if dry else shifted_queries_side_by_side(q, cq)
-    dq_sum = torch.zeros((B, Hq, N, D), device=q.device, dtype=torch.float32)  # dq / scale, summed over chunks
+    dq_sum = torch.zeros((B, Hq, N, D), device=q.device, dtype=torch.float32)  # dq's parts, summed over chunks
     dk, dv = empty_contiguous(k), empty_contiguous(v)
     dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
-    fold_rows, fold_warps = post_pass_tile(block_d, 64)
+    fold = dk_fold_tile(ck, q.dtype)
     gq_rows = gq_block_rows(B * Hq, cq * D, size)
     prev, prev0 = None, 0
     for c0, c1 in _chunks(N, size):
@@ -181,12 +182,12 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
         u = _product(dct, qs[:, row0:])  # [B * Hq, keys, cq * D]
         f0, f1 = max(c0 - pk, 0) if prev is not None else 0, c1 - pk if c1 < N else N
         if f1 > f0:
-            dwf = torch.empty((cdiv(f1 - f0, fold_rows), B, Hq, cq, ck), device=q.device, dtype=torch.float32)
-            launch(conv_dk_fold_kernel, (cdiv(f1 - f0, fold_rows), B * Hkv), u, u if prev is None else prev, g, q,
-                   k, w, dk, dwf, u.stride(0), D, cq * D, (u if prev is None else prev).stride(0), *q.stride(),
+            dwf = torch.empty((cdiv(f1 - f0, fold["BLOCK_R"]), B, Hq, cq, ck), device=q.device,
+                              dtype=torch.float32)
+            launch(conv_dk_fold_kernel, (cdiv(f1 - f0, fold["BLOCK_R"]), B * Hkv), u, u if prev is None else prev,
+                   g, q, k, w, dk, dwf, u.stride(0), D, cq * D, (u if prev is None else prev).stride(0), *q.stride(),
                    *k.stride(), *dk.stride(), N, c0, prev0, f0, f1, Hkv, Hq // Hkv, scale,
-                   HAS_PREV=prev is not None, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows,
-                   num_warps=fold_warps, **fold_meta)
+                   HAS_PREV=prev is not None, CK=ck, CK_PAD=next_power_of_2(ck), **fold, **fold_meta)
             dw_parts.append(dwf)
         prev, prev0 = u, c0
 
@@ -210,13 +211,12 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     del kf, kf_cat, qs, prev, scratch
     if dry:
         # The folds compile here too (their first chunk's launch), on buffers of the chunks' shapes.
-        _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps,
-                       scale)
+        _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold, scale)
         return empty_contiguous(q), dk, dv
-    return (dq_sum * scale).to(q.dtype), dk, dv
+    return dq_sum.to(q.dtype), dk, dv
 
 
-def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps, scale):
+def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold, scale):
     """Inside :func:`mta.launch.compile_ahead`'s dry run: the folds' launches of :func:`two_phase_sides` on meta
     buffers of a chunk's shape (the GEMMs that make them do not run there): the dK fold with and without a
     previous chunk, the dQ fold with and without the near part."""
@@ -231,5 +231,4 @@ def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_wa
         dwf = torch.empty((1, B, Hq, cq, ck), device=q.device, dtype=torch.float32)
         launch(conv_dk_fold_kernel, (1, B * Hkv), buf, buf, g, q, k, w, dk, dwf, buf.stride(0), D, cq * D,
                buf.stride(0), *q.stride(), *k.stride(), *dk.stride(), N, 0, 0, 0, 1, Hkv, Hq // Hkv, scale,
-               HAS_PREV=not first, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows, num_warps=fold_warps,
-               **fold_meta)
+               HAS_PREV=not first, CK=ck, CK_PAD=next_power_of_2(ck), **fold, **fold_meta)

@@ -135,13 +135,13 @@ def test_off_unless_forced_in_the_interpreter():
 
 @pytest.mark.parametrize("head_dim,cq,dtype,family,two", [
     (128, 6, torch.bfloat16, "hopper", True), (96, 4, torch.bfloat16, "hopper", True),
-    (128, 3, torch.bfloat16, "hopper", False),  # three shifted tiles of 128 rows fit: the forward holds them
-    (64, 6, torch.bfloat16, "hopper", False), (64, 11, torch.bfloat16, "hopper", True),
-    (256, 6, torch.bfloat16, "hopper", True), (128, 6, torch.float16, "hopper", False),
-    (128, 6, torch.float32, "hopper", False), (128, 6, torch.bfloat16, "other", False)], ids=str)
-def test_the_rule_takes_two_phases_where_the_forward_streams(head_dim, cq, dtype, family, two, monkeypatch):
-    """bf16 on Hopper, where the forward's tile cannot hold the cq shifted query tiles (d = 128 at 6 x 11 and 11 x 11,
-    d = 64 at 11 x 11, d = 256: faster on an H200; d = 64 at 6 x 11 holds them and was slower in two phases)."""
+    (128, 3, torch.bfloat16, "hopper", True), (64, 6, torch.bfloat16, "hopper", True),
+    (64, 11, torch.bfloat16, "hopper", True), (256, 6, torch.bfloat16, "hopper", True),
+    (64, 2, torch.bfloat16, "hopper", False), (128, 1, torch.bfloat16, "hopper", False),
+    (128, 6, torch.float16, "hopper", False), (128, 6, torch.float32, "hopper", False),
+    (128, 6, torch.bfloat16, "other", False)], ids=str)
+def test_the_rule_takes_two_phases_from_three_query_shifts(head_dim, cq, dtype, family, two, monkeypatch):
+    """bf16 on Hopper with cq >= 3: faster on an H200 from 3 x 3 on (d = 64 to 256), slower at 1 x 1 and 2 x 9."""
     from mta import runtime, tuning
     monkeypatch.setattr(runtime, "INTERPRET", False)
     monkeypatch.setattr(tuning, "gpu_family", lambda device=None: family)

@@ -22,8 +22,8 @@ class Stop(Exception):
     pass
 
 
-def record(D, cq=6, ck=11, causal=True, tile=None, H=2, N=1024):
-    stand_in = c.RecordedLaunch(conv_dc_kernel)
+def record(D, cq=6, ck=11, causal=True, tile=None, H=2, N=1024, kernel=conv_dc_kernel):
+    stand_in = c.RecordedLaunch(kernel)
     saved_kernel, saved_launch, saved_tile = conv_two_phase.conv_dc_kernel, conv_two_phase.launch, conv_two_phase.phase_one_tile
 
     def launch(kernel, grid, *args, **kw):
@@ -32,7 +32,7 @@ def record(D, cq=6, ck=11, causal=True, tile=None, H=2, N=1024):
             raise Stop
     conv_two_phase.conv_dc_kernel, conv_two_phase.launch = stand_in, launch
     if tile is not None:
-        conv_two_phase.phase_one_tile = lambda *a: dict(BLOCK_M=tile[0], BLOCK_N=tile[1], num_warps=tile[2], num_stages=tile[3])
+        conv_two_phase.phase_one_tile = lambda *a: dict(BLOCK_M=tile[0], BLOCK_N=tile[1], num_warps=tile[2], num_stages=tile[3], WIDTH=tile[4] if len(tile) > 4 else min(D, 64))
     try:
         q, k, v, do = (torch.randn(1, H, N, D, dtype=torch.bfloat16) for _ in range(4))
         w = torch.randn(H, cq, ck)
@@ -51,13 +51,14 @@ def record(D, cq=6, ck=11, causal=True, tile=None, H=2, N=1024):
     finally:
         conv_two_phase.conv_dc_kernel, conv_two_phase.launch, conv_two_phase.phase_one_tile = saved_kernel, saved_launch, saved_tile
     (args, kw), = stand_in.launches
-    return args, c.with_heuristics(conv_dc_kernel, args, kw)
+    return args, c.with_heuristics(kernel, args, kw)
 
 
-print(c.HDR)
-tiles = [tuple(int(x) for x in t.split(",")) for t in tiles_arg.split(";")] if tiles_arg else [None]
-for D in (64, 128):
-    for tile in tiles:
-        args, kw = record(D, tile=tile)
-        cfg = (kw["BLOCK_M"], kw["BLOCK_N"], kw["num_warps"], kw["num_stages"])
-        c.report("dc", D, True, cfg, conv_dc_kernel, args, kw)
+if __name__ == "__main__":
+    print(c.HDR)
+    tiles = [tuple(int(x) for x in t.split(",")) for t in tiles_arg.split(";")] if tiles_arg else [None]
+    for D in (64, 128):
+        for tile in tiles:
+            args, kw = record(D, tile=tile)
+            cfg = (kw["BLOCK_M"], kw["BLOCK_N"], kw["num_warps"], kw["num_stages"])
+            c.report("dc", D, True, cfg, conv_dc_kernel, args, kw)

@@ -1,0 +1,179 @@
+"""EXPERIMENT (not the package): mta.conv_dc_kernels with switches P16 (P rounded to 16 bits before dC),
+STORE (store dC; off: timing only), DV (the dV product; off: timing only), DP_FIRST (dP before P). Phase 1 of the two-phase MTA backward (:mod:`mta.conv_two_phase`): the far part of ``dC``, stored.
+
+Notation of :mod:`mta.conv_backward`. Where the ``cq`` shifted query tiles do not fit on chip (d = 128), the
+one-pass kernels of :mod:`mta.conv_backward` make ``C`` against a held ``[rows, cq' d]`` block in narrow tiles, far
+below the forward's rate. Here a program owns a key tile of a chunk of keys and a kv head, and walks the query
+tiles of each query head of its group in the forward's 128 x 128 tiles, the score product's depth streamed
+through the copy engine as the forward streams it (:func:`mta.conv_forward._folded_scores`, its operands swapped:
+keys as rows, ``C^T = Kf Q_shift^T``, as Triton's fused-attention tutorial makes its dK/dV). ``P^T`` then is the
+left operand of ``dV += P^T dO`` as it comes out of its product, ``dV`` is summed over the group in registers, and
+``dC_far^T`` is stored, keys-major, to a 16-bit scratch of one chunk (the one-pass kernels round ``dC`` to the
+inputs' dtype for their products too). The products of width ``cq d``, ``U = dC_far^T Q_shift`` and
+``Gq = dC_far Kf``, are then plain GEMMs over the chunk.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from mta.conv_backward import finish_scores_keys_as_rows
+from mta.conv_forward import _shifted_query_tile
+from mta.kernel_parts import LOG2E, program_coordinates, query_tile_bounds
+from mta.launch import NO_SPECIALIZE
+
+#: Meta-parameters derived at launch: the copy engine where the launcher made descriptors.
+HEURISTICS = {"TMA": lambda args: args["QD"] is not None}
+
+
+@triton.jit
+def _folded_scores_keys_as_rows(q_base, kf_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd, QD, KFD,
+                                b, h, i0, j0, offs_m, offs_k, n, TMA: tl.constexpr, CQ: tl.constexpr,
+                                D: tl.constexpr, BLOCK_D: tl.constexpr, WIDTH: tl.constexpr, BLOCK_M: tl.constexpr,
+                                BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """``[BLOCK_N, BLOCK_M]``: ``C^T[j, i] = sum_a Kf_a[j] . q_{i-(cq-1)+a}`` (unscaled), ``cq * BLOCK_D / WIDTH``
+    products of depth ``WIDTH``. ``TMA``: the pieces come through ``QD`` (rows before 0 or past ``n``
+    zero-filled) and ``KFD``; else pointer loads."""
+    PARTS: tl.constexpr = BLOCK_D // WIDTH
+    offs_w = tl.arange(0, WIDTH)
+    ct = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for s in range(PARTS * CQ):
+        a = s // PARTS
+        d0 = (s % PARTS) * WIDTH
+        if TMA:
+            q_a = QD.load([b, h, i0 - (CQ - 1) + a, d0]).reshape(BLOCK_M, WIDTH)
+            kf_a = KFD.load([b, h, a, j0, d0]).reshape(BLOCK_N, WIDTH)
+        else:
+            dd = d0 + offs_w
+            q_a = _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, dd, n, a, CQ, D)
+            kf_a = tl.load(kf_base + a * stride_kfa + offs_k[:, None] * stride_kfn + dd[None, :] * stride_kfd,
+                           mask=(offs_k < n)[:, None] & (dd < D)[None, :], other=0.0)
+        ct = tl.dot(kf_a, tl.trans(q_a), ct, input_precision=PRECISION)
+    return ct
+
+
+@triton.jit
+def _dc_query_tiles(dv, v, DCD, dcs_base, stride_sk, c0, row0, q_base, kf_base, do_base, lse_base, delta_base,
+                    stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd, stride_dom, stride_dod, QD, KFD, DOD,
+                    cd_base, b, h, bh, j0, offs_k, offs_d, start, stop, n, qk_scale, DIAGONAL: tl.constexpr,
+                    MASK_KEYS: tl.constexpr, TMA: tl.constexpr, CQ: tl.constexpr, E: tl.constexpr,
+                    E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, WIDTH: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                    P16: tl.constexpr, STORE: tl.constexpr, DO_DV: tl.constexpr, DP_FIRST: tl.constexpr):
+    """Query tiles ``[start, stop)`` of one query head against the key tile at ``j0``: ``dv += P^T dO`` and
+    ``dC_far^T`` stored to the chunk's scratch (keys from ``c0``, rows from ``row0``). ``DIAGONAL``: the masked
+    diagonals put in, the causal mask, and ``dC`` kept only where ``i - j >= E``; ``MASK_KEYS``: keys past ``n``."""
+    k_ok = offs_k < n
+    d_ok = offs_d < D
+    for i0 in tl.range(start, stop, BLOCK_M, flatten=TMA):
+        offs_m = i0 + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < n
+        ct = _folded_scores_keys_as_rows(q_base, kf_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd,
+                                         QD, KFD, b, h, i0, j0, offs_m, offs_k, n, TMA, CQ, D, BLOCK_D, WIDTH,
+                                         BLOCK_M, BLOCK_N, PRECISION)
+        ct = finish_scores_keys_as_rows(ct, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, MASK_KEYS, E, E_PAD)
+        lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E  # rows past n: P = 0
+        delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
+        if TMA:
+            do = DOD.load([b, h, i0, 0]).reshape(BLOCK_M, BLOCK_D)
+        else:
+            do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if DP_FIRST:
+            dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+            pt = tl.math.exp2(ct - lse2[None, :])
+            dct = pt * (dpt - delta[None, :])
+            if DO_DV:
+                dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+        else:
+            pt = tl.math.exp2(ct - lse2[None, :])
+            pb = pt.to(do.dtype)
+            if DO_DV:
+                dv = tl.dot(pb, do, dv, input_precision=PRECISION)
+            if P16:
+                dct = pb.to(tl.float32) * (tl.dot(v, tl.trans(do), input_precision=PRECISION) - delta[None, :])
+            else:
+                dct = pt * (tl.dot(v, tl.trans(do), input_precision=PRECISION) - delta[None, :])
+        if DIAGONAL:
+            dct = tl.where(offs_m[None, :] - offs_k[:, None] >= E, dct, 0.0)
+        dct = dct.to(do.dtype)
+        if not STORE:
+            dv += tl.sum(dct.to(tl.float32), 1)[:, None] * 1e-30
+        elif TMA:  # the descriptor's bounds clip the rows past n
+            DCD.store([bh, j0 - c0, i0 - row0], dct.reshape(1, BLOCK_N, BLOCK_M))
+        else:
+            tl.store(dcs_base + (offs_k - c0)[:, None] * stride_sk + (offs_m - row0)[None, :], dct,
+                     mask=k_ok[:, None] & row_ok[None, :])
+    return dv
+
+
+@triton.heuristics(HEURISTICS)
+@triton.jit(do_not_specialize=NO_SPECIALIZE + ["c0", "row0"])
+def conv_dc_kernel(Q, KF, V, DO, LSE, DELTA, CD, DCS, DV, QD, KFD, DOD, DCD,
+                   stride_qb, stride_qh, stride_qm, stride_qd,
+                   stride_vb, stride_vh, stride_vn, stride_vd,
+                   stride_kfb, stride_kfh, stride_kfa, stride_kfn, stride_kfd,
+                   stride_dob, stride_doh, stride_dom, stride_dod,
+                   stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                   stride_sb, stride_sk, n_q, n_k, c0, row0, num_kv_heads, group_size, scale, N_BUCKET,
+                   CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr,
+                   E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, WIDTH: tl.constexpr,
+                   P16: tl.constexpr = False, STORE: tl.constexpr = True, DO_DV: tl.constexpr = True,
+                   DP_FIRST: tl.constexpr = False):
+    """``DCS[b * Hq + h, j - c0, i - row0] = dC_far[i, j]`` (dO's dtype; keys-major) for the key tile ``pid``-th
+    of the chunk of keys from ``c0``, every query head ``h`` of kv head ``kv_h``'s group and every row ``i`` from
+    ``row0`` (the chunk's first key when causal, else 0): made where the row sees the key, 0 where it does not (the
+    future, and the near diagonals, which :func:`mta.conv_backward.conv_near_kernel` takes). ``DV`` (v's dtype):
+    ``dV = sum over the group of P^T dO`` for the tile's keys, complete. ``KF``, ``CD``: the forward's folded keys
+    and diagonal scores; ``QD``, ``KFD``, ``DOD``, ``DCD``: TMA descriptors over ``q``, ``KF``, ``dO`` and the
+    scratch (``[B * Hq, keys, rows]``, boxes of the tile), or all None (pointer loads and stores).
+
+    Grid: ``(keys of the chunk / BLOCK_N, B * Hkv)``, heaviest (first) key tiles first.
+    """
+    n = n_q
+    pid_n, pid_bkv, b, kv_h, _ = program_coordinates(num_kv_heads, 1, HEAVY_LAST=False)
+    j0 = c0 + pid_n * BLOCK_N
+    offs_k = j0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k_ok = offs_k < n
+    d_ok = offs_d < D
+    v = tl.load(V + b * stride_vb + kv_h * stride_vh + offs_k[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    qk_scale = scale * LOG2E
+    b32 = b.to(tl.int32)  # descriptor coordinates
+    # Rows before `start` see none of these keys; from `m_full` on, every row is at least E past all of them.
+    start, m_full = query_tile_bounds(j0, n, 0, E, CAUSAL, BLOCK_M, BLOCK_N)
+    for g in range(0, group_size):
+        h = kv_h * group_size + g
+        bh = b * num_kv_heads * group_size + h
+        dcs_base = DCS + bh * stride_sb
+        for i0 in range(row0, start, BLOCK_M):  # the future of every key of the tile: zeros for the GEMMs
+            offs_m = i0 + tl.arange(0, BLOCK_M)
+            zeros = tl.zeros([BLOCK_N, BLOCK_M], dtype=DCS.dtype.element_ty)
+            if TMA:
+                DCD.store([bh.to(tl.int32), j0 - c0, i0 - row0], zeros.reshape(1, BLOCK_N, BLOCK_M))
+            else:
+                tl.store(dcs_base + (offs_k - c0)[:, None] * stride_sk + (offs_m - row0)[None, :], zeros,
+                         mask=k_ok[:, None] & (offs_m < start)[None, :])
+        q_base = Q + b * stride_qb + h * stride_qh
+        kf_base = KF + b * stride_kfb + h * stride_kfh
+        do_base = DO + b * stride_dob + h * stride_doh
+        lse_base = LSE + bh * n
+        delta_base = DELTA + bh * n
+        cd_base = CD + bh * n * E_PAD
+        h32, bh32 = h.to(tl.int32), bh.to(tl.int32)
+        dv = _dc_query_tiles(dv, v, DCD, dcs_base, stride_sk, c0, row0, q_base, kf_base, do_base, lse_base,
+                             delta_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd, stride_dom,
+                             stride_dod, QD, KFD, DOD, cd_base, b32, h32, bh32, j0, offs_k, offs_d, start, m_full, n,
+                             qk_scale, CAUSAL, False, TMA, CQ, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N,
+                             PRECISION, P16, STORE, DO_DV, DP_FIRST)
+        dv = _dc_query_tiles(dv, v, DCD, dcs_base, stride_sk, c0, row0, q_base, kf_base, do_base, lse_base,
+                             delta_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd, stride_dom,
+                             stride_dod, QD, KFD, DOD, cd_base, b32, h32, bh32, j0, offs_k, offs_d, m_full, n, n,
+                             qk_scale, False, not CAUSAL, TMA, CQ, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N,
+                             PRECISION, P16, STORE, DO_DV, DP_FIRST)
+    tl.store(DV + b * stride_dvb + kv_h * stride_dvh + offs_k[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+             dv.to(DV.dtype.element_ty), mask=k_ok[:, None] & d_ok[None, :])
