@@ -289,17 +289,6 @@ def post_pass_tile(width: int, max_rows: int, warps: int = 2) -> tuple[int, int]
     return rows, max(warps, rows * width // 1024)
 
 
-def dk_fold_tile(ck: int, dtype: torch.dtype) -> dict:
-    """Meta-parameters of :func:`mta.conv_backward.conv_dk_fold_kernel`: ``BLOCK_R`` keys a program (32 on a GPU,
-    64 in the interpreter, which pays per operation), a window of ``U`` rows the next power of two over
-    ``BLOCK_R + 2 pk``, 8 warps (no spills in sm_90 builds at d = 64-128; 4 warps spilled at 128), and its
-    products: fp32 accurate for fp32 inputs (three TF32 ones), else TF32 (``U`` and the kernel's weights keep 11
-    significant bits: relative rounding 2^-11, 4x under bf16's own store of ``dk``, equal to fp16's)."""
-    rows = 64 if runtime.INTERPRET else 32
-    return dict(BLOCK_R=rows, WINDOW=next_power_of_2(rows + ck - 1), num_warps=8,
-                PRECISION="tf32x3" if dtype == torch.float32 else "tf32")
-
-
 def _one_stage_for_groups(config: dict) -> dict:
     """The dK/dV side's tile with queries as rows, for GQA: its program loops over a group's query heads around
     its pipelined walk, and with two stages there Triton 3.6 on an H100 gave wrong dK and dweight at some tiles
@@ -460,12 +449,12 @@ def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
                  dtype=q.dtype, config=dkdv_tile, fit=fit_dkdv, key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     del kf
     dk = empty_contiguous(k)
-    fold = dk_fold_tile(ck, q.dtype)
-    dwf = torch.empty((cdiv(N, fold["BLOCK_R"]), B, Hq, cq, ck), device=dev, dtype=torch.float32)
-    launch(conv_dk_fold_kernel, (cdiv(N, fold["BLOCK_R"]), B * Hkv), u, u, g, q, k, w, dk, dwf, head, N * D, D,
-           head, *q.stride(), *k.stride(), *dk.stride(), N, 0, 0, 0, N, Hkv, Hq // Hkv, scale, NEAR=near,
-           HAS_PREV=False, CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d,
-           **fold)
+    fold_rows, fold_warps = post_pass_tile(block_d, 64)
+    dwf = torch.empty((cdiv(N, fold_rows), B, Hq, cq, ck), device=dev, dtype=torch.float32)
+    launch(conv_dk_fold_kernel, (cdiv(N, fold_rows), B * Hkv), u, u, g, q, k, w, dk, dwf, head, N * D, D, head,
+           *q.stride(), *k.stride(), *dk.stride(), N, 0, 0, 0, N, Hkv, Hq // Hkv, scale, NEAR=near, HAS_PREV=False,
+           CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d,
+           BLOCK_R=fold_rows, num_warps=fold_warps)
     dw_parts.append(dwf)
     return dq, dk, dv
 

@@ -432,7 +432,8 @@ def conv_dq_fold_kernel(GQ, GQ_PREV, G, K, DQ, stride_gb, stride_ga, stride_gn, 
     backward: contiguous ``[B, Hq, CQ, n, D]``, ``cur0 = 0``, ``cur1 = n``; the two-phase one: a block of rows
     ``[B * Hq, rows, CQ * D]`` of one chunk of keys' part of ``Gq``), 0 outside them, and, ``HAS_PREV``, in
     ``GQ_PREV`` (bh stride ``stride_pb``) from ``prev0`` up to ``cur0``. ``ACCUMULATE``: ``DQ`` is an fp32 running
-    sum of the parts of ``dq`` (the two-phase backward: one part per chunk of keys), which this part is added to. ``G``: ``[B, Hq, n, EP_PAD]``. Grid: ``(cdiv(f1 - f0, BLOCK_R), B * Hq)``."""
+    sum of the parts of ``dq`` (the two-phase backward: one part per chunk of keys), which this part is added to.
+    ``G``: ``[B, Hq, n, EP_PAD]``. Grid: ``(cdiv(f1 - f0, BLOCK_R), B * Hq)``."""
     pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = pid_bh // num_heads
     h = pid_bh % num_heads
@@ -469,22 +470,19 @@ def conv_dk_fold_kernel(U, U_PREV, G, Q, K, W, DK, DWP, stride_ub, stride_ua, st
                         n, cur0, prev0, f0, f1, num_kv_heads, group_size, scale, NEAR: tl.constexpr,
                         HAS_PREV: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, CK_PAD: tl.constexpr,
                         EP: tl.constexpr, EP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_R: tl.constexpr, WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+                        BLOCK_R: tl.constexpr):
     """``dk[c] = scale * sum_{h in group} (sum_{a, b} W[h, a, b] U_{h,a}[c + pk - b] + sum_{e <= EP} G_h[c + e, e] q_h[c + e])``
     (the second sum when ``NEAR``), in dk's dtype, for the keys ``[f0, f1)``, and the kernel's gradient from the
-    far part, over ``scale``: ``DWP[tile, b, h, a, b] = sum_{c in tile} <U_{h,a}[c + pk - b], k[c]>``.
+    far part, over ``scale``: ``DWP[tile, b, h, a, b] = sum_{c in tile} <U_{h,a}[c + pk - b], k[c]>`` (the same
+    shifted tiles of ``U``).
 
     ``U_a[b * Hq + h, row, d]`` at ``U + bh * stride_ub + a * stride_ua + (row - cur0) * stride_un + d`` for rows
     from ``cur0`` (the one-pass backward: contiguous ``[B, Hq, CQ, n, D]``, ``cur0 = 0``; the two-phase one: a
     chunk of keys ``[B * Hq, keys, CQ * D]``) and, ``HAS_PREV``, in ``U_PREV`` (bh stride ``stride_pb``) from
     ``prev0``: the previous chunk. ``G``: ``[B, Hq, n, EP_PAD]``; ``W``: ``[Hq, CQ, CK]`` fp32.
-    Grid: ``(cdiv(f1 - f0, BLOCK_R), B * Hkv)``.
-
-    Each kernel row ``a`` reads a window of ``WINDOW >= BLOCK_R + 2 pk`` rows of ``U_a`` once (row ``r`` of it is
-    ``U_a[c0 - pk + r]``, ``c0`` the tile's first key) and makes both sums on the tensor cores: the key axis of the
-    convolution transposed as a band matrix, ``dk += B_a U_win`` with ``B_a[i, r] = W[a, i + 2 pk - r]``, and the
-    kernel's gradient from ``X = k U_win^T``, ``sum_i X[i, i + 2 pk - b]`` (a gather along each row). Reading a
-    row of ``U`` once per ``a``, not once per ``(a, b)``, made this fold 4x faster on an H200 (d = 128).
+    Grid: ``(cdiv(f1 - f0, BLOCK_R), B * Hkv)``. Memory-bound, like :func:`mta.conv_forward.fold_keys_kernel`.
+    The ``DWP`` partials of kernel row ``a`` sit per row in a ``[BLOCK_R, CK_PAD]`` tile, one column per kernel
+    column, and are summed over the rows once per ``a``: a sum across warps per ``(a, b)`` is a barrier each.
     """
     PK: tl.constexpr = (CK - 1) // 2
     tile = tl.program_id(0)
@@ -492,35 +490,27 @@ def conv_dk_fold_kernel(U, U_PREV, G, Q, K, W, DK, DWP, stride_ub, stride_ua, st
     b = pid_bkv // num_kv_heads
     kv_h = pid_bkv % num_kv_heads
     num_heads = num_kv_heads * group_size
-    c_first = f0 + tile * BLOCK_R
-    offs_i = tl.arange(0, BLOCK_R)
-    offs_c = c_first + offs_i
-    offs_r = tl.arange(0, WINDOW)
+    offs_c = f0 + tile * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     c_ok = offs_c < f1
     k = tl.load(K + b * stride_kb + kv_h * stride_kh + offs_c[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                 mask=c_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    window_rows = c_first - PK + offs_r
-    in_window = (offs_r < BLOCK_R + 2 * PK) & (window_rows < f1 + PK)  # only rows some key of [f0, f1) reads
-    taps = offs_i[:, None] + 2 * PK - offs_r[None, :]  # B_a[i, r] = W[a, taps]
-    band_ok = (taps >= 0) & (taps < CK) & c_ok[:, None]
-    cols = tl.arange(0, CK_PAD)
-    diagonal = tl.minimum(tl.maximum(offs_i[:, None] + 2 * PK - cols[None, :], 0), WINDOW - 1)
-    dw_ok = (cols < CK)[None, :] & c_ok[:, None]
     dk = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    cols = tl.arange(0, CK_PAD)
     for g in range(0, group_size):
         h = kv_h * group_size + g
         bh = b * num_heads + h
         dwp_base = DWP + (tile * tl.num_programs(1) * group_size + bh) * CQ * CK
         for a in range(CQ):
-            u = _shifted_rows(U, U_PREV, bh * stride_ub, bh * stride_pb, stride_ua, stride_un, a, window_rows,
-                              in_window, offs_d, n, cur0, prev0, HAS_PREV, D)  # rows before 0: before cur0, prev0
-            band = tl.load(W + (h * CQ + a) * CK + taps, mask=band_ok, other=0.0)
-            dk = tl.dot(band, u, dk, input_precision=PRECISION)
-            x = tl.dot(k, tl.trans(u), input_precision=PRECISION)  # [BLOCK_R, WINDOW]: <k[c], U_a[window row]>
-            dw = tl.sum(tl.where(dw_ok, tl.gather(x, diagonal, 1), 0.0), 0)
-            tl.store(dwp_base + a * CK + cols, dw, mask=cols < CK)
+            dw_rows = tl.zeros([BLOCK_R, CK_PAD], dtype=tl.float32)  # column t: <U_a[c + pk - t], k[c]> per row c
+            for t in tl.static_range(CK):
+                rows = offs_c + PK - t
+                u = _shifted_rows(U, U_PREV, bh * stride_ub, bh * stride_pb, stride_ua, stride_un, a, rows, c_ok,
+                                  offs_d, n, cur0, prev0, HAS_PREV, D)  # rows before 0 are before cur0, prev0
+                dk += tl.load(W + (h * CQ + a) * CK + t) * u
+                dw_rows += tl.where(cols[None, :] == t, tl.sum(u * k, 1)[:, None], 0.0)
+            tl.store(dwp_base + a * CK + cols, tl.sum(dw_rows, 0), mask=cols < CK)
         if NEAR:
             q_base = Q + b * stride_qb + h * stride_qh
             g_base = G + bh * n * EP_PAD

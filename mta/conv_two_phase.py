@@ -137,7 +137,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     emptied here; ``cd``, ``g``: the diagonal scores and the near part's score gradients (causal), ``meta``: the
     one-pass kernels' constexprs.
     """
-    from .conv import dk_fold_tile, post_pass_tile  # the launcher module imports this one
+    from .conv import post_pass_tile  # the launcher module imports this one
     kf = kf_held.pop()
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
@@ -160,7 +160,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     dq_sum = torch.zeros((B, Hq, N, D), device=q.device, dtype=torch.float32)  # dq's parts, summed over chunks
     dk, dv = empty_contiguous(k), empty_contiguous(v)
     dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
-    fold = dk_fold_tile(ck, q.dtype)
+    fold_rows, fold_warps = post_pass_tile(block_d, 64)
     gq_rows = gq_block_rows(B * Hq, cq * D, size)
     prev, prev0 = None, 0
     for c0, c1 in _chunks(N, size):
@@ -182,12 +182,12 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
         u = _product(dct, qs[:, row0:])  # [B * Hq, keys, cq * D]
         f0, f1 = max(c0 - pk, 0) if prev is not None else 0, c1 - pk if c1 < N else N
         if f1 > f0:
-            dwf = torch.empty((cdiv(f1 - f0, fold["BLOCK_R"]), B, Hq, cq, ck), device=q.device,
-                              dtype=torch.float32)
-            launch(conv_dk_fold_kernel, (cdiv(f1 - f0, fold["BLOCK_R"]), B * Hkv), u, u if prev is None else prev,
-                   g, q, k, w, dk, dwf, u.stride(0), D, cq * D, (u if prev is None else prev).stride(0), *q.stride(),
+            dwf = torch.empty((cdiv(f1 - f0, fold_rows), B, Hq, cq, ck), device=q.device, dtype=torch.float32)
+            launch(conv_dk_fold_kernel, (cdiv(f1 - f0, fold_rows), B * Hkv), u, u if prev is None else prev, g, q,
+                   k, w, dk, dwf, u.stride(0), D, cq * D, (u if prev is None else prev).stride(0), *q.stride(),
                    *k.stride(), *dk.stride(), N, c0, prev0, f0, f1, Hkv, Hq // Hkv, scale,
-                   HAS_PREV=prev is not None, CK=ck, CK_PAD=next_power_of_2(ck), **fold, **fold_meta)
+                   HAS_PREV=prev is not None, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows,
+                   num_warps=fold_warps, **fold_meta)
             dw_parts.append(dwf)
         prev, prev0 = u, c0
 
@@ -211,12 +211,14 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     del kf, kf_cat, qs, prev, scratch
     if dry:
         # The folds compile here too (their first chunk's launch), on buffers of the chunks' shapes.
-        _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold, scale)
+        _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps,
+                       scale)
         return empty_contiguous(q), dk, dv
     return dq_sum.to(q.dtype), dk, dv
 
 
-def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold, scale):
+def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps,
+                   scale):
     """Inside :func:`mta.launch.compile_ahead`'s dry run: the folds' launches of :func:`two_phase_sides` on meta
     buffers of a chunk's shape (the GEMMs that make them do not run there): the dK fold with and without a
     previous chunk, the dQ fold with and without the near part."""
@@ -231,4 +233,5 @@ def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_wa
         dwf = torch.empty((1, B, Hq, cq, ck), device=q.device, dtype=torch.float32)
         launch(conv_dk_fold_kernel, (1, B * Hkv), buf, buf, g, q, k, w, dk, dwf, buf.stride(0), D, cq * D,
                buf.stride(0), *q.stride(), *k.stride(), *dk.stride(), N, 0, 0, 0, 1, Hkv, Hq // Hkv, scale,
-               HAS_PREV=not first, CK=ck, CK_PAD=next_power_of_2(ck), **fold, **fold_meta)
+               HAS_PREV=not first, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows, num_warps=fold_warps,
+               **fold_meta)
