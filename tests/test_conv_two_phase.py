@@ -66,6 +66,22 @@ def test_dtypes_gqa_and_noncausal(N, cq, ck, causal, dtype, Hq, Hkv, D, B, two_p
     run_case(N, cq, ck, causal, dtype, Hq=Hq, Hkv=Hkv, D=D, B=B)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_gq_in_several_blocks_of_rows(causal, two_phase, monkeypatch, poisoned_outputs):
+    """Each chunk's part of Gq made in blocks of one chunk of rows (the first reaching back cq - 1 rows): a row's
+    fold reads cq - 1 rows past its block, which its block makes too."""
+    monkeypatch.setattr(conv_two_phase, "GQ_BYTES", 1)
+    run_case(150, 6, 11, causal, torch.float32)
+
+
+def test_gq_blocks_from_their_byte_budget():
+    """64 MiB of 16-bit Gq: 2048 rows of 16 heads at 6 x 128 (two 1024-key chunks), 10240 of 8 heads at 6 x 64;
+    never less than a chunk."""
+    assert conv_two_phase.gq_block_rows(16, 768, 1024) == 2048
+    assert conv_two_phase.gq_block_rows(8, 384, 2048) == 10240
+    assert conv_two_phase.gq_block_rows(4096, 768, 128) == 128
+
+
 @pytest.mark.parametrize("chunk", [32, 64, 1024])
 def test_chunks_change_nothing_but_rounding(chunk, monkeypatch):
     """One chunk or several: the same gradients as the one-pass kernels, to fp32 rounding."""
@@ -108,7 +124,7 @@ def test_chunk_is_whole_tiles_and_covers_the_folds_reach(halo, expected, monkeyp
 
 
 def test_chunk_from_the_scratch_budget():
-    """At the benchmark's d = 128 shape (16 heads of 8192 keys) 256 MiB of 16-bit scratch holds 1024 rows; a chunk
+    """At the benchmark's d = 128 shape (16 heads of 8192 rows) 256 MiB of 16-bit scratch holds 1024 keys; a chunk
     never passes the sequence (rounded up to a tile), and is at least one tile however many heads there are."""
     tile = {"BLOCK_M": 128, "BLOCK_N": 128}
     assert conv_two_phase.chunk_size(16, 8192, tile, 10) == 1024
