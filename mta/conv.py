@@ -429,9 +429,9 @@ def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     dq = empty_contiguous(q)
     dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
     head = cq * N * D  # gq and u: contiguous [B, Hq, cq, N, D], read from row 0 (no previous chunk)
-    launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), gq, gq, g, k, dq, head, N * D, D, head, *k.stride(),
-           *dq.stride(), N, 0, N, 0, 0, N, Hq, Hq // Hkv, scale, NEAR=near, HAS_PREV=False, ACCUMULATE=False,
-           CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=dq_rows, num_warps=dq_warps)
+    launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), gq, g, k, dq, head, N * D, D, *k.stride(),
+           *dq.stride(), N, 0, N, 0, N, Hq, Hq // Hkv, scale, NEAR=near, ACCUMULATE=False, CQ=cq, EP=e_past,
+           EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=dq_rows, num_warps=dq_warps)
     del gq
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)

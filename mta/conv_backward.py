@@ -419,21 +419,20 @@ def _shifted_rows(CUR, PREV, bh_cur, bh_prev, stride_a, stride_n, a, rows, wante
     return x
 
 
-@triton.jit(do_not_specialize=["n", "cur0", "cur1", "prev0", "f0", "f1"])
-def conv_dq_fold_kernel(GQ, GQ_PREV, G, K, DQ, stride_gb, stride_ga, stride_gn, stride_pb,
+@triton.jit(do_not_specialize=["n", "cur0", "cur1", "f0", "f1"])
+def conv_dq_fold_kernel(GQ, G, K, DQ, stride_gb, stride_ga, stride_gn,
                         stride_kb, stride_kh, stride_kn, stride_kd,
-                        stride_dqb, stride_dqh, stride_dqm, stride_dqd, n, cur0, cur1, prev0, f0, f1, num_heads,
-                        group_size, scale, NEAR: tl.constexpr, HAS_PREV: tl.constexpr, ACCUMULATE: tl.constexpr,
-                        CQ: tl.constexpr, EP: tl.constexpr, EP_PAD: tl.constexpr, D: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+                        stride_dqb, stride_dqh, stride_dqm, stride_dqd, n, cur0, cur1, f0, f1, num_heads,
+                        group_size, scale, NEAR: tl.constexpr, ACCUMULATE: tl.constexpr, CQ: tl.constexpr,
+                        EP: tl.constexpr, EP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_R: tl.constexpr):
     """``dq[r] = scale * (sum_a Gq_a[r + (cq-1) - a] + sum_{e <= EP} G[r, e] k[r - e])`` (the second sum
     when ``NEAR``), in dq's dtype, for the rows ``[f0, f1)``. ``Gq_a[b * Hq + h, row, d]`` at
     ``GQ + bh * stride_gb + a * stride_ga + (row - cur0) * stride_gn + d`` for rows ``[cur0, cur1)`` (the one-pass
     backward: contiguous ``[B, Hq, CQ, n, D]``, ``cur0 = 0``, ``cur1 = n``; the two-phase one: a block of rows
-    ``[B * Hq, rows, CQ * D]`` of one chunk of keys' part of ``Gq``), 0 outside them, and, ``HAS_PREV``, in
-    ``GQ_PREV`` (bh stride ``stride_pb``) from ``prev0`` up to ``cur0``. ``ACCUMULATE``: ``DQ`` is an fp32 running
-    sum of the parts of ``dq`` (the two-phase backward: one part per chunk of keys), which this part is added to.
-    ``G``: ``[B, Hq, n, EP_PAD]``. Grid: ``(cdiv(f1 - f0, BLOCK_R), B * Hq)``."""
+    ``[B * Hq, rows, CQ * D]`` of one chunk of keys' part of ``Gq``), 0 outside them. ``ACCUMULATE``: ``DQ`` is an
+    fp32 running sum of the parts of ``dq`` (the two-phase backward: one part per chunk of keys), which this part
+    is added to. ``G``: ``[B, Hq, n, EP_PAD]``. Grid: ``(cdiv(f1 - f0, BLOCK_R), B * Hq)``."""
     pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = pid_bh // num_heads
     h = pid_bh % num_heads
@@ -444,8 +443,8 @@ def conv_dq_fold_kernel(GQ, GQ_PREV, G, K, DQ, stride_gb, stride_ga, stride_gn, 
     dq = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     for a in range(CQ):
         rows = offs_r + (CQ - 1) - a
-        dq += _shifted_rows(GQ, GQ_PREV, pid_bh * stride_gb, pid_bh * stride_pb, stride_ga, stride_gn, a,
-                            rows, r_ok & (rows < cur1), offs_d, n, cur0, prev0, HAS_PREV, D)
+        dq += _shifted_rows(GQ, GQ, pid_bh * stride_gb, 0, stride_ga, stride_gn, a, rows, r_ok & (rows < cur1),
+                            offs_d, n, cur0, 0, False, D)
     if NEAR:
         k_base = K + b * stride_kb + (h // group_size) * stride_kh
         g_base = G + pid_bh * n * EP_PAD

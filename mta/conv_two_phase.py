@@ -204,10 +204,9 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             rows = cdiv(g1 - g0, SCRATCH_ALIGN) * SCRATCH_ALIGN
             dc_rows = scratch_keys[:, :c1 - c0, g0 - row0:g0 - row0 + rows]
             gq = _product(dc_rows.transpose(1, 2), kf_cat[:, c0:c1])  # [B * Hq, rows, cq * D]
-            launch(conv_dq_fold_kernel, (cdiv(r1 - r0, dq_rows), B * Hq), gq, gq, g, k, dq_sum, gq.stride(0), D,
-                   cq * D, gq.stride(0), *k.stride(), *dq_sum.stride(), N, g0, g1, g0, r0, r1, Hq, Hq // Hkv,
-                   scale, HAS_PREV=False, ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps,
-                   **{**fold_meta, "NEAR": near and c0 == 0})
+            launch(conv_dq_fold_kernel, (cdiv(r1 - r0, dq_rows), B * Hq), gq, g, k, dq_sum, gq.stride(0), D,
+                   cq * D, *k.stride(), *dq_sum.stride(), N, g0, g1, r0, r1, Hq, Hq // Hkv, scale,
+                   ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and c0 == 0})
     del kf, kf_cat, qs, prev, scratch
     if dry:
         # The folds compile here too (their first chunk's launch), on buffers of the chunks' shapes.
@@ -227,9 +226,9 @@ def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_wa
     cq, ck = w.shape[1:]
     buf = torch.empty((B * Hq, size, cq * D), device=q.device, dtype=q.dtype)  # cuBLAS's output dtype
     for first in (True, False) if N > size else (True,):  # one chunk: only the first chunk's variants
-        launch(conv_dq_fold_kernel, (1, B * Hq), buf, buf, g, k, dq_sum, buf.stride(0), D, cq * D, buf.stride(0),
-               *k.stride(), *dq_sum.stride(), N, 0, 1, 0, 0, 1, Hq, Hq // Hkv, scale, HAS_PREV=False,
-               ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and first})
+        launch(conv_dq_fold_kernel, (1, B * Hq), buf, g, k, dq_sum, buf.stride(0), D, cq * D, *k.stride(),
+               *dq_sum.stride(), N, 0, 1, 0, 1, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
+               num_warps=dq_warps, **{**fold_meta, "NEAR": near and first})
         dwf = torch.empty((1, B, Hq, cq, ck), device=q.device, dtype=torch.float32)
         launch(conv_dk_fold_kernel, (1, B * Hkv), buf, buf, g, q, k, w, dk, dwf, buf.stride(0), D, cq * D,
                buf.stride(0), *q.stride(), *k.stride(), *dk.stride(), N, 0, 0, 0, 1, Hkv, Hq // Hkv, scale,
