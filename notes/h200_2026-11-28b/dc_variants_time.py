@@ -1,6 +1,8 @@
 # python notes/h200_2026-11-28b/dc_variants_time.py OUTDIR   (GPU; from the repository root)
-"""Phase-1 kernel variants (notes/h200_2026-11-28b/dc_variants.py; STORE=False and DO_DV=False give wrong
-gradients: timing only): the kernel's time per forward + backward (torch.profiler, 3 calls), and the whole
+"""Phase-1 kernel variants (dc_variants.py, made from the package's kernel and dc_variants.patch:
+    git show 4b2815f:mta/conv_dc_kernels.py > notes/h200_2026-11-28b/dc_variants.py
+    patch notes/h200_2026-11-28b/dc_variants.py notes/h200_2026-11-28b/dc_variants.patch
+switches P16, STORE, DO_DV, DP_FIRST; STORE=False and DO_DV=False give wrong gradients: timing only): the kernel's time per forward + backward (torch.profiler, 3 calls), and the whole
 forward + backward (mta.bench.timing). bf16, causal, 6 x 11, B = 1, N = 8192, two phases forced."""
 import functools
 import json
