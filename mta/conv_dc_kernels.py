@@ -159,3 +159,22 @@ def conv_dc_kernel(Q, KF, V, DO, LSE, DELTA, CD, DCS, DV, QD, KFD, DOD, DCD,
                              PRECISION)
     tl.store(DV + b * stride_dvb + kv_h * stride_dvh + offs_k[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
              dv.to(DV.dtype.element_ty), mask=k_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
+def shifted_queries_kernel(Q, QS, stride_qb, stride_qh, stride_qm, stride_qd, n, num_heads, CQ: tl.constexpr,
+                           D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``QS[b * Hq + h, i, a * D + d] = q[b, h, i - (CQ-1) + a, d]`` (0 before row 0): the queries of every shift
+    of the convolution side by side, contiguous ``[B * Hq, n, CQ * D]``. Grid: ``(cdiv(n, BLOCK_R), B * Hq)``;
+    memory-bound, the ``CQ`` shifted loads of a tile hit the cache after the first."""
+    pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (offs_r < n)[:, None] & (offs_d < D)[None, :]
+    q_base = Q + b * stride_qb + h * stride_qh
+    out = QS + pid_bh * n * CQ * D + offs_r[:, None] * (CQ * D) + offs_d[None, :]
+    for a in tl.static_range(CQ):
+        tl.store(out + a * D, _shifted_query_tile(q_base, stride_qm, stride_qd, offs_r, offs_d, n, a, CQ, D),
+                 mask=ok)

@@ -10,14 +10,16 @@ makes ``C`` again. Here the backward walks chunks of keys, and for each:
    sums ``dV = P^T dO`` over the GQA group in registers: the chunk's ``dv``, complete;
 2. the dK side: one GEMM, ``U = dC_far^T Qshift`` (the shifted queries side by side, ``cq d`` wide), written once,
    and :func:`mta.conv_backward.conv_dk_fold_kernel` folds it into ``dk`` and the far part of ``dW`` as soon as
-   the keys it reads are made (a key reads ``U`` rows ``c - pk .. c + pk``: this chunk's and the previous one's);
+   the keys it reads are made (a key reads ``U`` rows ``c - pk .. c + pk``: this chunk's and the previous one's),
+   on a second stream (:func:`side_stream`), where the short memory-bound fold fills the tails of the next
+   kernels' waves;
 3. the dQ side: the chunk's part of ``Gq = dC_far Kf`` (the folded keys side by side), made in blocks of rows
    and folded at once into an fp32 running ``dq`` (:func:`mta.conv_backward.conv_dq_fold_kernel`,
    ``ACCUMULATE``): row ``r`` reads ``Gq`` rows ``r .. r + cq - 1``, so a block is made ``cq - 1`` rows longer.
 
 ``C`` is made once: ``cq' + 2`` product units in the Triton kernel, ``2 cq'`` in the GEMMs at cuBLAS's rate.
 Extra memory: the scratch (:data:`SCRATCH_BYTES`, or one tile of keys of every head where that is more), two
-chunks of ``U``, one block of ``Gq`` (:data:`GQ_BYTES`), the fp32 running ``dq``, and the folded keys and shifted
+chunks of ``U`` (a third while a fold on its stream lags), one block of ``Gq`` (:data:`GQ_BYTES`), the fp32 running ``dq``, and the folded keys and shifted
 queries laid out for the GEMMs (each ``cq`` times q's size): O(N). Deterministic: every output row has one owner,
 and the GEMMs, folds and sums over chunks run in a fixed order. Rounding: ``Gq`` and ``U`` leave cuBLAS in the
 inputs' dtype, and phase 1 sums the score product in other pieces than the forward that made the lse, so at logits
@@ -27,11 +29,13 @@ kernels' 1e-6), well under bf16's own rounding.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from . import runtime, tuning
 from .conv_backward import conv_dk_fold_kernel, conv_dq_fold_kernel
-from .conv_dc_kernels import conv_dc_kernel
+from .conv_dc_kernels import conv_dc_kernel, shifted_queries_kernel
 from .launch import cdiv, empty_contiguous, in_dry_run, launch, next_power_of_2
 
 #: Most bytes of ``dC_far`` scratch (one chunk of rows or keys of every head) the backward allocates; a chunk is
@@ -52,6 +56,16 @@ CHUNK: int | None = None
 GQ_BYTES = 64 * 2 ** 20
 #: The scratch's rows (one key's ``dC_far`` over the rows) start at multiples of this many elements: 16 bytes.
 SCRATCH_ALIGN = 8
+#: Run the dK folds on a second stream (:func:`side_stream`): on an H200 (6 x 11, N = 8192,
+#: ``notes/h200_2026-11-28c/beside_ab.log``) forward + backward 10.38 against 10.31 ms at d = 128, 3.18 against
+#: 3.13 at d = 64.
+FOLD_BESIDE = True
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+#: ``(rows, warps)`` of the dK fold's programs on a GPU up to 128-wide head dims (None: those of
+#: :func:`mta.conv.post_pass_tile`). On an H200 (6 x 11, N = 8192, ``notes/h200_2026-11-28c/beside_ab.log``)
+#: 8 rows on one warp took forward + backward from 10.40 to 10.31 ms at d = 128 and from 3.18 to 3.13 at d = 64
+#: against post_pass_tile's 16 rows on two; 8 rows on two warps: 10.40 and 3.17.
+DK_FOLD_TILE: tuple[int, int] | None = (8, 1)
 
 
 def phase_one_tile(block_d: int, dtype: torch.dtype, causal: bool) -> dict:
@@ -89,13 +103,41 @@ def gq_block_rows(batch_heads: int, width: int, chunk: int) -> int:
 
 def shifted_queries_side_by_side(q: torch.Tensor, cq: int) -> torch.Tensor:
     """``[B * Hq, N, cq * D]``: column ``a * D + d`` of row ``i`` holds ``q[i - (cq-1) + a, d]`` (0 before row 0),
-    the queries of every shift of the convolution side by side: the right operand of ``U = dC_far^T Qshift``."""
+    the queries of every shift of the convolution side by side: the right operand of ``U = dC_far^T Qshift``.
+    Contiguous, made once (:func:`mta.conv_dc_kernels.shifted_queries_kernel`): an overlapping view, rows ``D``
+    apart and ``cq * D`` long, is no GEMM operand, and cuBLAS's wrapper would copy it for every chunk."""
     B, Hq, N, D = q.shape
-    padded = q.new_zeros((B * Hq, N + cq - 1, D))
-    padded[:, cq - 1:] = q.reshape(B * Hq, N, D)
-    # Made contiguous once: the overlapping view's rows (D apart, cq * D long) are no GEMM operand, and cuBLAS's
-    # wrapper would copy them for every chunk.
-    return padded.as_strided((B * Hq, N, cq, D), (padded.stride(0), D, D, 1)).reshape(B * Hq, N, cq * D).contiguous()
+    qs = torch.empty((B * Hq, N, cq * D), device=q.device, dtype=q.dtype)
+    rows = 128 if runtime.INTERPRET else 32
+    launch(shifted_queries_kernel, (cdiv(N, rows), B * Hq), q, qs, *q.stride(), N, Hq, CQ=cq, D=D,
+           BLOCK_D=next_power_of_2(D), BLOCK_R=rows, num_warps=4)
+    return qs
+
+
+def side_stream(device: torch.device):
+    """The stream the dK folds run on beside the chunks' GEMMs and phase 1 (:data:`FOLD_BESIDE`, a GPU), else
+    None. The fold is memory-bound and short: on its own stream it runs in the tails of the compute-bound kernels'
+    waves instead of between them."""
+    if not FOLD_BESIDE or device.type != "cuda" or runtime.INTERPRET:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(index)
+    return _SIDE_STREAMS[index]
+
+
+@contextlib.contextmanager
+def _beside(side, *used):
+    """Run the block's launches on ``side`` (when not None) after everything queued so far on the current stream;
+    the caching allocator keeps the ``used`` tensors' memory until ``side`` is done with them."""
+    if side is None:
+        yield
+        return
+    side.wait_stream(torch.cuda.current_stream(side.device))
+    for t in used:
+        t.record_stream(side)
+    with torch.cuda.stream(side):
+        yield
 
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -159,12 +201,15 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     dry = in_dry_run()
 
     kf_cat = kf.permute(0, 1, 3, 2, 4).reshape(B * Hq, N, cq * D)  # a view: kf is laid out keys-major
-    qs = None if dry else shifted_queries_side_by_side(q, cq)
+    qs = shifted_queries_side_by_side(q, cq)
     dq_sum = torch.zeros((B, Hq, N, D), device=q.device, dtype=torch.float32)  # dq's parts, summed over chunks
     dk, dv = empty_contiguous(k), empty_contiguous(v)
     dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
     fold_rows, fold_warps = post_pass_tile(block_d, 64)
+    if DK_FOLD_TILE is not None and not runtime.INTERPRET and block_d <= 128:
+        fold_rows, fold_warps = DK_FOLD_TILE
     gq_rows = gq_block_rows(B * Hq, cq * D, size)
+    side = side_stream(q.device) if not dry else None
     prev, prev0 = None, 0
     for c0, c1 in _chunks(N, size):
         row0 = c0 if causal else 0
@@ -186,11 +231,12 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
         f0, f1 = max(c0 - pk, 0) if prev is not None else 0, c1 - pk if c1 < N else N
         if f1 > f0:
             dwf = torch.empty((cdiv(f1 - f0, fold_rows), B, Hq, cq, ck), device=q.device, dtype=torch.float32)
-            launch(conv_dk_fold_kernel, (cdiv(f1 - f0, fold_rows), B * Hkv), u, u if prev is None else prev, g, q,
-                   k, w, dk, dwf, u.stride(0), D, cq * D, (u if prev is None else prev).stride(0), *q.stride(),
-                   *k.stride(), *dk.stride(), N, c0, prev0, f0, f1, Hkv, Hq // Hkv, scale,
-                   HAS_PREV=prev is not None, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows,
-                   num_warps=fold_warps, **fold_meta)
+            with _beside(side, u, dwf):
+                launch(conv_dk_fold_kernel, (cdiv(f1 - f0, fold_rows), B * Hkv), u, u if prev is None else prev, g,
+                       q, k, w, dk, dwf, u.stride(0), D, cq * D, (u if prev is None else prev).stride(0),
+                       *q.stride(), *k.stride(), *dk.stride(), N, c0, prev0, f0, f1, Hkv, Hq // Hkv, scale,
+                       HAS_PREV=prev is not None, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows,
+                       num_warps=fold_warps, **fold_meta)
             dw_parts.append(dwf)
         prev, prev0 = u, c0
 
@@ -210,6 +256,8 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             launch(conv_dq_fold_kernel, (cdiv(r1 - r0, dq_rows), B * Hq), gq, g, k, dq_sum, gq.stride(0), D,
                    cq * D, *k.stride(), *dq_sum.stride(), N, g0, g1, r0, r1, Hq, Hq // Hkv, scale,
                    ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and c0 == 0})
+    if side is not None:  # dk and the far dW partials, made beside, are read after this
+        torch.cuda.current_stream(q.device).wait_stream(side)
     del kf, kf_cat, qs, prev, scratch
     if dry:
         # The folds compile here too (their first chunk's launch), on buffers of the chunks' shapes.
