@@ -66,6 +66,10 @@ _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 #: 8 rows on one warp took forward + backward from 10.40 to 10.31 ms at d = 128 and from 3.18 to 3.13 at d = 64
 #: against post_pass_tile's 16 rows on two; 8 rows on two warps: 10.40 and 3.17.
 DK_FOLD_TILE: tuple[int, int] | None = (8, 1)
+#: ``(rows, warps)`` of the dQ fold's programs on a GPU (None: those of :func:`mta.conv.post_pass_tile`). On an
+#: H200 (``notes/h200_2026-11-28c/dq_fold_ab.log``) 16 rows on 4 warps took forward + backward from 10.33 to
+#: 10.22 ms at d = 128 (post_pass_tile's 32 rows) and from 3.12 to 3.10 at d = 64; 8 rows were close (10.23).
+DQ_FOLD_TILE: tuple[int, int] | None = (16, 4)
 
 
 def phase_one_tile(block_d: int, dtype: torch.dtype, causal: bool) -> dict:
@@ -204,7 +208,8 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     qs = shifted_queries_side_by_side(q, cq)
     dq_sum = torch.zeros((B, Hq, N, D), device=q.device, dtype=torch.float32)  # dq's parts, summed over chunks
     dk, dv = empty_contiguous(k), empty_contiguous(v)
-    dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
+    dq_rows, dq_warps = DQ_FOLD_TILE if DQ_FOLD_TILE is not None and not runtime.INTERPRET else post_pass_tile(
+        block_d, 64, warps=4)
     fold_rows, fold_warps = post_pass_tile(block_d, 64)
     if DK_FOLD_TILE is not None and not runtime.INTERPRET and block_d <= 128:
         fold_rows, fold_warps = DK_FOLD_TILE
