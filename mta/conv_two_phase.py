@@ -119,11 +119,11 @@ def shifted_queries_side_by_side(q: torch.Tensor, cq: int) -> torch.Tensor:
 
 
 def side_stream(device: torch.device):
-    """The stream the dK folds run on beside the chunks' GEMMs and phase 1 (:data:`FOLD_BESIDE`, a GPU), else
-    None. The fold is memory-bound and short: on its own stream it runs in the tails of the compute-bound kernels'
+    """The stream the dK folds run on beside the chunks' GEMMs and phase 1 (:data:`FOLD_BESIDE`, a GPU, not while
+    a CUDA graph is captured), else None. The fold is memory-bound and short: on its own stream it runs in the tails of the compute-bound kernels'
     waves instead of between them."""
-    if not FOLD_BESIDE or device.type != "cuda" or runtime.INTERPRET:
-        return None
+    if not FOLD_BESIDE or device.type != "cuda" or runtime.INTERPRET or torch.cuda.is_current_stream_capturing():
+        return None  # in a CUDA graph's capture (torch.compile's reduce-overhead mode) the folds stay in line
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SIDE_STREAMS:
         _SIDE_STREAMS[index] = torch.cuda.Stream(index)

@@ -104,6 +104,35 @@ def test_bitwise_deterministic(two_phase):
         assert torch.equal(x, y), name
 
 
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_forward_and_backward_captured_in_a_cuda_graph(monkeypatch):
+    """Forward + backward captured in one CUDA graph (as torch.compile's reduce-overhead mode does; the dK folds then
+    stay on the capturing stream), three chunks of keys, replayed on new inputs: eager's gradients on those."""
+    monkeypatch.setattr(conv_two_phase, "FORCE", True)
+    monkeypatch.setattr(conv_two_phase, "CHUNK", 128)
+    q, k, v = rand_qkv(1, 4, 2, 300, 300, 64, dtype=torch.bfloat16)
+    weight, do = rand(4, 6, 11, scale=0.2), rand(1, 4, 300, 64, dtype=torch.bfloat16)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, weight)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (compiles) outside the capture, as CUDA graphs require
+        mta.conv_attention(*leaves).backward(do)
+    torch.cuda.current_stream().wait_stream(side)
+    for x in leaves:
+        x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mta.conv_attention(*leaves).backward(do)
+    fresh = rand_qkv(1, 4, 2, 300, 300, 64, dtype=torch.bfloat16) + (rand(4, 6, 11, scale=0.2),)
+    with torch.no_grad():
+        for x, y in zip(leaves, fresh):
+            x.copy_(y)
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, x, y in zip(NAMES, (x.grad for x in leaves), grads(mta.conv_attention, *fresh, do)):
+        check(name, x, y, 1e-3)
+
+
 def test_gradients_are_exactly_causal(two_phase):
     """A loss on the outputs before t: exactly zero gradient for q, k, v from t on (rows past t set large)."""
     t, N = 40, 70
