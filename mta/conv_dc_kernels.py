@@ -9,7 +9,8 @@ keys as rows, ``C^T = Kf Q_shift^T``, as Triton's fused-attention tutorial makes
 left operand of ``dV += P^T dO`` as it comes out of its product, ``dV`` is summed over the group in registers, and
 ``dC_far^T`` is stored, keys-major, to a 16-bit scratch of one chunk (the one-pass kernels round ``dC`` to the
 inputs' dtype for their products too). The products of width ``cq d``, ``U = dC_far^T Q_shift`` and
-``Gq = dC_far Kf``, are then plain GEMMs over the chunk.
+``Gq = dC_far Kf``, are then plain GEMMs over the chunk; :func:`shifted_queries_kernel` lays out the first one's
+right operand.
 """
 
 from __future__ import annotations

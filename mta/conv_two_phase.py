@@ -19,12 +19,12 @@ makes ``C`` again. Here the backward walks chunks of keys, and for each:
 
 ``C`` is made once: ``cq' + 2`` product units in the Triton kernel, ``2 cq'`` in the GEMMs at cuBLAS's rate.
 Extra memory: the scratch (:data:`SCRATCH_BYTES`, or one tile of keys of every head where that is more), two
-chunks of ``U`` (a third while a fold on its stream lags), one block of ``Gq`` (:data:`GQ_BYTES`), the fp32 running ``dq``, and the folded keys and shifted
-queries laid out for the GEMMs (each ``cq`` times q's size): O(N). Deterministic: every output row has one owner,
-and the GEMMs, folds and sums over chunks run in a fixed order. Rounding: ``Gq`` and ``U`` leave cuBLAS in the
-inputs' dtype, and phase 1 sums the score product in other pieces than the forward that made the lse, so at logits
-of order 1e3 ``P`` is off by their fp32 rounding (fp32 inputs, forced: ``dv`` 4e-4 from float64 against the one-pass
-kernels' 1e-6), well under bf16's own rounding.
+chunks of ``U`` (a third while a fold on its stream lags), one block of ``Gq`` (:data:`GQ_BYTES`), the fp32
+running ``dq``, and the folded keys and shifted queries laid out for the GEMMs (each ``cq`` times q's size): O(N).
+Deterministic: every output row has one owner, and the GEMMs, folds and sums over chunks run in a fixed order.
+Rounding: ``Gq`` and ``U`` leave cuBLAS in the inputs' dtype, and phase 1 sums the score product in other pieces
+than the forward that made the lse, so at logits of order 1e3 ``P`` is off by their fp32 rounding (fp32 inputs,
+forced: ``dv`` 4e-4 from float64 against the one-pass kernels' 1e-6), well under bf16's own rounding.
 """
 
 from __future__ import annotations
@@ -66,9 +66,10 @@ _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 #: 8 rows on one warp took forward + backward from 10.40 to 10.31 ms at d = 128 and from 3.18 to 3.13 at d = 64
 #: against post_pass_tile's 16 rows on two; 8 rows on two warps: 10.40 and 3.17.
 DK_FOLD_TILE: tuple[int, int] | None = (8, 1)
-#: ``(rows, warps)`` of the dQ fold's programs on a GPU (None: those of :func:`mta.conv.post_pass_tile`). On an
-#: H200 (``notes/h200_2026-11-28c/dq_fold_ab.log``) 16 rows on 4 warps took forward + backward from 10.33 to
-#: 10.22 ms at d = 128 (post_pass_tile's 32 rows) and from 3.12 to 3.10 at d = 64; 8 rows were close (10.23).
+#: ``(rows, warps)`` of the dQ fold's programs on a GPU up to 128-wide head dims (None: those of
+#: :func:`mta.conv.post_pass_tile`). On an H200 (``notes/h200_2026-11-28c/dq_fold_ab.log``) 16 rows on 4 warps
+#: took forward + backward from 10.33 to 10.22 ms at d = 128 (post_pass_tile's 32 rows) and from 3.12 to 3.10 at
+#: d = 64; 8 rows were close (10.23).
 DQ_FOLD_TILE: tuple[int, int] | None = (16, 4)
 
 
@@ -118,10 +119,16 @@ def shifted_queries_side_by_side(q: torch.Tensor, cq: int) -> torch.Tensor:
     return qs
 
 
+def _measured_tile(tile: tuple[int, int] | None, block_d: int) -> tuple[int, int] | None:
+    """A fold's ``(rows, warps)`` measured on a GPU (:data:`DK_FOLD_TILE`, :data:`DQ_FOLD_TILE`), where it applies:
+    not in the interpreter (which pays per operation: long tiles), head dims up to 128 wide (as measured)."""
+    return tile if tile is not None and not runtime.INTERPRET and block_d <= 128 else None
+
+
 def side_stream(device: torch.device):
     """The stream the dK folds run on beside the chunks' GEMMs and phase 1 (:data:`FOLD_BESIDE`, a GPU, not while
-    a CUDA graph is captured), else None. The fold is memory-bound and short: on its own stream it runs in the tails of the compute-bound kernels'
-    waves instead of between them."""
+    a CUDA graph is captured), else None. The fold is memory-bound and short: on its own stream it runs in the
+    tails of the compute-bound kernels' waves instead of between them."""
     if not FOLD_BESIDE or device.type != "cuda" or runtime.INTERPRET or torch.cuda.is_current_stream_capturing():
         return None  # in a CUDA graph's capture (torch.compile's reduce-overhead mode) the folds stay in line
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -208,11 +215,8 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     qs = shifted_queries_side_by_side(q, cq)
     dq_sum = torch.zeros((B, Hq, N, D), device=q.device, dtype=torch.float32)  # dq's parts, summed over chunks
     dk, dv = empty_contiguous(k), empty_contiguous(v)
-    dq_rows, dq_warps = DQ_FOLD_TILE if DQ_FOLD_TILE is not None and not runtime.INTERPRET else post_pass_tile(
-        block_d, 64, warps=4)
-    fold_rows, fold_warps = post_pass_tile(block_d, 64)
-    if DK_FOLD_TILE is not None and not runtime.INTERPRET and block_d <= 128:
-        fold_rows, fold_warps = DK_FOLD_TILE
+    dq_rows, dq_warps = _measured_tile(DQ_FOLD_TILE, block_d) or post_pass_tile(block_d, 64, warps=4)
+    fold_rows, fold_warps = _measured_tile(DK_FOLD_TILE, block_d) or post_pass_tile(block_d, 64)
     gq_rows = gq_block_rows(B * Hq, cq * D, size)
     side = side_stream(q.device) if not dry else None
     prev, prev0 = None, 0
