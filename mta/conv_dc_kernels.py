@@ -7,10 +7,10 @@ tiles of each query head of its group in the forward's 128 x 128 tiles, the scor
 through the copy engine as the forward streams it (:func:`mta.conv_forward._folded_scores`, its operands swapped:
 keys as rows, ``C^T = Kf Q_shift^T``, as Triton's fused-attention tutorial makes its dK/dV). ``P^T`` then is the
 left operand of ``dV += P^T dO`` as it comes out of its product, ``dV`` is summed over the group in registers, and
-``dC_far^T`` is stored, keys-major, to a 16-bit scratch of one chunk (the one-pass kernels round ``dC`` to the
-inputs' dtype for their products too). The products of width ``cq d``, ``U = dC_far^T Q_shift`` and
-``Gq = dC_far Kf``, are then plain GEMMs over the chunk; :func:`shifted_queries_kernel` lays out the first one's
-right operand.
+``dC_far`` is stored, rows-major (its tile transposed back), to a 16-bit scratch of one chunk (the one-pass kernels
+round ``dC`` to the inputs' dtype for their products too): the dQ side then reads rows of it shifted by whole
+rows (:mod:`mta.conv_dq_kernels`), and ``U = dC_far^T Q_shift`` is a plain GEMM over the chunk, whose right
+operand :func:`shifted_queries_kernel` lays out.
 """
 
 from __future__ import annotations
@@ -54,14 +54,14 @@ def _folded_scores_keys_as_rows(q_base, kf_base, stride_qm, stride_qd, stride_kf
 
 
 @triton.jit
-def _dc_query_tiles(dv, v, DCD, dcs_base, stride_sk, c0, row0, q_base, kf_base, do_base, lse_base, delta_base,
+def _dc_query_tiles(dv, v, DCD, dcs_base, stride_sm, c0, row0, q_base, kf_base, do_base, lse_base, delta_base,
                     stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd, stride_dom, stride_dod, QD, KFD, DOD,
                     cd_base, b, h, bh, j0, offs_k, offs_d, start, stop, n, qk_scale, DIAGONAL: tl.constexpr,
                     MASK_KEYS: tl.constexpr, TMA: tl.constexpr, CQ: tl.constexpr, E: tl.constexpr,
                     E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, WIDTH: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Query tiles ``[start, stop)`` of one query head against the key tile at ``j0``: ``dv += P^T dO`` and
-    ``dC_far^T`` stored to the chunk's scratch (keys from ``c0``, rows from ``row0``). ``DIAGONAL``: the masked
+    ``dC_far`` stored to the chunk's scratch (rows from ``row0``, keys from ``c0``). ``DIAGONAL``: the masked
     diagonals put in, the causal mask, and ``dC`` kept only where ``i - j >= E``; ``MASK_KEYS``: keys past ``n``."""
     k_ok = offs_k < n
     d_ok = offs_d < D
@@ -86,9 +86,9 @@ def _dc_query_tiles(dv, v, DCD, dcs_base, stride_sk, c0, row0, q_base, kf_base, 
             dct = tl.where(offs_m[None, :] - offs_k[:, None] >= E, dct, 0.0)
         dct = dct.to(do.dtype)
         if TMA:  # the descriptor's bounds clip the rows past n
-            DCD.store([bh, j0 - c0, i0 - row0], dct.reshape(1, BLOCK_N, BLOCK_M))
+            DCD.store([bh, i0 - row0, j0 - c0], tl.trans(dct).reshape(1, BLOCK_M, BLOCK_N))
         else:
-            tl.store(dcs_base + (offs_k - c0)[:, None] * stride_sk + (offs_m - row0)[None, :], dct,
+            tl.store(dcs_base + (offs_k - c0)[:, None] + (offs_m - row0)[None, :] * stride_sm, dct,
                      mask=k_ok[:, None] & row_ok[None, :])
     return dv
 
@@ -101,17 +101,17 @@ def conv_dc_kernel(Q, KF, V, DO, LSE, DELTA, CD, DCS, DV, QD, KFD, DOD, DCD,
                    stride_kfb, stride_kfh, stride_kfa, stride_kfn, stride_kfd,
                    stride_dob, stride_doh, stride_dom, stride_dod,
                    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                   stride_sb, stride_sk, n_q, n_k, c0, row0, num_kv_heads, group_size, scale, N_BUCKET,
+                   stride_sb, stride_sm, n_q, n_k, c0, row0, num_kv_heads, group_size, scale, N_BUCKET,
                    CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr,
                    E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, WIDTH: tl.constexpr):
-    """``DCS[b * Hq + h, j - c0, i - row0] = dC_far[i, j]`` (dO's dtype; keys-major) for the key tile ``pid``-th
+    """``DCS[b * Hq + h, i - row0, j - c0] = dC_far[i, j]`` (dO's dtype; rows-major) for the key tile ``pid``-th
     of the chunk of keys from ``c0``, every query head ``h`` of kv head ``kv_h``'s group and every row ``i`` from
     ``row0`` (the chunk's first key when causal, else 0): made where the row sees the key, 0 where it does not (the
     future, and the near diagonals, which :func:`mta.conv_backward.conv_near_kernel` takes). ``DV`` (v's dtype):
     ``dV = sum over the group of P^T dO`` for the tile's keys, complete. ``KF``, ``CD``: the forward's folded keys
     and diagonal scores; ``QD``, ``KFD``, ``DOD``, ``DCD``: TMA descriptors over ``q``, ``KF``, ``dO`` and the
-    scratch (``[B * Hq, keys, rows]``, boxes of the tile), or all None (pointer loads and stores).
+    scratch (``[B * Hq, rows, keys]``, boxes of the tile), or all None (pointer loads and stores).
 
     Grid: ``(keys of the chunk / BLOCK_N, B * Hkv)``, heaviest (first) key tiles first.
     """
@@ -137,9 +137,9 @@ def conv_dc_kernel(Q, KF, V, DO, LSE, DELTA, CD, DCS, DV, QD, KFD, DOD, DCD,
             offs_m = i0 + tl.arange(0, BLOCK_M)
             zeros = tl.zeros([BLOCK_N, BLOCK_M], dtype=DCS.dtype.element_ty)
             if TMA:
-                DCD.store([bh.to(tl.int32), j0 - c0, i0 - row0], zeros.reshape(1, BLOCK_N, BLOCK_M))
+                DCD.store([bh.to(tl.int32), i0 - row0, j0 - c0], zeros.reshape(1, BLOCK_M, BLOCK_N))
             else:
-                tl.store(dcs_base + (offs_k - c0)[:, None] * stride_sk + (offs_m - row0)[None, :], zeros,
+                tl.store(dcs_base + (offs_k - c0)[:, None] + (offs_m - row0)[None, :] * stride_sm, zeros,
                          mask=k_ok[:, None] & (offs_m < start)[None, :])
         q_base = Q + b * stride_qb + h * stride_qh
         kf_base = KF + b * stride_kfb + h * stride_kfh
@@ -148,12 +148,12 @@ def conv_dc_kernel(Q, KF, V, DO, LSE, DELTA, CD, DCS, DV, QD, KFD, DOD, DCD,
         delta_base = DELTA + bh * n
         cd_base = CD + bh * n * E_PAD
         h32, bh32 = h.to(tl.int32), bh.to(tl.int32)
-        dv = _dc_query_tiles(dv, v, DCD, dcs_base, stride_sk, c0, row0, q_base, kf_base, do_base, lse_base,
+        dv = _dc_query_tiles(dv, v, DCD, dcs_base, stride_sm, c0, row0, q_base, kf_base, do_base, lse_base,
                              delta_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd, stride_dom,
                              stride_dod, QD, KFD, DOD, cd_base, b32, h32, bh32, j0, offs_k, offs_d, start, m_full, n,
                              qk_scale, CAUSAL, False, TMA, CQ, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N,
                              PRECISION)
-        dv = _dc_query_tiles(dv, v, DCD, dcs_base, stride_sk, c0, row0, q_base, kf_base, do_base, lse_base,
+        dv = _dc_query_tiles(dv, v, DCD, dcs_base, stride_sm, c0, row0, q_base, kf_base, do_base, lse_base,
                              delta_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd, stride_dom,
                              stride_dod, QD, KFD, DOD, cd_base, b32, h32, bh32, j0, offs_k, offs_d, m_full, n, n,
                              qk_scale, False, not CAUSAL, TMA, CQ, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N,

@@ -36,6 +36,7 @@ import torch
 from . import runtime, tuning
 from .conv_backward import conv_dk_fold_kernel, conv_dq_fold_kernel
 from .conv_dc_kernels import conv_dc_kernel, shifted_queries_kernel
+from .conv_dq_kernels import conv_dq_far_kernel
 from .launch import cdiv, empty_contiguous, in_dry_run, launch, next_power_of_2
 
 #: Most bytes of ``dC_far`` scratch (one chunk of rows or keys of every head) the backward allocates; a chunk is
@@ -54,13 +55,14 @@ MIN_QUERY_SHIFTS = 3
 CHUNK: int | None = None
 #: Most bytes of one block of ``Gq`` rows (16-bit, ``cq d`` wide, every head) made at once; at least a chunk's rows.
 GQ_BYTES = 64 * 2 ** 20
-#: The scratch's rows (one key's ``dC_far`` over the rows) start at multiples of this many elements: 16 bytes.
-SCRATCH_ALIGN = 8
 #: Run the dK folds on a second stream (:func:`side_stream`): on an H200 (6 x 11, N = 8192,
 #: ``notes/h200_2026-11-28c/beside_ab.log``) forward + backward 10.38 against 10.31 ms at d = 128, 3.18 against
 #: 3.13 at d = 64.
 FOLD_BESIDE = True
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+#: Make dq's far part by :func:`mta.conv_dq_kernels.conv_dq_far_kernel` (one product per row tile, from the
+#: scratch); else by ``Gq`` GEMMs over blocks of rows and :func:`mta.conv_backward.conv_dq_fold_kernel`.
+DQ_FAR_KERNEL = True
 #: ``(rows, warps)`` of the dK fold's programs on a GPU up to 128-wide head dims (None: those of
 #: :func:`mta.conv.post_pass_tile`). On an H200 (6 x 11, N = 8192, ``notes/h200_2026-11-28c/beside_ab.log``)
 #: 8 rows on one warp took forward + backward from 10.40 to 10.31 ms at d = 128 and from 3.18 to 3.13 at d = 64
@@ -79,6 +81,19 @@ def phase_one_tile(block_d: int, dtype: torch.dtype, causal: bool) -> dict:
     H200 (6 x 11, N = 8192, ``notes/h200_2026-11-28b/``) 64 made phase 1 1.27 ms at d = 64 against 1.53 with the
     forward's 32, and 128 (in two stages, to fit) made it 4.36 ms at d = 128 against 3.84 with 64."""
     return {**tuning.config_for("conv_forward_streamed", block_d, dtype, causal), "WIDTH": min(block_d, 64)}
+
+
+def dq_far_tile(block_d: int, dtype: torch.dtype) -> dict:
+    """The tile of :func:`mta.conv_dq_kernels.conv_dq_far_kernel`: ``BLOCK_M`` rows of ``dq`` (the whole head dim)
+    over steps of ``BLOCK_K`` keys of one query shift, as a GEMM's tile; small in the interpreter (which pays per
+    element) and for fp32 (twice the bytes a stage)."""
+    if runtime.INTERPRET:
+        return {"BLOCK_M": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1}
+    if dtype == torch.float32:
+        return {"BLOCK_M": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}
+    if block_d > 128:
+        return {"BLOCK_M": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2}
+    return {"BLOCK_M": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}
 
 
 def uses_two_phase(q: torch.Tensor, cq: int, causal: bool) -> bool:
@@ -151,6 +166,14 @@ def _beside(side, *used):
         yield
 
 
+def _dq_far_descriptors(dcs: torch.Tensor, kf: torch.Tensor, tile: dict, block_d: int):
+    """``(DCD, KFD)`` for :func:`mta.conv_dq_kernels.conv_dq_far_kernel`: over the chunk's scratch ``dcs``
+    ``[B * Hq, rows, keys]`` (rows outside it and keys past the chunk load as zeros) and the folded keys."""
+    from .conv import TensorDescriptor
+    return (TensorDescriptor(dcs, list(dcs.shape), list(dcs.stride()), [1, tile["BLOCK_M"], tile["BLOCK_K"]]),
+            TensorDescriptor(kf, list(kf.shape), list(kf.stride()), [1, 1, 1, tile["BLOCK_K"], block_d]))
+
+
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` batched: in the inputs' dtype on a GPU (cuBLAS accumulates in fp32), in fp32 on the CPU."""
     if a.device.type == "cuda":
@@ -177,10 +200,10 @@ def _descriptors(q, v, kf, do, tile: dict, block_d: int) -> tuple:
 
 
 def _scratch_descriptor(dcs: torch.Tensor, tile: dict):
-    """A TMA descriptor over the chunk's scratch ``[B * Hq, keys, rows]``, box ``[1, BLOCK_N, BLOCK_M]``: the
+    """A TMA descriptor over the chunk's scratch ``[B * Hq, rows, keys]``, box ``[1, BLOCK_M, BLOCK_N]``: the
     stores of its bounds' far side (rows past N) are dropped."""
     from .conv import TensorDescriptor  # None before Triton 3.4, where no descriptors are made
-    return TensorDescriptor(dcs, list(dcs.shape), list(dcs.stride()), [1, tile["BLOCK_N"], tile["BLOCK_M"]])
+    return TensorDescriptor(dcs, list(dcs.shape), list(dcs.stride()), [1, tile["BLOCK_M"], tile["BLOCK_N"]])
 
 
 def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, scale: float, near: bool,
@@ -203,9 +226,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     tile = phase_one_tile(block_d, q.dtype, causal)
     constexprs = {name: meta[name] for name in ("CAUSAL", "CQ", "CK", "E", "E_PAD", "D", "BLOCK_D", "PRECISION")}
     size = chunk_size(B * Hq, N, tile, 2 * pk)
-    # A key's row of the scratch starts 16-byte aligned (the copy engine, cuBLAS) and runs one group past N.
-    ld = (cdiv(N, SCRATCH_ALIGN) + 1) * SCRATCH_ALIGN
-    scratch = torch.empty(B * Hq * size * ld, device=q.device, dtype=q.dtype)
+    scratch = torch.empty((B * Hq, N, size), device=q.device, dtype=q.dtype)  # rows-major: a row's keys contiguous
     descriptors = _descriptors(q, v, kf, do, tile, block_d)
     e_past = ck + cq - 3
     fold_meta = dict(NEAR=near, CQ=cq, EP=e_past, EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D, BLOCK_D=block_d)
@@ -218,25 +239,38 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     dq_rows, dq_warps = _measured_tile(DQ_FOLD_TILE, block_d) or post_pass_tile(block_d, 64, warps=4)
     fold_rows, fold_warps = _measured_tile(DK_FOLD_TILE, block_d) or post_pass_tile(block_d, 64)
     gq_rows = gq_block_rows(B * Hq, cq * D, size)
+    dq_tile = dq_far_tile(block_d, q.dtype)
     side = side_stream(q.device) if not dry else None
+    if DQ_FAR_KERNEL and near:  # dq's near part first (no Gq rows: cur0 = cur1); the chunks' far parts add to it
+        launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), dq_sum, g, k, dq_sum, 0, 0, 0, *k.stride(),
+               *dq_sum.stride(), N, 0, 0, 0, N, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
+               num_warps=dq_warps, **fold_meta)
     prev, prev0 = None, 0
     for c0, c1 in _chunks(N, size):
         row0 = c0 if causal else 0
-        # dC_far^T of the chunk's keys and the rows from row0: [B * Hq, keys, rows], rows contiguous.
-        scratch_keys = scratch.view(B * Hq, size, ld)
-        dcs = scratch_keys[:, :, :N - row0]
+        # dC_far of the rows from row0 and the chunk's keys: [B * Hq, rows, keys], keys contiguous.
+        dcs = scratch[:, :N - row0, :c1 - c0]
         dcd = _scratch_descriptor(dcs, tile) if descriptors[0] is not None else None
         launch(conv_dc_kernel, (cdiv(c1 - c0, tile["BLOCK_N"]), B * Hkv), q, kf, v, do, lse, delta, cd, dcs, dv,
                *descriptors, dcd, *q.stride(), *v.stride(), *kf.stride(), *do.stride(), *dv.stride(),
                dcs.stride(0), dcs.stride(1), N, N, c0, row0, Hkv, Hq // Hkv, scale, tuning.size_bucket(N),
                **constexprs, **tile)
+        if DQ_FAR_KERNEL:
+            # dQ side: dq[r] += scale sum_a sum_j dC_far[r + cq-1-a, j] Kf_a[j] over the chunk's keys, for the rows
+            # from row0 - (cq-1) (the first that read a row of the chunk's).
+            r_lo = max(row0 - (cq - 1), 0)
+            dq_descriptors = (_dq_far_descriptors(dcs, kf, dq_tile, block_d) if descriptors[0] is not None
+                              else (None, None))
+            launch(conv_dq_far_kernel, (cdiv(N - r_lo, dq_tile["BLOCK_M"]), B * Hq), dcs, kf, dq_sum,
+                   *dq_descriptors, dcs.stride(0), dcs.stride(1), *kf.stride(), *dq_sum.stride(), N, c0, c1, row0,
+                   r_lo, Hq, scale, tuning.size_bucket(N), CAUSAL=causal, CQ=cq, E=meta["E"], D=D, BLOCK_D=block_d,
+                   PRECISION=meta["PRECISION"], **dq_tile)
         if dry:  # one launch of each kernel compiles it
             break
-        dct = dcs[:, :c1 - c0]
 
         # dK side: U = dC_far^T Qshift for the chunk's keys, written once; key c's fold reads U rows c - pk ..
         # c + pk, so the keys within pk of the chunk's end wait for the next chunk.
-        u = _product(dct, qs[:, row0:])  # [B * Hq, keys, cq * D]
+        u = _product(dcs.transpose(1, 2), qs[:, row0:])  # [B * Hq, keys, cq * D]
         f0, f1 = max(c0 - pk, 0) if prev is not None else 0, c1 - pk if c1 < N else N
         if f1 > f0:
             dwf = torch.empty((cdiv(f1 - f0, fold_rows), B, Hq, cq, ck), device=q.device, dtype=torch.float32)
@@ -249,22 +283,17 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             dw_parts.append(dwf)
         prev, prev0 = u, c0
 
-        # dQ side: this chunk's part of Gq = dC_far Kf (rows from row0), in blocks of rows, each folded into
-        # dq's running sum at once: row r reads Gq rows r .. r + cq - 1, so a block is made cq - 1 rows longer.
-        # The first chunk's fold (every row) adds the near part.
-        # Blocks start at row0 + multiples of gq_rows (the first reaches back cq - 1 rows): cuBLAS takes a
-        # block of the scratch at a 16-byte-aligned start, else it runs an unaligned kernel 4x slower.
-        # Its rows are made in whole 16-byte groups too (cuBLAS's aligned kernels need the contiguous extent
-        # aligned; the scratch's rows run that far, and the fold reads only up to g1).
-        for b0 in range(row0, N, gq_rows):
+        # dQ side by GEMMs (not DQ_FAR_KERNEL): this chunk's part of Gq = dC_far Kf (rows from row0), in blocks of
+        # rows, each folded into dq's running sum at once: row r reads Gq rows r .. r + cq - 1, so a block is made
+        # cq - 1 rows longer (the first reaches back cq - 1 rows). The first chunk's fold adds the near part.
+        for b0 in range(row0, N, gq_rows) if not DQ_FAR_KERNEL else ():
             r0, r1 = max(b0 - (cq - 1), 0) if b0 == row0 else b0, min(b0 + gq_rows, N)
             g0, g1 = max(r0, row0), min(r1 + cq - 1, N)
-            rows = cdiv(g1 - g0, SCRATCH_ALIGN) * SCRATCH_ALIGN
-            dc_rows = scratch_keys[:, :c1 - c0, g0 - row0:g0 - row0 + rows]
-            gq = _product(dc_rows.transpose(1, 2), kf_cat[:, c0:c1])  # [B * Hq, rows, cq * D]
+            gq = _product(dcs[:, g0 - row0:g1 - row0], kf_cat[:, c0:c1])  # [B * Hq, rows, cq * D]
             launch(conv_dq_fold_kernel, (cdiv(r1 - r0, dq_rows), B * Hq), gq, g, k, dq_sum, gq.stride(0), D,
                    cq * D, *k.stride(), *dq_sum.stride(), N, g0, g1, r0, r1, Hq, Hq // Hkv, scale,
                    ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and c0 == 0})
+            del gq  # one block alive at a time
     if side is not None:  # dk and the far dW partials, made beside, are read after this
         torch.cuda.current_stream(q.device).wait_stream(side)
     del kf, kf_cat, qs, prev, scratch
@@ -286,9 +315,10 @@ def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_wa
     cq, ck = w.shape[1:]
     buf = torch.empty((B * Hq, size, cq * D), device=q.device, dtype=q.dtype)  # cuBLAS's output dtype
     for first in (True, False) if N > size else (True,):  # one chunk: only the first chunk's variants
-        launch(conv_dq_fold_kernel, (1, B * Hq), buf, g, k, dq_sum, buf.stride(0), D, cq * D, *k.stride(),
-               *dq_sum.stride(), N, 0, 1, 0, 1, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
-               num_warps=dq_warps, **{**fold_meta, "NEAR": near and first})
+        if not DQ_FAR_KERNEL:
+            launch(conv_dq_fold_kernel, (1, B * Hq), buf, g, k, dq_sum, buf.stride(0), D, cq * D, *k.stride(),
+                   *dq_sum.stride(), N, 0, 1, 0, 1, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
+                   num_warps=dq_warps, **{**fold_meta, "NEAR": near and first})
         dwf = torch.empty((1, B, Hq, cq, ck), device=q.device, dtype=torch.float32)
         launch(conv_dk_fold_kernel, (1, B * Hkv), buf, buf, g, q, k, w, dk, dwf, buf.stride(0), D, cq * D,
                buf.stride(0), *q.stride(), *k.stride(), *dk.stride(), N, 0, 0, 0, 1, Hkv, Hq // Hkv, scale,
