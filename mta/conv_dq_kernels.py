@@ -28,7 +28,7 @@ HEURISTICS = {"TMA": lambda args: args["DCD"] is not None}
 
 @triton.heuristics(HEURISTICS)
 @triton.jit(do_not_specialize=NO_SPECIALIZE + ["c0", "c1", "row0", "r_lo"])
-def conv_dq_far_kernel(DCS, KF, DQ, DCD, KFD, stride_sb, stride_sm,
+def conv_dq_far_kernel(DCS, KF, DQ, DCD, KFD, DQD, stride_sb, stride_sm,
                        stride_kfb, stride_kfh, stride_kfa, stride_kfn, stride_kfd,
                        stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                        n_q, c0, c1, row0, r_lo, num_heads, scale, N_BUCKET,
@@ -40,7 +40,8 @@ def conv_dq_far_kernel(DCS, KF, DQ, DCD, KFD, stride_sb, stride_sm,
 
     ``DCS``: the chunk's scratch ``[B * Hq, n - row0, c1 - c0]``, ``DCS[bh, i - row0, j - c0] = dC_far[i, j]``
     (keys contiguous; rows before ``row0`` are 0); ``KF``: the folded keys ``[B, Hq, CQ, n, D]``. ``DCD``, ``KFD``:
-    TMA descriptors over them (boxes ``[1, BLOCK_M, BLOCK_K]`` and ``[1, 1, 1, BLOCK_K, BLOCK_D]``) or both None.
+    TMA descriptors over them (boxes ``[1, BLOCK_M, BLOCK_K]`` and ``[1, 1, 1, BLOCK_K, BLOCK_D]``) and ``DQD`` over
+    ``DQ`` (box ``[1, 1, BLOCK_M, BLOCK_D]``: no tile of 64-bit pointers held for the read-modify-write), or all None.
     Causal, a row ``i`` of ``dC_far`` is 0 at keys past ``i - E``: a tile reads the keys up to its last shifted
     row's. Grid: ``(cdiv(n - r_lo, BLOCK_M), B * Hq)``, the rows that read the most keys first.
     """
@@ -73,6 +74,10 @@ def conv_dq_far_kernel(DCS, KF, DQ, DCD, KFD, stride_sb, stride_sm,
             kf = tl.load(kf_base + a * stride_kfa + keys[:, None] * stride_kfn + offs_d[None, :] * stride_kfd,
                          mask=(keys < c1)[:, None] & (offs_d < D)[None, :], other=0.0)
         acc = tl.dot(dc, kf, acc, input_precision=PRECISION)
-    ok = (offs_m < n)[:, None] & (offs_d < D)[None, :]
-    dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
-    tl.store(dq_ptrs, tl.load(dq_ptrs, mask=ok, other=0.0) + acc * scale, mask=ok)
+    if TMA:  # rows past n: read as 0, not written
+        dq = DQD.load([b32, h32, r0, 0]).reshape(BLOCK_M, BLOCK_D) + acc * scale
+        DQD.store([b32, h32, r0, 0], dq.reshape(1, 1, BLOCK_M, BLOCK_D))
+    else:
+        ok = (offs_m < n)[:, None] & (offs_d < D)[None, :]
+        dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
+        tl.store(dq_ptrs, tl.load(dq_ptrs, mask=ok, other=0.0) + acc * scale, mask=ok)

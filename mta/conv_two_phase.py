@@ -166,12 +166,14 @@ def _beside(side, *used):
         yield
 
 
-def _dq_far_descriptors(dcs: torch.Tensor, kf: torch.Tensor, tile: dict, block_d: int):
-    """``(DCD, KFD)`` for :func:`mta.conv_dq_kernels.conv_dq_far_kernel`: over the chunk's scratch ``dcs``
-    ``[B * Hq, rows, keys]`` (rows outside it and keys past the chunk load as zeros) and the folded keys."""
+def _dq_far_descriptors(dcs: torch.Tensor, kf: torch.Tensor, dq: torch.Tensor, tile: dict, block_d: int):
+    """``(DCD, KFD, DQD)`` for :func:`mta.conv_dq_kernels.conv_dq_far_kernel`: over the chunk's scratch ``dcs``
+    ``[B * Hq, rows, keys]`` (rows outside it and keys past the chunk load as zeros), the folded keys and the
+    fp32 running ``dq``."""
     from .conv import TensorDescriptor
     return (TensorDescriptor(dcs, list(dcs.shape), list(dcs.stride()), [1, tile["BLOCK_M"], tile["BLOCK_K"]]),
-            TensorDescriptor(kf, list(kf.shape), list(kf.stride()), [1, 1, 1, tile["BLOCK_K"], block_d]))
+            TensorDescriptor(kf, list(kf.shape), list(kf.stride()), [1, 1, 1, tile["BLOCK_K"], block_d]),
+            TensorDescriptor(dq, list(dq.shape), list(dq.stride()), [1, 1, tile["BLOCK_M"], block_d]))
 
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -259,8 +261,8 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             # dQ side: dq[r] += scale sum_a sum_j dC_far[r + cq-1-a, j] Kf_a[j] over the chunk's keys, for the rows
             # from row0 - (cq-1) (the first that read a row of the chunk's).
             r_lo = max(row0 - (cq - 1), 0)
-            dq_descriptors = (_dq_far_descriptors(dcs, kf, dq_tile, block_d) if descriptors[0] is not None
-                              else (None, None))
+            dq_descriptors = (_dq_far_descriptors(dcs, kf, dq_sum, dq_tile, block_d) if descriptors[0] is not None
+                              else (None, None, None))
             launch(conv_dq_far_kernel, (cdiv(N - r_lo, dq_tile["BLOCK_M"]), B * Hq), dcs, kf, dq_sum,
                    *dq_descriptors, dcs.stride(0), dcs.stride(1), *kf.stride(), *dq_sum.stride(), N, c0, c1, row0,
                    r_lo, Hq, scale, tuning.size_bucket(N), CAUSAL=causal, CQ=cq, E=meta["E"], D=D, BLOCK_D=block_d,

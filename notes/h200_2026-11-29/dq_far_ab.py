@@ -1,4 +1,4 @@
-# python notes/h200_2026-11-29/dq_far_ab.py OUTDIR   (GPU; from the repository root)
+# python notes/h200_2026-11-29/dq_far_ab.py OUTDIR TILES_JSON   (GPU; from the repository root)
 """dq's far part by one Triton product per row tile (``mta.conv_two_phase.DQ_FAR_KERNEL``, tiles of
 ``dq_far_tile``) against the Gq GEMMs + fold: forward + backward time as the benchmark times it, bf16, causal,
 B = 1, N = 8192, 6 x 11, variants interleaved over rounds; then a profile of the kernels of the first variant."""
@@ -17,8 +17,7 @@ N = 8192
 dev = torch.device("cuda")
 TABLE = conv_two_phase.dq_far_tile
 # (DQ_FAR_KERNEL, dq tile (BLOCK_M, BLOCK_K, warps, stages) or None: the table's)
-VARIANTS = [(True, None), (False, None), (True, (128, 64, 8, 4)), (True, (128, 128, 8, 2)), (True, (64, 64, 4, 4)),
-            (True, (128, 32, 8, 4))]
+VARIANTS = [(True, None), (False, None)] + [(True, t) for t in map(tuple, json.loads(sys.argv[2]))]
 
 
 def use(variant):
@@ -81,4 +80,4 @@ for H, D in ((16, 128), (8, 64)):
     del q, k, v, w, do
     torch.cuda.empty_cache()
 use(VARIANTS[0])
-json.dump(report, open(f"{out}/dq_far_ab.json", "w"), indent=1)
+json.dump(report, open(f"{out}/dq_far_ab_{sys.argv[3] if len(sys.argv) > 3 else 'run'}.json", "w"), indent=1)
