@@ -60,9 +60,13 @@ GQ_BYTES = 64 * 2 ** 20
 #: 3.13 at d = 64.
 FOLD_BESIDE = True
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-#: Make dq's far part by :func:`mta.conv_dq_kernels.conv_dq_far_kernel` (one product per row tile, from the
-#: scratch); else by ``Gq`` GEMMs over blocks of rows and :func:`mta.conv_backward.conv_dq_fold_kernel`.
-DQ_FAR_KERNEL = True
+#: ``None``: dq's far part made by :func:`mta.conv_dq_kernels.conv_dq_far_kernel` (one product per row tile,
+#: from the scratch) for 128-wide head-dim tiles, else by ``Gq`` GEMMs over blocks of rows and
+#: :func:`mta.conv_backward.conv_dq_fold_kernel`; ``True`` / ``False``: always the kernel / the GEMMs. On an H200
+#: (bf16, causal, 6 x 11, N = 8192, ``notes/h200_2026-11-29/``) the kernel took forward + backward from 9.99 to
+#: 9.73 ms at d = 128 (its product runs below cuBLAS's rate, but the dK folds beside it run in its shadow) and
+#: from 3.02 to 3.43 at d = 64.
+DQ_FAR_KERNEL: bool | None = None
 #: ``(rows, warps)`` of the dK fold's programs on a GPU up to 128-wide head dims (None: those of
 #: :func:`mta.conv.post_pass_tile`). On an H200 (6 x 11, N = 8192, ``notes/h200_2026-11-28c/beside_ab.log``)
 #: 8 rows on one warp took forward + backward from 10.40 to 10.31 ms at d = 128 and from 3.18 to 3.13 at d = 64
@@ -93,7 +97,12 @@ def dq_far_tile(block_d: int, dtype: torch.dtype) -> dict:
         return {"BLOCK_M": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}
     if block_d > 128:
         return {"BLOCK_M": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2}
-    return {"BLOCK_M": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_M": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4}  # H200: 9.73 ms, 3 stages 9.99
+
+
+def uses_dq_far_kernel(block_d: int) -> bool:
+    """Whether the dQ side runs :func:`mta.conv_dq_kernels.conv_dq_far_kernel` (:data:`DQ_FAR_KERNEL`)."""
+    return DQ_FAR_KERNEL if DQ_FAR_KERNEL is not None else block_d == 128
 
 
 def uses_two_phase(q: torch.Tensor, cq: int, causal: bool) -> bool:
@@ -183,8 +192,20 @@ def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a.float(), b.float())
 
 
-def _chunks(n: int, size: int) -> list[tuple[int, int]]:
-    return [(start, min(start + size, n)) for start in range(0, n, size)]
+def key_chunks(n: int, size: int, causal: bool) -> list[tuple[int, int]]:
+    """The chunks of keys ``[c0, c1)`` the backward walks: ``size`` keys each (:func:`chunk_size`), and, causal,
+    ``m`` times that where the rows a chunk stores (from its first key on) are at most ``n / m``: the scratch that
+    holds ``size`` keys of ``n`` rows holds those. Phase 1 launches one program per key tile, and a launch lasts as
+    long as its longest walk over the rows; late keys walk few rows, so a larger chunk of them gives the SMs more
+    programs to even out. At N = 8192, d = 128 (16 heads, 1024 keys a chunk) on 132 SMs, a model of the launches
+    (programs started in order on the first free SM) puts their ends at 275 query-tile steps in all, not 288, in 6
+    launches, not 8 (``notes/conv_backward.md``)."""
+    chunks, c0 = [], 0
+    while c0 < n:
+        keys = size * (max(1, n // (n - c0)) if causal else 1)
+        chunks.append((c0, min(c0 + keys, n)))
+        c0 += keys
+    return chunks
 
 
 def _descriptors(q, v, kf, do, tile: dict, block_d: int) -> tuple:
@@ -228,7 +249,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     tile = phase_one_tile(block_d, q.dtype, causal)
     constexprs = {name: meta[name] for name in ("CAUSAL", "CQ", "CK", "E", "E_PAD", "D", "BLOCK_D", "PRECISION")}
     size = chunk_size(B * Hq, N, tile, 2 * pk)
-    scratch = torch.empty((B * Hq, N, size), device=q.device, dtype=q.dtype)  # rows-major: a row's keys contiguous
+    scratch = torch.empty(B * Hq * N * size, device=q.device, dtype=q.dtype)  # a chunk's keys x its rows
     descriptors = _descriptors(q, v, kf, do, tile, block_d)
     e_past = ck + cq - 3
     fold_meta = dict(NEAR=near, CQ=cq, EP=e_past, EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D, BLOCK_D=block_d)
@@ -243,21 +264,24 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     gq_rows = gq_block_rows(B * Hq, cq * D, size)
     dq_tile = dq_far_tile(block_d, q.dtype)
     side = side_stream(q.device) if not dry else None
-    if DQ_FAR_KERNEL and near:  # dq's near part first (no Gq rows: cur0 = cur1); the chunks' far parts add to it
+    far_kernel = uses_dq_far_kernel(block_d)
+    if far_kernel and near:  # dq's near part first (no Gq rows: cur0 = cur1); the chunks' far parts add to it
         launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), dq_sum, g, k, dq_sum, 0, 0, 0, *k.stride(),
                *dq_sum.stride(), N, 0, 0, 0, N, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
                num_warps=dq_warps, **fold_meta)
     prev, prev0 = None, 0
-    for c0, c1 in _chunks(N, size):
+    for c0, c1 in key_chunks(N, size, causal):
         row0 = c0 if causal else 0
-        # dC_far of the rows from row0 and the chunk's keys: [B * Hq, rows, keys], keys contiguous.
-        dcs = scratch[:, :N - row0, :c1 - c0]
+        # dC_far of the rows from row0 and the chunk's keys: [B * Hq, rows, keys], rows-major; a row's keys start
+        # 16-byte aligned (the copy engine, cuBLAS): size is a multiple of the tiles, and so is ld.
+        ld = cdiv(c1 - c0, size) * size
+        dcs = scratch[:B * Hq * (N - row0) * ld].view(B * Hq, N - row0, ld)[:, :, :c1 - c0]
         dcd = _scratch_descriptor(dcs, tile) if descriptors[0] is not None else None
         launch(conv_dc_kernel, (cdiv(c1 - c0, tile["BLOCK_N"]), B * Hkv), q, kf, v, do, lse, delta, cd, dcs, dv,
                *descriptors, dcd, *q.stride(), *v.stride(), *kf.stride(), *do.stride(), *dv.stride(),
                dcs.stride(0), dcs.stride(1), N, N, c0, row0, Hkv, Hq // Hkv, scale, tuning.size_bucket(N),
                **constexprs, **tile)
-        if DQ_FAR_KERNEL:
+        if far_kernel:
             # dQ side: dq[r] += scale sum_a sum_j dC_far[r + cq-1-a, j] Kf_a[j] over the chunk's keys, for the rows
             # from row0 - (cq-1) (the first that read a row of the chunk's).
             r_lo = max(row0 - (cq - 1), 0)
@@ -285,10 +309,10 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             dw_parts.append(dwf)
         prev, prev0 = u, c0
 
-        # dQ side by GEMMs (not DQ_FAR_KERNEL): this chunk's part of Gq = dC_far Kf (rows from row0), in blocks of
+        # dQ side by GEMMs (not far_kernel): this chunk's part of Gq = dC_far Kf (rows from row0), in blocks of
         # rows, each folded into dq's running sum at once: row r reads Gq rows r .. r + cq - 1, so a block is made
         # cq - 1 rows longer (the first reaches back cq - 1 rows). The first chunk's fold adds the near part.
-        for b0 in range(row0, N, gq_rows) if not DQ_FAR_KERNEL else ():
+        for b0 in range(row0, N, gq_rows) if not far_kernel else ():
             r0, r1 = max(b0 - (cq - 1), 0) if b0 == row0 else b0, min(b0 + gq_rows, N)
             g0, g1 = max(r0, row0), min(r1 + cq - 1, N)
             gq = _product(dcs[:, g0 - row0:g1 - row0], kf_cat[:, c0:c1])  # [B * Hq, rows, cq * D]
@@ -317,7 +341,7 @@ def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_wa
     cq, ck = w.shape[1:]
     buf = torch.empty((B * Hq, size, cq * D), device=q.device, dtype=q.dtype)  # cuBLAS's output dtype
     for first in (True, False) if N > size else (True,):  # one chunk: only the first chunk's variants
-        if not DQ_FAR_KERNEL:
+        if not uses_dq_far_kernel(fold_meta["BLOCK_D"]):
             launch(conv_dq_fold_kernel, (1, B * Hq), buf, g, k, dq_sum, buf.stride(0), D, cq * D, *k.stride(),
                    *dq_sum.stride(), N, 0, 1, 0, 1, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
                    num_warps=dq_warps, **{**fold_meta, "NEAR": near and first})
