@@ -192,20 +192,8 @@ def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a.float(), b.float())
 
 
-def key_chunks(n: int, size: int, causal: bool) -> list[tuple[int, int]]:
-    """The chunks of keys ``[c0, c1)`` the backward walks: ``size`` keys each (:func:`chunk_size`), and, causal,
-    ``m`` times that where the rows a chunk stores (from its first key on) are at most ``n / m``: the scratch that
-    holds ``size`` keys of ``n`` rows holds those. Phase 1 launches one program per key tile, and a launch lasts as
-    long as its longest walk over the rows; late keys walk few rows, so a larger chunk of them gives the SMs more
-    programs to even out. At N = 8192, d = 128 (16 heads, 1024 keys a chunk) on 132 SMs, a model of the launches
-    (programs started in order on the first free SM) puts their ends at 275 query-tile steps in all, not 288, in 6
-    launches, not 8 (``notes/conv_backward.md``)."""
-    chunks, c0 = [], 0
-    while c0 < n:
-        keys = size * (max(1, n // (n - c0)) if causal else 1)
-        chunks.append((c0, min(c0 + keys, n)))
-        c0 += keys
-    return chunks
+def _chunks(n: int, size: int) -> list[tuple[int, int]]:
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
 
 
 def _descriptors(q, v, kf, do, tile: dict, block_d: int) -> tuple:
@@ -249,7 +237,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     tile = phase_one_tile(block_d, q.dtype, causal)
     constexprs = {name: meta[name] for name in ("CAUSAL", "CQ", "CK", "E", "E_PAD", "D", "BLOCK_D", "PRECISION")}
     size = chunk_size(B * Hq, N, tile, 2 * pk)
-    scratch = torch.empty(B * Hq * N * size, device=q.device, dtype=q.dtype)  # a chunk's keys x its rows
+    scratch = torch.empty((B * Hq, N, size), device=q.device, dtype=q.dtype)  # a chunk's rows x its keys
     descriptors = _descriptors(q, v, kf, do, tile, block_d)
     e_past = ck + cq - 3
     fold_meta = dict(NEAR=near, CQ=cq, EP=e_past, EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D, BLOCK_D=block_d)
@@ -270,12 +258,11 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
                *dq_sum.stride(), N, 0, 0, 0, N, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
                num_warps=dq_warps, **fold_meta)
     prev, prev0 = None, 0
-    for c0, c1 in key_chunks(N, size, causal):
+    for c0, c1 in _chunks(N, size):
         row0 = c0 if causal else 0
         # dC_far of the rows from row0 and the chunk's keys: [B * Hq, rows, keys], rows-major; a row's keys start
-        # 16-byte aligned (the copy engine, cuBLAS): size is a multiple of the tiles, and so is ld.
-        ld = cdiv(c1 - c0, size) * size
-        dcs = scratch[:B * Hq * (N - row0) * ld].view(B * Hq, N - row0, ld)[:, :, :c1 - c0]
+        # 16-byte aligned (the copy engine, cuBLAS): size is a multiple of the tiles.
+        dcs = scratch[:, :N - row0, :c1 - c0]
         dcd = _scratch_descriptor(dcs, tile) if descriptors[0] is not None else None
         launch(conv_dc_kernel, (cdiv(c1 - c0, tile["BLOCK_N"]), B * Hkv), q, kf, v, do, lse, delta, cd, dcs, dv,
                *descriptors, dcd, *q.stride(), *v.stride(), *kf.stride(), *do.stride(), *dv.stride(),

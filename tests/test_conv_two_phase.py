@@ -22,8 +22,8 @@ NAMES = ("dq", "dk", "dv", "dweight")
 
 @pytest.fixture(params=[False, True], ids=["dq_by_gemms", "dq_far_kernel"])
 def two_phase(request, monkeypatch):
-    """The two phases, in chunks of 32 keys (two interpreter tiles; causal, the late chunks are 2 or more times
-    that), dq's far part by the Gq GEMMs + fold or by the dq kernel."""
+    """The two phases, in chunks of 32 rows or keys (two interpreter tiles), dq's far part by the Gq GEMMs + fold
+    or by the dq kernel."""
     monkeypatch.setattr(conv_two_phase, "FORCE", True)
     monkeypatch.setattr(conv_two_phase, "CHUNK", 32)
     monkeypatch.setattr(conv_two_phase, "DQ_FAR_KERNEL", request.param)
@@ -183,22 +183,6 @@ def test_chunk_from_the_scratch_budget():
     assert conv_two_phase.chunk_size(8, 8192, tile, 10) == 2048
     assert conv_two_phase.chunk_size(1, 300, tile, 10) == 384
     assert conv_two_phase.chunk_size(4096, 65536, tile, 10) == 128
-
-
-def test_late_chunks_of_keys_are_wider_causal():
-    """Causal: a chunk stores the rows from its first key on, so once they are at most n / m, m chunks' worth of keys
-    fit the scratch; the chunks cover the keys in order, each within the scratch (keys x rows <= size x n)."""
-    assert conv_two_phase.key_chunks(8192, 1024, True) == [(0, 1024), (1024, 2048), (2048, 3072), (3072, 4096),
-                                                            (4096, 6144), (6144, 8192)]
-    assert conv_two_phase.key_chunks(8192, 2048, True) == [(0, 2048), (2048, 4096), (4096, 8192)]
-    assert conv_two_phase.key_chunks(8192, 2048, False) == [(0, 2048), (2048, 4096), (4096, 6144), (6144, 8192)]
-    assert conv_two_phase.key_chunks(100, 32, True) == [(0, 32), (32, 64), (64, 100)]
-    for n, size in ((1, 32), (100, 32), (1000, 128), (65536, 128), (300, 384)):
-        chunks = conv_two_phase.key_chunks(n, size, True)
-        assert chunks[0][0] == 0 and chunks[-1][1] == n
-        assert all(c1 == d0 for (_, c1), (d0, _) in zip(chunks, chunks[1:]))
-        assert all((c1 - c0) % size == 0 or c1 == n for c0, c1 in chunks)
-        assert all(-(-(c1 - c0) // size) * size * (n - c0) <= size * n for c0, c1 in chunks)
 
 
 def test_dq_far_kernel_rule(monkeypatch):
