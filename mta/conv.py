@@ -386,14 +386,19 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     ep_pad = _pad16(e_past + 1)
     dw_parts = []
     if near:
-        pv = past_scores(do, v, e - 1)  # dO_i . v_{i - delta} on the E masked diagonals
         g = torch.empty((B, Hq, N, ep_pad), device=dev, dtype=torch.float32)
         near_rows, near_warps = post_pass_tile(ep_pad, 128)
         dwn = torch.empty((cdiv(N, near_rows), B, Hq, cq, ck), device=dev, dtype=torch.float32)
-        launch(conv_near_kernel, (cdiv(N, near_rows), B * Hq), cd, pv, pq, lse, delta, w, g, dwn, N, Hq, scale,
-               CQ=cq, CK=ck, E=e, E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=near_rows, num_warps=near_warps)
+        # Two phases: beside the first chunk's phase 1 (on the stream of the dK folds, which read G; dq's near part
+        # is added after that stream is waited for). Memory-bound and short, they use the SMs phase 1 leaves idle.
+        side = (conv_two_phase.side_stream(dev) if two_phase and conv_two_phase.NEAR_BESIDE and not in_dry_run()
+                else None)
+        with conv_two_phase.beside(side, cd, pq, lse, delta, w, g, dwn, do, v):
+            pv = past_scores(do, v, e - 1)  # dO_i . v_{i - delta} on the E masked diagonals
+            launch(conv_near_kernel, (cdiv(N, near_rows), B * Hq), cd, pv, pq, lse, delta, w, g, dwn, N, Hq,
+                   scale, CQ=cq, CK=ck, E=e, E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=near_rows, num_warps=near_warps)
+            del pv
         dw_parts.append(dwn)
-        del pv
     else:
         g = torch.zeros(16, device=dev, dtype=torch.float32)
 

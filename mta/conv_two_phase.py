@@ -59,6 +59,9 @@ GQ_BYTES = 64 * 2 ** 20
 #: ``notes/h200_2026-11-28c/beside_ab.log``) forward + backward 10.38 against 10.31 ms at d = 128, 3.18 against
 #: 3.13 at d = 64.
 FOLD_BESIDE = True
+#: Make the near part's inputs (``past_scores(dO, v)``, :func:`mta.conv_backward.conv_near_kernel`) on that stream
+#: too, beside the first chunk's phase 1 (:func:`mta.conv.conv_attention_backward`), as the shifted queries are.
+NEAR_BESIDE = True
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 #: ``None``: dq's far part made by :func:`mta.conv_dq_kernels.conv_dq_far_kernel` (one product per row tile,
 #: from the scratch) for 128-wide head-dim tiles, else by ``Gq`` GEMMs over blocks of rows and
@@ -130,13 +133,14 @@ def gq_block_rows(batch_heads: int, width: int, chunk: int) -> int:
     return max(chunk, GQ_BYTES // (2 * batch_heads * width) // chunk * chunk)
 
 
-def shifted_queries_side_by_side(q: torch.Tensor, cq: int) -> torch.Tensor:
+def shifted_queries_side_by_side(q: torch.Tensor, cq: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """``[B * Hq, N, cq * D]``: column ``a * D + d`` of row ``i`` holds ``q[i - (cq-1) + a, d]`` (0 before row 0),
     the queries of every shift of the convolution side by side: the right operand of ``U = dC_far^T Qshift``.
     Contiguous, made once (:func:`mta.conv_dc_kernels.shifted_queries_kernel`): an overlapping view, rows ``D``
-    apart and ``cq * D`` long, is no GEMM operand, and cuBLAS's wrapper would copy it for every chunk."""
+    apart and ``cq * D`` long, is no GEMM operand, and cuBLAS's wrapper would copy it for every chunk. Written to
+    ``out`` where given."""
     B, Hq, N, D = q.shape
-    qs = torch.empty((B * Hq, N, cq * D), device=q.device, dtype=q.dtype)
+    qs = torch.empty((B * Hq, N, cq * D), device=q.device, dtype=q.dtype) if out is None else out
     rows = 128 if runtime.INTERPRET else 32
     launch(shifted_queries_kernel, (cdiv(N, rows), B * Hq), q, qs, *q.stride(), N, Hq, CQ=cq, D=D,
            BLOCK_D=next_power_of_2(D), BLOCK_R=rows, num_warps=4)
@@ -162,7 +166,7 @@ def side_stream(device: torch.device):
 
 
 @contextlib.contextmanager
-def _beside(side, *used):
+def beside(side, *used):
     """Run the block's launches on ``side`` (when not None) after everything queued so far on the current stream;
     the caching allocator keeps the ``used`` tensors' memory until ``side`` is done with them."""
     if side is None:
@@ -183,6 +187,15 @@ def _dq_far_descriptors(dcs: torch.Tensor, kf: torch.Tensor, dq: torch.Tensor, t
     return (TensorDescriptor(dcs, list(dcs.shape), list(dcs.stride()), [1, tile["BLOCK_M"], tile["BLOCK_K"]]),
             TensorDescriptor(kf, list(kf.shape), list(kf.stride()), [1, 1, 1, tile["BLOCK_K"], block_d]),
             TensorDescriptor(dq, list(dq.shape), list(dq.stride()), [1, 1, tile["BLOCK_M"], block_d]))
+
+
+def _event_on(side):
+    """An event recorded on ``side`` (None where there is no side stream): what is queued there so far."""
+    if side is None:
+        return None
+    event = torch.cuda.Event()
+    event.record(side)
+    return event
 
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -244,19 +257,21 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     dry = in_dry_run()
 
     kf_cat = kf.permute(0, 1, 3, 2, 4).reshape(B * Hq, N, cq * D)  # a view: kf is laid out keys-major
-    qs = shifted_queries_side_by_side(q, cq)
+    side = side_stream(q.device) if not dry else None
+    # The shifted queries, read first by the first chunk's U GEMM, are made beside its phase 1. The first U GEMM
+    # waits for them, and so for all queued beside before them: the near part's G (conv.py), which the GEMM
+    # path's first dQ fold reads.
+    qs = torch.empty((B * Hq, N, cq * D), device=q.device, dtype=q.dtype)
+    with beside(side, q, qs):
+        shifted_queries_side_by_side(q, cq, out=qs)
+    qs_made = _event_on(side)
     dq_sum = torch.zeros((B, Hq, N, D), device=q.device, dtype=torch.float32)  # dq's parts, summed over chunks
     dk, dv = empty_contiguous(k), empty_contiguous(v)
     dq_rows, dq_warps = _measured_tile(DQ_FOLD_TILE, block_d) or post_pass_tile(block_d, 64, warps=4)
     fold_rows, fold_warps = _measured_tile(DK_FOLD_TILE, block_d) or post_pass_tile(block_d, 64)
     gq_rows = gq_block_rows(B * Hq, cq * D, size)
     dq_tile = dq_far_tile(block_d, q.dtype)
-    side = side_stream(q.device) if not dry else None
     far_kernel = uses_dq_far_kernel(block_d)
-    if far_kernel and near:  # dq's near part first (no Gq rows: cur0 = cur1); the chunks' far parts add to it
-        launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), dq_sum, g, k, dq_sum, 0, 0, 0, *k.stride(),
-               *dq_sum.stride(), N, 0, 0, 0, N, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
-               num_warps=dq_warps, **fold_meta)
     prev, prev0 = None, 0
     for c0, c1 in _chunks(N, size):
         row0 = c0 if causal else 0
@@ -283,11 +298,14 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
 
         # dK side: U = dC_far^T Qshift for the chunk's keys, written once; key c's fold reads U rows c - pk ..
         # c + pk, so the keys within pk of the chunk's end wait for the next chunk.
+        if qs_made is not None:
+            torch.cuda.current_stream(q.device).wait_event(qs_made)
+            qs_made = None
         u = _product(dcs.transpose(1, 2), qs[:, row0:])  # [B * Hq, keys, cq * D]
         f0, f1 = max(c0 - pk, 0) if prev is not None else 0, c1 - pk if c1 < N else N
         if f1 > f0:
             dwf = torch.empty((cdiv(f1 - f0, fold_rows), B, Hq, cq, ck), device=q.device, dtype=torch.float32)
-            with _beside(side, u, dwf):
+            with beside(side, u, dwf):
                 launch(conv_dk_fold_kernel, (cdiv(f1 - f0, fold_rows), B * Hkv), u, u if prev is None else prev, g,
                        q, k, w, dk, dwf, u.stride(0), D, cq * D, (u if prev is None else prev).stride(0),
                        *q.stride(), *k.stride(), *dk.stride(), N, c0, prev0, f0, f1, Hkv, Hq // Hkv, scale,
@@ -307,8 +325,12 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
                    cq * D, *k.stride(), *dq_sum.stride(), N, g0, g1, r0, r1, Hq, Hq // Hkv, scale,
                    ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and c0 == 0})
             del gq  # one block alive at a time
-    if side is not None:  # dk and the far dW partials, made beside, are read after this
+    if side is not None:  # dk and the far dW partials, made beside (G too: conv.py), are read after this
         torch.cuda.current_stream(q.device).wait_stream(side)
+    if far_kernel and near:  # dq's near part (no Gq rows: cur0 = cur1), added to the chunks' far parts
+        launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), dq_sum, g, k, dq_sum, 0, 0, 0, *k.stride(),
+               *dq_sum.stride(), N, 0, 0, 0, N, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
+               num_warps=dq_warps, **fold_meta)
     del kf, kf_cat, qs, prev, scratch
     if dry:
         # The folds compile here too (their first chunk's launch), on buffers of the chunks' shapes.
