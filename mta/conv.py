@@ -364,6 +364,13 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     qa, qb = query_shift_groups(cq)
     w = weight.detach().float().contiguous()
     two_phase = conv_two_phase.uses_two_phase(q, cq, causal)
+    # Two phases: the shifted queries and dO.v on the masked diagonals made on the side stream, beside the pre-passes.
+    side = (conv_two_phase.side_stream(q.device) if two_phase and conv_two_phase.NEAR_BESIDE and not in_dry_run()
+            else None)
+    qs = conv_two_phase.shifted_queries_beside(q, cq, side) if two_phase else None
+    if near:
+        with conv_two_phase.beside(side, do, v):
+            pv = past_scores(do, v, e - 1)  # dO_i . v_{i - delta} on the E masked diagonals
     # Handed to the sides in a list that they empty, so that the folded keys are freed as soon as they are done.
     kf = [fold_keys(k, w, Hq, keys_major=two_phase)]
     dev = q.device
@@ -389,21 +396,21 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
         g = torch.empty((B, Hq, N, ep_pad), device=dev, dtype=torch.float32)
         near_rows, near_warps = post_pass_tile(ep_pad, 128)
         dwn = torch.empty((cdiv(N, near_rows), B, Hq, cq, ck), device=dev, dtype=torch.float32)
-        # Two phases: beside the first chunk's phase 1 (on the stream of the dK folds, which read G; dq's near part
-        # is added after that stream is waited for). Memory-bound and short, they use the SMs phase 1 leaves idle.
-        side = (conv_two_phase.side_stream(dev) if two_phase and conv_two_phase.NEAR_BESIDE and not in_dry_run()
-                else None)
-        with conv_two_phase.beside(side, cd, pq, lse, delta, w, g, dwn, do, v):
-            pv = past_scores(do, v, e - 1)  # dO_i . v_{i - delta} on the E masked diagonals
+        # Two phases: beside the first chunk's phase 1 (on the stream of the dK folds, which read G; the first U GEMM
+        # waits for it). Memory-bound and short: it uses the SMs phase 1 leaves idle.
+        with conv_two_phase.beside(side, cd, pq, lse, delta, w, g, dwn):
             launch(conv_near_kernel, (cdiv(N, near_rows), B * Hq), cd, pv, pq, lse, delta, w, g, dwn, N, Hq,
                    scale, CQ=cq, CK=ck, E=e, E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=near_rows, num_warps=near_warps)
-            del pv
+        del pv
         dw_parts.append(dwn)
     else:
         g = torch.zeros(16, device=dev, dtype=torch.float32)
 
-    sides = conv_two_phase.two_phase_sides if two_phase else _one_pass_sides
-    dq, dk, dv = sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta, dw_parts)
+    if two_phase:
+        dq, dk, dv = conv_two_phase.two_phase_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta,
+                                                    dw_parts, beside_work=(qs, conv_two_phase.event_on(side)))
+    else:
+        dq, dk, dv = _one_pass_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta, dw_parts)
     if in_dry_run():
         return dq, dk, dv, None
     # Fixed-order reductions over the per-program partials: deterministic.
@@ -434,7 +441,7 @@ def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     dq = empty_contiguous(q)
     dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
     head = cq * N * D  # gq and u: contiguous [B, Hq, cq, N, D], read from row 0 (no previous chunk)
-    launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), gq, g, k, dq, head, N * D, D, *k.stride(),
+    launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), gq, g, k, dq, dq, head, N * D, D, *k.stride(),
            *dq.stride(), N, 0, N, 0, N, Hq, Hq // Hkv, scale, NEAR=near, ACCUMULATE=False, CQ=cq, EP=e_past,
            EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=dq_rows, num_warps=dq_warps)
     del gq

@@ -420,7 +420,7 @@ def _shifted_rows(CUR, PREV, bh_cur, bh_prev, stride_a, stride_n, a, rows, wante
 
 
 @triton.jit(do_not_specialize=["n", "cur0", "cur1", "f0", "f1"])
-def conv_dq_fold_kernel(GQ, G, K, DQ, stride_gb, stride_ga, stride_gn,
+def conv_dq_fold_kernel(GQ, G, K, DQ, DQ_OUT, stride_gb, stride_ga, stride_gn,
                         stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_dqb, stride_dqh, stride_dqm, stride_dqd, n, cur0, cur1, f0, f1, num_heads,
                         group_size, scale, NEAR: tl.constexpr, ACCUMULATE: tl.constexpr, CQ: tl.constexpr,
@@ -432,7 +432,8 @@ def conv_dq_fold_kernel(GQ, G, K, DQ, stride_gb, stride_ga, stride_gn,
     backward: contiguous ``[B, Hq, CQ, n, D]``, ``cur0 = 0``, ``cur1 = n``; the two-phase one: a block of rows
     ``[B * Hq, rows, CQ * D]`` of one chunk of keys' part of ``Gq``), 0 outside them. ``ACCUMULATE``: ``DQ`` is an
     fp32 running sum of the parts of ``dq`` (the two-phase backward: one part per chunk of keys), which this part
-    is added to. ``G``: ``[B, Hq, n, EP_PAD]``. Grid: ``(cdiv(f1 - f0, BLOCK_R), B * Hq)``."""
+    is added to, the sum stored to ``DQ_OUT`` (``DQ`` itself, or the finished ``dq`` in its dtype, laid out alike).
+    Else the part is stored to ``DQ``. ``G``: ``[B, Hq, n, EP_PAD]``. Grid: ``(cdiv(f1 - f0, BLOCK_R), B * Hq)``."""
     pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
     b = pid_bh // num_heads
     h = pid_bh % num_heads
@@ -454,10 +455,11 @@ def conv_dq_fold_kernel(GQ, G, K, DQ, stride_gb, stride_ga, stride_gn,
             k = tl.load(k_base + keys[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                         mask=((keys >= 0) & (keys < n))[:, None] & d_ok[None, :], other=0.0)
             dq += g[:, None] * k.to(tl.float32)
-    dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_r[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
+    offs = b * stride_dqb + h * stride_dqh + offs_r[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
+    dq_ptrs = DQ + offs
     if ACCUMULATE:
         dq = dq * scale + tl.load(dq_ptrs, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-        tl.store(dq_ptrs, dq, mask=r_ok[:, None] & d_ok[None, :])
+        tl.store(DQ_OUT + offs, dq.to(DQ_OUT.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
     else:
         tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
 

@@ -34,7 +34,7 @@ def conv_dq_far_kernel(DCS, KF, DQ, DCD, KFD, DQD, stride_sb, stride_sm,
                        n_q, c0, c1, row0, r_lo, num_heads, scale, N_BUCKET,
                        CAUSAL: tl.constexpr, CQ: tl.constexpr, E: tl.constexpr, D: tl.constexpr,
                        BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
-                       PRECISION: tl.constexpr):
+                       PRECISION: tl.constexpr, ACCUMULATE: tl.constexpr):
     """``DQ[b, h, r] += scale * sum_a sum_{c0 <= j < c1} dC_far[r + CQ-1-a, j] Kf_a[j]`` (fp32) for the rows
     ``r >= r_lo`` of one chunk of keys ``[c0, c1)``.
 
@@ -43,7 +43,8 @@ def conv_dq_far_kernel(DCS, KF, DQ, DCD, KFD, DQD, stride_sb, stride_sm,
     TMA descriptors over them (boxes ``[1, BLOCK_M, BLOCK_K]`` and ``[1, 1, 1, BLOCK_K, BLOCK_D]``) and ``DQD`` over
     ``DQ`` (box ``[1, 1, BLOCK_M, BLOCK_D]``: no tile of 64-bit pointers held for the read-modify-write), or all None.
     Causal, a row ``i`` of ``dC_far`` is 0 at keys past ``i - E``: a tile reads the keys up to its last shifted
-    row's. Grid: ``(cdiv(n - r_lo, BLOCK_M), B * Hq)``, the rows that read the most keys first.
+    row's. Not ``ACCUMULATE`` (the first chunk, which every row reads): ``DQ`` is written, not added to.
+    Grid: ``(cdiv(n - r_lo, BLOCK_M), B * Hq)``, the rows that read the most keys first.
     """
     n = n_q
     tile, pid_bh, b, h, _ = program_coordinates(num_heads, 1, HEAVY_LAST=True)
@@ -74,10 +75,14 @@ def conv_dq_far_kernel(DCS, KF, DQ, DCD, KFD, DQD, stride_sb, stride_sm,
             kf = tl.load(kf_base + a * stride_kfa + keys[:, None] * stride_kfn + offs_d[None, :] * stride_kfd,
                          mask=(keys < c1)[:, None] & (offs_d < D)[None, :], other=0.0)
         acc = tl.dot(dc, kf, acc, input_precision=PRECISION)
+    dq = acc * scale
     if TMA:  # rows past n: read as 0, not written
-        dq = DQD.load([b32, h32, r0, 0]).reshape(BLOCK_M, BLOCK_D) + acc * scale
+        if ACCUMULATE:
+            dq += DQD.load([b32, h32, r0, 0]).reshape(BLOCK_M, BLOCK_D)
         DQD.store([b32, h32, r0, 0], dq.reshape(1, 1, BLOCK_M, BLOCK_D))
     else:
         ok = (offs_m < n)[:, None] & (offs_d < D)[None, :]
         dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
-        tl.store(dq_ptrs, tl.load(dq_ptrs, mask=ok, other=0.0) + acc * scale, mask=ok)
+        if ACCUMULATE:
+            dq += tl.load(dq_ptrs, mask=ok, other=0.0)
+        tl.store(dq_ptrs, dq, mask=ok)

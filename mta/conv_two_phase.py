@@ -59,8 +59,9 @@ GQ_BYTES = 64 * 2 ** 20
 #: ``notes/h200_2026-11-28c/beside_ab.log``) forward + backward 10.38 against 10.31 ms at d = 128, 3.18 against
 #: 3.13 at d = 64.
 FOLD_BESIDE = True
-#: Make the near part's inputs (``past_scores(dO, v)``, :func:`mta.conv_backward.conv_near_kernel`) on that stream
-#: too, beside the first chunk's phase 1 (:func:`mta.conv.conv_attention_backward`), as the shifted queries are.
+#: Make the shifted queries and the near part's inputs (``past_scores(dO, v)``,
+#: :func:`mta.conv_backward.conv_near_kernel`) on that stream too, beside the pre-passes and the first chunk's
+#: phase 1 (:func:`mta.conv.conv_attention_backward`, :func:`shifted_queries_beside`).
 NEAR_BESIDE = True
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 #: ``None``: dq's far part made by :func:`mta.conv_dq_kernels.conv_dq_far_kernel` (one product per row tile,
@@ -189,7 +190,17 @@ def _dq_far_descriptors(dcs: torch.Tensor, kf: torch.Tensor, dq: torch.Tensor, t
             TensorDescriptor(dq, list(dq.shape), list(dq.stride()), [1, 1, tile["BLOCK_M"], block_d]))
 
 
-def _event_on(side):
+def shifted_queries_beside(q: torch.Tensor, cq: int, side) -> torch.Tensor:
+    """:func:`shifted_queries_side_by_side`, queued on ``side`` (or in line where None): the first chunk's ``U`` GEMM
+    is the first to read them (it waits for an event recorded after them, :func:`event_on`)."""
+    B, Hq, N, D = q.shape
+    qs = torch.empty((B * Hq, N, cq * D), device=q.device, dtype=q.dtype)
+    with beside(side, q, qs):
+        shifted_queries_side_by_side(q, cq, out=qs)
+    return qs
+
+
+def event_on(side):
     """An event recorded on ``side`` (None where there is no side stream): what is queued there so far."""
     if side is None:
         return None
@@ -231,14 +242,16 @@ def _scratch_descriptor(dcs: torch.Tensor, tile: dict):
 
 
 def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, scale: float, near: bool,
-                    meta: dict, dw_parts: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    meta: dict, dw_parts: list, beside_work: tuple | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``dq, dk, dv`` (the dtypes of ``q, k, v``) by the two phases, the far part of the kernel's gradient
     appended to ``dw_parts`` (per-program partials over ``scale``, as :func:`mta.conv._fused_backward`'s).
 
     ``kf_held``: a list holding the folded keys ``[B, Hq, cq, N, D]`` laid out keys-major
     (:func:`mta.conv.fold_keys` with ``keys_major=True``, so that ``[B * Hq, N, cq * D]`` is a view of them),
     emptied here; ``cd``, ``g``: the diagonal scores and the near part's score gradients (causal), ``meta``: the
-    one-pass kernels' constexprs.
+    one-pass kernels' constexprs. ``beside_work``: ``(qs, made)``, the shifted queries
+    (:func:`shifted_queries_beside`) and an event after them and the near part on the side stream (None: made here).
     """
     from .conv import post_pass_tile  # the launcher module imports this one
     kf = kf_held.pop()
@@ -258,22 +271,25 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
 
     kf_cat = kf.permute(0, 1, 3, 2, 4).reshape(B * Hq, N, cq * D)  # a view: kf is laid out keys-major
     side = side_stream(q.device) if not dry else None
-    # The shifted queries, read first by the first chunk's U GEMM, are made beside its phase 1. The first U GEMM
-    # waits for them, and so for all queued beside before them: the near part's G (conv.py), which the GEMM
-    # path's first dQ fold reads.
-    qs = torch.empty((B * Hq, N, cq * D), device=q.device, dtype=q.dtype)
-    with beside(side, q, qs):
-        shifted_queries_side_by_side(q, cq, out=qs)
-    qs_made = _event_on(side)
-    dq_sum = torch.zeros((B, Hq, N, D), device=q.device, dtype=torch.float32)  # dq's parts, summed over chunks
+    # The first U GEMM waits for what conv.py queued beside: the shifted queries, and the near part's G, which the
+    # GEMM path's first dQ fold reads.
+    qs, qs_made = beside_work if beside_work is not None else (shifted_queries_side_by_side(q, cq), None)
+    far_kernel = uses_dq_far_kernel(block_d)
+    # dq's parts, summed over chunks (the dq kernel's first chunk writes every row; the GEMM path adds to zeros)
+    dq_sum = (torch.empty if far_kernel else torch.zeros)((B, Hq, N, D), device=q.device, dtype=torch.float32)
     dk, dv = empty_contiguous(k), empty_contiguous(v)
     dq_rows, dq_warps = _measured_tile(DQ_FOLD_TILE, block_d) or post_pass_tile(block_d, 64, warps=4)
     fold_rows, fold_warps = _measured_tile(DK_FOLD_TILE, block_d) or post_pass_tile(block_d, 64)
     gq_rows = gq_block_rows(B * Hq, cq * D, size)
     dq_tile = dq_far_tile(block_d, q.dtype)
-    far_kernel = uses_dq_far_kernel(block_d)
+    # The dK folds' dW partials, all chunks in one buffer: the fold of a chunk takes its keys [f0, f1).
+    chunks = _chunks(N, size)
+    folds = [(max(c0 - pk, 0) if c0 > 0 else 0, c1 - pk if c1 < N else N) for c0, c1 in chunks]
+    fold_tiles = [cdiv(max(f1 - f0, 0), fold_rows) for f0, f1 in folds]
+    dw_far = torch.empty((sum(fold_tiles), B, Hq, cq, ck), device=q.device, dtype=torch.float32)
+    dw_parts.append(dw_far)
     prev, prev0 = None, 0
-    for c0, c1 in _chunks(N, size):
+    for chunk, (c0, c1) in enumerate(chunks):
         row0 = c0 if causal else 0
         # dC_far of the rows from row0 and the chunk's keys: [B * Hq, rows, keys], rows-major; a row's keys start
         # 16-byte aligned (the copy engine, cuBLAS): size is a multiple of the tiles.
@@ -289,10 +305,12 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             r_lo = max(row0 - (cq - 1), 0)
             dq_descriptors = (_dq_far_descriptors(dcs, kf, dq_sum, dq_tile, block_d) if descriptors[0] is not None
                               else (None, None, None))
-            launch(conv_dq_far_kernel, (cdiv(N - r_lo, dq_tile["BLOCK_M"]), B * Hq), dcs, kf, dq_sum,
-                   *dq_descriptors, dcs.stride(0), dcs.stride(1), *kf.stride(), *dq_sum.stride(), N, c0, c1, row0,
-                   r_lo, Hq, scale, tuning.size_bucket(N), CAUSAL=causal, CQ=cq, E=meta["E"], D=D, BLOCK_D=block_d,
-                   PRECISION=meta["PRECISION"], **dq_tile)
+            # The first chunk writes dq's rows, the others add to them (the dry run compiles both).
+            for accumulate in (False, True)[:1 + (len(chunks) > 1)] if dry else (c0 > 0,):
+                launch(conv_dq_far_kernel, (cdiv(N - r_lo, dq_tile["BLOCK_M"]), B * Hq), dcs, kf, dq_sum,
+                       *dq_descriptors, dcs.stride(0), dcs.stride(1), *kf.stride(), *dq_sum.stride(), N, c0, c1,
+                       row0, r_lo, Hq, scale, tuning.size_bucket(N), CAUSAL=causal, CQ=cq, E=meta["E"], D=D,
+                       BLOCK_D=block_d, PRECISION=meta["PRECISION"], ACCUMULATE=accumulate, **dq_tile)
         if dry:  # one launch of each kernel compiles it
             break
 
@@ -302,16 +320,15 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             torch.cuda.current_stream(q.device).wait_event(qs_made)
             qs_made = None
         u = _product(dcs.transpose(1, 2), qs[:, row0:])  # [B * Hq, keys, cq * D]
-        f0, f1 = max(c0 - pk, 0) if prev is not None else 0, c1 - pk if c1 < N else N
+        (f0, f1), t0 = folds[chunk], sum(fold_tiles[:chunk])
         if f1 > f0:
-            dwf = torch.empty((cdiv(f1 - f0, fold_rows), B, Hq, cq, ck), device=q.device, dtype=torch.float32)
+            dwf = dw_far[t0:t0 + fold_tiles[chunk]]
             with beside(side, u, dwf):
                 launch(conv_dk_fold_kernel, (cdiv(f1 - f0, fold_rows), B * Hkv), u, u if prev is None else prev, g,
                        q, k, w, dk, dwf, u.stride(0), D, cq * D, (u if prev is None else prev).stride(0),
                        *q.stride(), *k.stride(), *dk.stride(), N, c0, prev0, f0, f1, Hkv, Hq // Hkv, scale,
                        HAS_PREV=prev is not None, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows,
                        num_warps=fold_warps, **fold_meta)
-            dw_parts.append(dwf)
         prev, prev0 = u, c0
 
         # dQ side by GEMMs (not far_kernel): this chunk's part of Gq = dC_far Kf (rows from row0), in blocks of
@@ -321,23 +338,25 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             r0, r1 = max(b0 - (cq - 1), 0) if b0 == row0 else b0, min(b0 + gq_rows, N)
             g0, g1 = max(r0, row0), min(r1 + cq - 1, N)
             gq = _product(dcs[:, g0 - row0:g1 - row0], kf_cat[:, c0:c1])  # [B * Hq, rows, cq * D]
-            launch(conv_dq_fold_kernel, (cdiv(r1 - r0, dq_rows), B * Hq), gq, g, k, dq_sum, gq.stride(0), D,
+            launch(conv_dq_fold_kernel, (cdiv(r1 - r0, dq_rows), B * Hq), gq, g, k, dq_sum, dq_sum, gq.stride(0), D,
                    cq * D, *k.stride(), *dq_sum.stride(), N, g0, g1, r0, r1, Hq, Hq // Hkv, scale,
                    ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and c0 == 0})
             del gq  # one block alive at a time
-    if side is not None:  # dk and the far dW partials, made beside (G too: conv.py), are read after this
-        torch.cuda.current_stream(q.device).wait_stream(side)
-    if far_kernel and near:  # dq's near part (no Gq rows: cur0 = cur1), added to the chunks' far parts
-        launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), dq_sum, g, k, dq_sum, 0, 0, 0, *k.stride(),
+    dq = None
+    if far_kernel and near:  # dq's near part (no Gq rows: cur0 = cur1) added to the far parts, stored as dq
+        dq = empty_contiguous(q)  # G was waited for by the first U GEMM; this runs beside the last dK fold
+        launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), dq_sum, g, k, dq_sum, dq, 0, 0, 0, *k.stride(),
                *dq_sum.stride(), N, 0, 0, 0, N, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
                num_warps=dq_warps, **fold_meta)
+    if side is not None:  # dk and the far dW partials, made beside, are read after this
+        torch.cuda.current_stream(q.device).wait_stream(side)
     del kf, kf_cat, qs, prev, scratch
     if dry:
         # The folds compile here too (their first chunk's launch), on buffers of the chunks' shapes.
         _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps,
                        scale)
         return empty_contiguous(q), dk, dv
-    return dq_sum.to(q.dtype), dk, dv
+    return dq if dq is not None else dq_sum.to(q.dtype), dk, dv
 
 
 def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps,
@@ -351,7 +370,8 @@ def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_wa
     buf = torch.empty((B * Hq, size, cq * D), device=q.device, dtype=q.dtype)  # cuBLAS's output dtype
     for first in (True, False) if N > size else (True,):  # one chunk: only the first chunk's variants
         if not uses_dq_far_kernel(fold_meta["BLOCK_D"]):
-            launch(conv_dq_fold_kernel, (1, B * Hq), buf, g, k, dq_sum, buf.stride(0), D, cq * D, *k.stride(),
+            launch(conv_dq_fold_kernel, (1, B * Hq), buf, g, k, dq_sum, dq_sum, buf.stride(0), D, cq * D,
+                   *k.stride(),
                    *dq_sum.stride(), N, 0, 1, 0, 1, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
                    num_warps=dq_warps, **{**fold_meta, "NEAR": near and first})
         dwf = torch.empty((1, B, Hq, cq, ck), device=q.device, dtype=torch.float32)
