@@ -209,6 +209,31 @@ def event_on(side):
     return event
 
 
+#: Pieces of a chunk's keys whose ``U`` rows are made by one GEMM each, causal: a piece's product starts at its first
+#: key's row (the rows before see none of its keys), so less of the chunk's diagonal block of zeros is multiplied.
+U_PIECES = 1
+
+
+def _keys_by_queries(dcs: torch.Tensor, qs: torch.Tensor, c0: int, c1: int, row0: int, causal: bool):
+    """``U = dC_far^T Qshift`` for the chunk's keys ``[c0, c1)``: ``[B * Hq, keys, cq * D]`` in the inputs' dtype
+    (fp32 on the CPU); :data:`U_PIECES` GEMMs (causal)."""
+    pieces = U_PIECES if causal else 1
+    if pieces == 1:
+        return _product(dcs.transpose(1, 2), qs[:, row0:])
+    align = 128 if qs.device.type == "cuda" else 8  # whole tiles for the GEMMs; 16-byte-aligned starts anyway
+    step = cdiv(cdiv(c1 - c0, pieces), align) * align
+    u = torch.empty((dcs.shape[0], c1 - c0, qs.shape[2]), device=qs.device,
+                    dtype=qs.dtype if qs.device.type == "cuda" else torch.float32)
+    for k0 in range(c0, c1, step):
+        k1 = min(k0 + step, c1)
+        a, b = dcs[:, k0 - row0:, k0 - c0:k1 - c0].transpose(1, 2), qs[:, k0:]
+        if qs.device.type == "cuda":
+            torch.matmul(a, b, out=u[:, k0 - c0:k1 - c0])
+        else:
+            u[:, k0 - c0:k1 - c0] = _product(a, b)
+    return u
+
+
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` batched: in the inputs' dtype on a GPU (cuBLAS accumulates in fp32), in fp32 on the CPU."""
     if a.device.type == "cuda":
@@ -288,6 +313,20 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     fold_tiles = [cdiv(max(f1 - f0, 0), fold_rows) for f0, f1 in folds]
     dw_far = torch.empty((sum(fold_tiles), B, Hq, cq, ck), device=q.device, dtype=torch.float32)
     dw_parts.append(dw_far)
+
+    def dq_far_part(dcs, c0, c1, row0, accumulates):
+        """dQ side: dq[r] += scale sum_a sum_j dC_far[r + cq-1-a, j] Kf_a[j] over the chunk's keys, for the rows from
+        row0 - (cq-1) (the first that read a row of the chunk's). The first chunk writes dq's rows, the others add
+        to them."""
+        r_lo = max(row0 - (cq - 1), 0)
+        dq_descriptors = (_dq_far_descriptors(dcs, kf, dq_sum, dq_tile, block_d) if descriptors[0] is not None
+                          else (None, None, None))
+        for accumulate in accumulates:
+            launch(conv_dq_far_kernel, (cdiv(N - r_lo, dq_tile["BLOCK_M"]), B * Hq), dcs, kf, dq_sum,
+                   *dq_descriptors, dcs.stride(0), dcs.stride(1), *kf.stride(), *dq_sum.stride(), N, c0, c1, row0,
+                   r_lo, Hq, scale, tuning.size_bucket(N), CAUSAL=causal, CQ=cq, E=meta["E"], D=D, BLOCK_D=block_d,
+                   PRECISION=meta["PRECISION"], ACCUMULATE=accumulate, **dq_tile)
+
     prev, prev0 = None, 0
     for chunk, (c0, c1) in enumerate(chunks):
         row0 = c0 if causal else 0
@@ -299,19 +338,9 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
                *descriptors, dcd, *q.stride(), *v.stride(), *kf.stride(), *do.stride(), *dv.stride(),
                dcs.stride(0), dcs.stride(1), N, N, c0, row0, Hkv, Hq // Hkv, scale, tuning.size_bucket(N),
                **constexprs, **tile)
-        if far_kernel:
-            # dQ side: dq[r] += scale sum_a sum_j dC_far[r + cq-1-a, j] Kf_a[j] over the chunk's keys, for the rows
-            # from row0 - (cq-1) (the first that read a row of the chunk's).
-            r_lo = max(row0 - (cq - 1), 0)
-            dq_descriptors = (_dq_far_descriptors(dcs, kf, dq_sum, dq_tile, block_d) if descriptors[0] is not None
-                              else (None, None, None))
-            # The first chunk writes dq's rows, the others add to them (the dry run compiles both).
-            for accumulate in (False, True)[:1 + (len(chunks) > 1)] if dry else (c0 > 0,):
-                launch(conv_dq_far_kernel, (cdiv(N - r_lo, dq_tile["BLOCK_M"]), B * Hq), dcs, kf, dq_sum,
-                       *dq_descriptors, dcs.stride(0), dcs.stride(1), *kf.stride(), *dq_sum.stride(), N, c0, c1,
-                       row0, r_lo, Hq, scale, tuning.size_bucket(N), CAUSAL=causal, CQ=cq, E=meta["E"], D=D,
-                       BLOCK_D=block_d, PRECISION=meta["PRECISION"], ACCUMULATE=accumulate, **dq_tile)
-        if dry:  # one launch of each kernel compiles it
+        if dry:  # one launch of each kernel compiles it (the dq kernel's both variants)
+            if far_kernel:
+                dq_far_part(dcs, c0, c1, row0, (False, True)[:1 + (len(chunks) > 1)])
             break
 
         # dK side: U = dC_far^T Qshift for the chunk's keys, written once; key c's fold reads U rows c - pk ..
@@ -319,7 +348,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
         if qs_made is not None:
             torch.cuda.current_stream(q.device).wait_event(qs_made)
             qs_made = None
-        u = _product(dcs.transpose(1, 2), qs[:, row0:])  # [B * Hq, keys, cq * D]
+        u = _keys_by_queries(dcs, qs, c0, c1, row0, causal)  # [B * Hq, keys, cq * D]
         (f0, f1), t0 = folds[chunk], sum(fold_tiles[:chunk])
         if f1 > f0:
             dwf = dw_far[t0:t0 + fold_tiles[chunk]]
@@ -330,6 +359,8 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
                        HAS_PREV=prev is not None, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows,
                        num_warps=fold_warps, **fold_meta)
         prev, prev0 = u, c0
+        if far_kernel:  # after the U GEMM: its dK fold, beside, runs in this kernel's shadow
+            dq_far_part(dcs, c0, c1, row0, (c0 > 0,))
 
         # dQ side by GEMMs (not far_kernel): this chunk's part of Gq = dC_far Kf (rows from row0), in blocks of
         # rows, each folded into dq's running sum at once: row r reads Gq rows r .. r + cq - 1, so a block is made
