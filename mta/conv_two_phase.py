@@ -209,31 +209,6 @@ def event_on(side):
     return event
 
 
-#: Pieces of a chunk's keys whose ``U`` rows are made by one GEMM each, causal: a piece's product starts at its first
-#: key's row (the rows before see none of its keys), so less of the chunk's diagonal block of zeros is multiplied.
-U_PIECES = 1
-
-
-def _keys_by_queries(dcs: torch.Tensor, qs: torch.Tensor, c0: int, c1: int, row0: int, causal: bool):
-    """``U = dC_far^T Qshift`` for the chunk's keys ``[c0, c1)``: ``[B * Hq, keys, cq * D]`` in the inputs' dtype
-    (fp32 on the CPU); :data:`U_PIECES` GEMMs (causal)."""
-    pieces = U_PIECES if causal else 1
-    if pieces == 1:
-        return _product(dcs.transpose(1, 2), qs[:, row0:])
-    align = 128 if qs.device.type == "cuda" else 8  # whole tiles for the GEMMs; 16-byte-aligned starts anyway
-    step = cdiv(cdiv(c1 - c0, pieces), align) * align
-    u = torch.empty((dcs.shape[0], c1 - c0, qs.shape[2]), device=qs.device,
-                    dtype=qs.dtype if qs.device.type == "cuda" else torch.float32)
-    for k0 in range(c0, c1, step):
-        k1 = min(k0 + step, c1)
-        a, b = dcs[:, k0 - row0:, k0 - c0:k1 - c0].transpose(1, 2), qs[:, k0:]
-        if qs.device.type == "cuda":
-            torch.matmul(a, b, out=u[:, k0 - c0:k1 - c0])
-        else:
-            u[:, k0 - c0:k1 - c0] = _product(a, b)
-    return u
-
-
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` batched: in the inputs' dtype on a GPU (cuBLAS accumulates in fp32), in fp32 on the CPU."""
     if a.device.type == "cuda":
@@ -348,7 +323,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
         if qs_made is not None:
             torch.cuda.current_stream(q.device).wait_event(qs_made)
             qs_made = None
-        u = _keys_by_queries(dcs, qs, c0, c1, row0, causal)  # [B * Hq, keys, cq * D]
+        u = _product(dcs.transpose(1, 2), qs[:, row0:])  # [B * Hq, keys, cq * D]
         (f0, f1), t0 = folds[chunk], sum(fold_tiles[:chunk])
         if f1 > f0:
             dwf = dw_far[t0:t0 + fold_tiles[chunk]]

@@ -69,13 +69,6 @@ def test_dtypes_gqa_and_noncausal(N, cq, ck, causal, dtype, Hq, Hkv, D, B, two_p
     run_case(N, cq, ck, causal, dtype, Hq=Hq, Hkv=Hkv, D=D, B=B)
 
 
-@pytest.mark.parametrize("pieces", [2, 3])
-def test_u_in_pieces_of_keys(pieces, two_phase, monkeypatch, poisoned_outputs):
-    """Causal, a chunk's U made by GEMMs over pieces of its keys, each from its first key's row."""
-    monkeypatch.setattr(conv_two_phase, "U_PIECES", pieces)
-    run_case(100, 6, 11, True, torch.float32)
-
-
 @pytest.mark.parametrize("causal", [True, False])
 def test_gq_in_several_blocks_of_rows(causal, two_phase, monkeypatch, poisoned_outputs):
     """Each chunk's part of Gq made in blocks of one chunk of rows (the first reaching back cq - 1 rows): a row's
