@@ -1,4 +1,4 @@
-"""The two-phase MTA backward: ``dC_far`` made once at the forward's rate, then its products as GEMMs, chunk by chunk.
+"""The two-phase MTA backward: ``dC_far`` made once at the forward's rate, then its products, chunk by chunk.
 
 The one-pass kernels of :mod:`mta.conv_backward` hold ``cq`` shifted copies of a tile's queries (or folded keys)
 side by side and accumulate products ``cq'`` head dims wide in registers. Those blocks crowd the chip (d = 128 at
@@ -6,25 +6,27 @@ side by side and accumulate products ``cq'`` head dims wide in registers. Those 
 makes ``C`` again. Here the backward walks chunks of keys, and for each:
 
 1. one Triton kernel (:mod:`mta.conv_dc_kernels`) makes ``C`` with the forward's streamed pieces, then ``P``,
-   ``dP``, ``dC`` and its far part, stores ``dC_far^T`` for the chunk's keys in a 16-bit scratch (keys-major), and
+   ``dP``, ``dC`` and its far part, stores ``dC_far`` for the chunk's keys in a 16-bit rows-major scratch, and
    sums ``dV = P^T dO`` over the GQA group in registers: the chunk's ``dv``, complete;
 2. the dK side: one GEMM, ``U = dC_far^T Qshift`` (the shifted queries side by side, ``cq d`` wide), written once,
    and :func:`mta.conv_backward.conv_dk_fold_kernel` folds it into ``dk`` and the far part of ``dW`` as soon as
    the keys it reads are made (a key reads ``U`` rows ``c - pk .. c + pk``: this chunk's and the previous one's),
-   on a second stream (:func:`side_stream`), where the short memory-bound fold fills the tails of the next
-   kernels' waves;
-3. the dQ side: the chunk's part of ``Gq = dC_far Kf`` (the folded keys side by side), made in blocks of rows
-   and folded at once into an fp32 running ``dq`` (:func:`mta.conv_backward.conv_dq_fold_kernel`,
-   ``ACCUMULATE``): row ``r`` reads ``Gq`` rows ``r .. r + cq - 1``, so a block is made ``cq - 1`` rows longer.
+   on a second stream (:func:`side_stream`), where the short memory-bound fold runs beside the next kernels;
+3. the dQ side, folded at once into an fp32 running ``dq`` (the fold is linear): at 128-wide head-dim tiles
+   :func:`mta.conv_dq_kernels.conv_dq_far_kernel`, one product of depth ``cq x keys`` per row tile from the
+   scratch's shifted rows (no ``Gq``; the dK fold runs in its shadow); elsewhere the chunk's part of
+   ``Gq = dC_far Kf`` (the folded keys side by side) by GEMMs over blocks of rows, each folded by
+   :func:`mta.conv_backward.conv_dq_fold_kernel` (``ACCUMULATE``): row ``r`` reads ``Gq`` rows ``r .. r + cq - 1``,
+   so a block is made ``cq - 1`` rows longer.
 
-``C`` is made once: ``cq' + 2`` product units in the Triton kernel, ``2 cq'`` in the GEMMs at cuBLAS's rate.
-Extra memory: the scratch (:data:`SCRATCH_BYTES`, or one tile of keys of every head where that is more), two
-chunks of ``U`` (a third while a fold on its stream lags), one block of ``Gq`` (:data:`GQ_BYTES`), the fp32
-running ``dq``, and the folded keys and shifted queries laid out for the GEMMs (each ``cq`` times q's size): O(N).
-Deterministic: every output row has one owner, and the GEMMs, folds and sums over chunks run in a fixed order.
-Rounding: ``Gq`` and ``U`` leave cuBLAS in the inputs' dtype, and phase 1 sums the score product in other pieces
-than the forward that made the lse, so at logits of order 1e3 ``P`` is off by their fp32 rounding (fp32 inputs,
-forced: ``dv`` 4e-4 from float64 against the one-pass kernels' 1e-6), well under bf16's own rounding.
+``C`` is made once: ``cq' + 2`` product units in the Triton kernel, ``2 cq'`` in phase 2. Extra memory: the
+scratch (:data:`SCRATCH_BYTES`, or one tile of keys of every head where that is more), two chunks of ``U`` (a
+third while a fold on its stream lags), one block of ``Gq`` (:data:`GQ_BYTES`) where GEMMs make it, the fp32
+running ``dq``, and the folded keys and shifted queries laid out for the products (each ``cq`` times q's size):
+O(N). Deterministic: every output row has one owner, and the products, folds and sums over chunks run in a fixed
+order. Rounding: ``Gq`` and ``U`` leave cuBLAS in the inputs' dtype, and phase 1 sums the score product in other
+pieces than the forward that made the lse, so at logits of order 1e3 ``P`` is off by their fp32 rounding (fp32
+inputs, forced: ``dv`` 4e-4 from float64 against the one-pass kernels' 1e-6), well under bf16's own rounding.
 """
 
 from __future__ import annotations

@@ -13,10 +13,11 @@ import torch
 import triton
 
 import mta
-from mta import conv_backward, conv_dc_kernels, conv_forward, flash_backward, flash_forward, launch, runtime
+from mta import (conv_backward, conv_dc_kernels, conv_dq_kernels, conv_forward, flash_backward, flash_forward, launch,
+                 runtime)
 
 GPU = pytest.mark.skipif(runtime.INTERPRET, reason="compiling needs a GPU (the interpreter compiles nothing)")
-MODULES = (conv_forward, conv_backward, conv_dc_kernels, flash_forward, flash_backward)
+MODULES = (conv_forward, conv_backward, conv_dc_kernels, conv_dq_kernels, flash_forward, flash_backward)
 
 
 class FakeKernel:
