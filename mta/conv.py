@@ -20,7 +20,8 @@ from .conv_chunked import conv_attention_backward_chunked, conv_attention_forwar
 from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_kernel, conv_dq_kernel,
                             conv_near_kernel)
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
-                           held_shared_bytes, holds_queries, past_scores_kernel, query_shift_groups)
+                           held_shared_bytes, holds_queries, past_scores_kernel, past_scores_product_kernel,
+                           query_shift_groups)
 from .flash_backward import rowsum_do_o_kernel
 from .launch import (batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
                      dot_precision, empty_contiguous, head_dim_block, in_dry_run, launch, launch_tiled, next_power_of_2,
@@ -77,6 +78,14 @@ def _pad16(x: int) -> int:
     return max(16, next_power_of_2(x))
 
 
+#: Whether 16-bit past scores come from one product per row tile on a GPU (:func:`uses_past_product`).
+PAST_BY_PRODUCT = True
+#: ``(rows, warps)`` of :func:`past_scores`'s product kernel. On an H200 (bf16, 6 x 11, N = 8192, its three calls in
+#: a forward + backward; ``notes/h200_2026-11-29b/``): 32 rows 0.095 ms at d = 128 (16 heads), 0.028 at d = 64
+#: (8 heads); 64 rows 0.102, 0.038; the per-row dot products 0.159, 0.048.
+PAST_PRODUCT_TILE = (32, 4)
+
+
 def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
     """``P[b, h, r, e] = q[b, h, r] . k[b, h // G, r - e]`` for ``0 <= e <= reach`` (0 before key 0), unscaled.
 
@@ -92,12 +101,22 @@ def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
     Hkv = k.shape[1]
     width = _pad16(reach + 1)
     p = torch.empty((B, Hq, N, width), device=q.device, dtype=torch.float32)
-    # On an H200, 16 rows per program is fastest at d = 64 and 128; the interpreter pays per operation.
-    block_r = 128 if runtime.INTERPRET else 16
-    launch(past_scores_kernel, (cdiv(N, block_r), B * Hq),
+    if uses_past_product(q.dtype, width):
+        kernel, (block_r, warps) = past_scores_product_kernel, PAST_PRODUCT_TILE
+    else:  # On an H200, 16 rows per program is fastest at d = 64 and 128; the interpreter pays per operation.
+        kernel, block_r, warps = past_scores_kernel, 128 if runtime.INTERPRET else 16, 4
+    launch(kernel, (cdiv(N, block_r), B * Hq),
         q, k, p, *q.stride(), *k.stride(), *p.stride()[:3], N, Hq, Hq // Hkv,
-        EP=reach, EP_PAD=width, D=D, BLOCK_D=head_dim_block(D), BLOCK_R=block_r, num_warps=4)
+        EP=reach, EP_PAD=width, D=D, BLOCK_D=head_dim_block(D), BLOCK_R=block_r, num_warps=warps)
     return p
+
+
+def uses_past_product(dtype: torch.dtype, width: int) -> bool:
+    """Whether :func:`past_scores` runs :func:`mta.conv_forward.past_scores_product_kernel`: 16-bit inputs on a GPU
+    (the interpreter's 16-bit products are not exact; fp32 keeps exact per-row dot products), a band of ``width``
+    columns at most the tile's rows."""
+    return (PAST_BY_PRODUCT and not runtime.INTERPRET and dtype in (torch.float16, torch.bfloat16)
+            and width <= PAST_PRODUCT_TILE[0])
 
 
 def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor,

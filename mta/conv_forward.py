@@ -308,6 +308,33 @@ def past_scores_kernel(Q, K, P, stride_qb, stride_qh, stride_qm, stride_qd,
 
 
 @triton.jit(do_not_specialize=["n"])
+def past_scores_product_kernel(Q, K, P, stride_qb, stride_qh, stride_qm, stride_qd,
+                               stride_kb, stride_kh, stride_kn, stride_kd, stride_pb, stride_ph, stride_pr,
+                               n, num_heads, group_size, EP: tl.constexpr, EP_PAD: tl.constexpr,
+                               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """:func:`past_scores_kernel`'s ``P`` (``EP_PAD <= BLOCK_R``) from one product per row tile on the tensor
+    cores: ``S = q_tile k_window^T`` over the ``2 BLOCK_R`` keys before the tile's last row, of which row ``i``
+    keeps the band ``e = r - key`` in ``[0, EP_PAD)`` (zero past ``EP``): every ``(r, e)`` is one element of ``S``.
+    For 16-bit inputs (exact products, fp32 sums); fp32 keeps the per-row dot products."""
+    pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    r0 = tl.program_id(0) * BLOCK_R
+    offs_r = r0 + tl.arange(0, BLOCK_R)
+    keys = r0 - BLOCK_R + tl.arange(0, 2 * BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_r[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=(offs_r < n)[:, None] & d_ok[None, :], other=0.0)
+    k = tl.load(K + b * stride_kb + (h // group_size) * stride_kh + keys[:, None] * stride_kn
+                + offs_d[None, :] * stride_kd, mask=((keys >= 0) & (keys < n))[:, None] & d_ok[None, :], other=0.0)
+    s = tl.dot(q, tl.trans(k))
+    e = offs_r[:, None] - keys[None, :]
+    tl.store(P + b * stride_pb + h * stride_ph + offs_r[:, None] * stride_pr + e, tl.where(e <= EP, s, 0.0),
+             mask=(e >= 0) & (e < EP_PAD) & (offs_r < n)[:, None])
+
+
+@triton.jit(do_not_specialize=["n"])
 def diagonal_scores_kernel(P, W, CD, stride_pb, stride_ph, stride_pr, n, num_heads,
                            CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
                            EP_PAD: tl.constexpr, BLOCK_R: tl.constexpr):

@@ -133,6 +133,7 @@ def test_fold_keys_matches_its_definition():
     torch.testing.assert_close(kf, want, rtol=1e-6, atol=1e-6)
 
 
+
 @pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
 @pytest.mark.parametrize("D", [8, 24])
 @pytest.mark.parametrize("causal", [True, False])
@@ -248,19 +249,30 @@ def test_masked_diagonals_across_key_tiles(N, cq, ck, poisoned_outputs):
     run_case(N, cq, ck, True, torch.float32)
 
 
-def test_past_scores_match_their_definition():
-    B, Hq, Hkv, N, D, reach = 2, 4, 2, 19, 24, 7
-    q, k = rand(B, Hq, N, D), rand(B, Hkv, N, D)
+@pytest.mark.parametrize("by_product", [False, True], ids=["dots", "product"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("N,reach", [(1, 7), (19, 7), (70, 15), (150, 20)], ids=str)
+def test_past_scores_match_their_definition(N, reach, dtype, by_product, monkeypatch):
+    """Both kernels (per-row dot products; one product per row tile, which 16-bit inputs take on a GPU), forced
+    either way, against float64: zero before key 0 and past ``reach``, GQA, a head dim that is no power of 2."""
+    if dtype == torch.bfloat16 and not ON_GPU:
+        pytest.skip("the interpreter's bf16 products are not exact")
+    if by_product and dtype == torch.float32:
+        pytest.skip("fp32 keeps the per-row dot products")
+    monkeypatch.setattr(mta.conv, "uses_past_product", lambda dt, width: by_product)
+    B, Hq, Hkv, D = 2, 4, 2, 24
+    q, k = rand(B, Hq, N, D).to(dtype), rand(B, Hkv, N, D).to(dtype)
     p = mta.conv.past_scores(q, k, reach).cpu().double()
-    assert p.shape == (B, Hq, N, 16)
+    width = max(16, 1 << reach.bit_length())
+    assert p.shape == (B, Hq, N, width)
     qd, kd = q.cpu().double(), k.cpu().double()
-    want = torch.zeros(B, Hq, N, 16, dtype=torch.float64)
+    want = torch.zeros(B, Hq, N, width, dtype=torch.float64)
     for h in range(Hq):
         for r in range(N):
             for e in range(reach + 1):
                 if r - e >= 0:
                     want[:, h, r, e] = (qd[:, h, r] * kd[:, h // (Hq // Hkv), r - e]).sum(-1)
-    torch.testing.assert_close(p, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(p, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("cq,ck", [(6, 11), (2, 9), (16, 15), (3, 1)], ids=str)
