@@ -20,8 +20,8 @@ from .conv_chunked import conv_attention_backward_chunked, conv_attention_forwar
 from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_kernel, conv_dq_kernel,
                             conv_near_kernel)
 from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
-                           held_shared_bytes, holds_queries, past_scores_kernel, past_scores_product_kernel,
-                           query_shift_groups)
+                           fold_keys_product_kernel, held_shared_bytes, holds_queries, past_scores_kernel,
+                           past_scores_product_kernel, query_shift_groups)
 from .flash_backward import rowsum_do_o_kernel
 from .launch import (batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
                      dot_precision, empty_contiguous, head_dim_block, in_dry_run, launch, launch_tiled, next_power_of_2,
@@ -58,6 +58,12 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int, keys_majo
     else:
         kf = torch.empty((B, num_q_heads, cq, N, D), device=k.device, dtype=k.dtype)
     block_d = head_dim_block(D)
+    if uses_fold_product(k.dtype):
+        block_n, warps = FOLD_PRODUCT_TILE
+        launch(fold_keys_product_kernel, (cdiv(N, block_n), B * num_q_heads),
+            k, w, kf, *k.stride(), *kf.stride(), N, num_q_heads, num_q_heads // Hkv, CQ=cq, CK=ck, D=D,
+            BLOCK_D=block_d, BLOCK_N=block_n, WINDOW=next_power_of_2(block_n + ck - 1), num_warps=warps)
+        return kf
     # The interpreter pays per operation, not per element. On a GPU short tiles keep the ck shifted
     # loads of a tile in L1 across the cq kernel rows (8 rows, 2 warps: fastest on an H200 at d = 128).
     block_n, warps = (128, 4) if runtime.INTERPRET else (8, 2)
@@ -65,6 +71,20 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int, keys_majo
         k, w, kf, *k.stride(), *kf.stride(), N, num_q_heads, num_q_heads // Hkv,
         CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=warps)
     return kf
+
+
+#: Whether 16-bit keys are folded by band-matrix products on a GPU (:func:`uses_fold_product`).
+FOLD_BY_PRODUCT = True
+#: ``(keys, warps)`` of the band-matrix fold's programs. On an H200 (bf16, 6 x 11, N = 8192, the forward's and the
+#: backward's folds; ``notes/h200_2026-11-29b/fold_product_ab.log``): 16 keys on 2 warps 0.159 ms at d = 128
+#: (16 heads), 0.051 at d = 64 (8 heads); 32 on 4 0.278, 0.104; 64 on 8 0.679; the pointer kernel 0.285, 0.078.
+FOLD_PRODUCT_TILE = (16, 2)
+
+
+def uses_fold_product(dtype: torch.dtype) -> bool:
+    """Whether :func:`fold_keys` runs :func:`mta.conv_forward.fold_keys_product_kernel`: 16-bit keys on a GPU
+    (fp32 keys keep the pointer kernel's fp32 sums; the interpreter's 16-bit products are not exact)."""
+    return FOLD_BY_PRODUCT and not runtime.INTERPRET and dtype in (torch.float16, torch.bfloat16)
 
 
 def diagonal_reach(cq: int, ck: int) -> tuple[int, int]:

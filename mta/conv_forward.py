@@ -382,6 +382,41 @@ def fold_keys_kernel(K, W, KF, stride_kb, stride_kh, stride_kn, stride_kd,
                  mask=(offs_n < n)[:, None] & d_ok[None, :])
 
 
+@triton.jit(do_not_specialize=["n"])
+def fold_keys_product_kernel(K, W, KF, stride_kb, stride_kh, stride_kn, stride_kd,
+                             stride_fb, stride_fh, stride_fa, stride_fn, stride_fd,
+                             n, num_heads, group_size, CQ: tl.constexpr, CK: tl.constexpr,
+                             D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+    """:func:`fold_keys_kernel`'s ``KF`` as ``cq`` products on the tensor cores: ``KF_a[tile] = B_a K_window``, the
+    band matrix ``B_a[i, m] = W[h, a, m - i]`` (``0 <= m - i < CK``) against the ``WINDOW >= BLOCK_N + CK - 1``
+    keys from the tile's first minus ``pk``, loaded once (the pointer kernel reloads ``ck`` shifted tiles per
+    kernel row). For 16-bit keys: ``B_a`` is split into its 16-bit part and the 16-bit rest, two products with
+    exact 16-bit multiplies and fp32 sums, so the fold keeps W's digits to ``2^-16`` (bf16) or ``2^-22`` (fp16).
+    Grid: ``(cdiv(n, BLOCK_N), B * Hq)``."""
+    PK: tl.constexpr = (CK - 1) // 2
+    pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    n0 = tl.program_id(0) * BLOCK_N
+    offs_i = tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, WINDOW)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    keys = n0 - PK + offs_m
+    window = tl.load(K + b * stride_kb + (h // group_size) * stride_kh + keys[:, None] * stride_kn
+                     + offs_d[None, :] * stride_kd, mask=((keys >= 0) & (keys < n))[:, None] & d_ok[None, :],
+                     other=0.0)
+    t = offs_m[None, :] - offs_i[:, None]  # the kernel column that key m of the window is to row i
+    in_band = (t >= 0) & (t < CK)
+    kf_base = KF + b * stride_fb + h * stride_fh + (n0 + offs_i)[:, None] * stride_fn + offs_d[None, :] * stride_fd
+    for a in tl.range(0, CQ, num_stages=1):  # W's band loads hit the cache: no buffers in flight
+        band = tl.load(W + (h * CQ + a) * CK + t, mask=in_band, other=0.0)
+        band_hi = band.to(window.dtype)
+        kf = tl.dot(band_hi, window)
+        kf = tl.dot((band - band_hi.to(tl.float32)).to(window.dtype), window, kf)
+        tl.store(kf_base + a * stride_fa, kf.to(KF.dtype.element_ty), mask=(n0 + offs_i < n)[:, None] & d_ok[None, :])
+
+
 def fit_stream_descriptors(args: dict) -> None:
     """Give the TMA descriptors of :func:`conv_forward_kernel`'s launch ``args`` (if it has any) the boxes of
     its tile: a ``BLOCK_M x WIDTH`` piece of a shifted query tile, ``BLOCK_N x WIDTH`` of folded keys and

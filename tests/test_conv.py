@@ -117,11 +117,10 @@ def test_bad_inputs_raise_clear_errors():
         mta.conv_attention(q.double(), k.double(), v.double(), torch.ones(2, 1, 1, device=DEVICE))
 
 
-def test_fold_keys_matches_its_definition():
-    B, Hq, Hkv, N, D, cq, ck = 2, 4, 2, 21, 24, 3, 5
-    k = rand(B, Hkv, N, D)
-    w = rand(Hq, cq, ck, scale=0.3)
-    kf = mta.conv.fold_keys(k, w, Hq).cpu().double()
+def fold_by_definition(k: torch.Tensor, w: torch.Tensor, Hq: int) -> torch.Tensor:
+    """``Kf[b, h, a, j] = sum_t w[h, a, t] k[b, h // G, j - pk + t]`` in float64, term by term."""
+    B, Hkv, N, D = k.shape
+    _, cq, ck = w.shape
     kd, wd, pk = k.cpu().double(), w.cpu().double(), (ck - 1) // 2
     want = torch.zeros(B, Hq, cq, N, D, dtype=torch.float64)
     for h in range(Hq):
@@ -130,8 +129,42 @@ def test_fold_keys_matches_its_definition():
                 for t in range(ck):
                     if 0 <= j - pk + t < N:
                         want[:, h, a, j] += wd[h, a, t] * kd[:, h // (Hq // Hkv), j - pk + t]
-    torch.testing.assert_close(kf, want, rtol=1e-6, atol=1e-6)
+    return want
 
+
+def test_fold_keys_matches_its_definition():
+    B, Hq, Hkv, N, D, cq, ck = 2, 4, 2, 21, 24, 3, 5
+    k = rand(B, Hkv, N, D)
+    w = rand(Hq, cq, ck, scale=0.3)
+    kf = mta.conv.fold_keys(k, w, Hq).cpu().double()
+    torch.testing.assert_close(kf, fold_by_definition(k, w, Hq), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("by_product", [False, True], ids=["pointer", "band_product"])
+@pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
+@pytest.mark.parametrize("N,cq,ck,keys_major", [(1, 2, 3, False), (21, 3, 5, True), (150, 6, 11, False),
+                                                (70, 16, 15, True), (40, 1, 33, False)], ids=str)
+def test_fold_keys_of_16_bit_keys_are_correctly_rounded(N, cq, ck, keys_major, dtype, by_product, monkeypatch):
+    """Both fold kernels (the band-matrix products, which 16-bit keys take on a GPU, forced either way) keep the
+    fp32 weights' digits: each folded value is the float64 fold rounded to the keys' dtype, within half a unit in
+    its last place, plus fp32's sums' error and the band kernel's split of the weights into two 16-bit parts
+    (``2^-2(m+1)`` of the terms' magnitudes for ``m`` mantissa bits). A fold with the weights rounded to 16 bits
+    misses by ``2^-(m+1)``: over a hundred times that."""
+    monkeypatch.setattr(mta.conv, "uses_fold_product", lambda dt: by_product)
+    B, Hq, Hkv, D = 1, 4, 2, 24
+    k = rand(B, Hkv, N, D).to(dtype)
+    w = rand(Hq, cq, ck, scale=0.3)
+    kf = mta.conv.fold_keys(k, w, Hq, keys_major=keys_major)
+    assert kf.shape == (B, Hq, cq, N, D) and kf.dtype == dtype
+    want, terms = fold_by_definition(k, w, Hq), fold_by_definition(k.abs(), w.abs(), Hq)
+    mantissa_bits = {torch.float16: 10, torch.bfloat16: 7}[dtype]
+    smallest = torch.finfo(dtype).smallest_normal * 2.0 ** -mantissa_bits  # the spacing of subnormals
+    half_ulp = torch.ldexp(torch.ones_like(want), torch.frexp(want).exponent - 2 - mantissa_bits).clamp(
+        min=smallest / 2)
+    err = (kf.cpu().double() - want).abs()
+    excess = err - half_ulp
+    allowed = 1e-6 + 2.0 ** (-2 * (mantissa_bits + 1))
+    assert (excess <= allowed * terms).all(), f"{(excess / terms).max():.3g} of the terms' magnitude past half a unit"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
