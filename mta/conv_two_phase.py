@@ -65,9 +65,6 @@ FOLD_BESIDE = True
 #: :func:`mta.conv_backward.conv_near_kernel`) on that stream too, beside the pre-passes and the first chunk's
 #: phase 1 (:func:`mta.conv.conv_attention_backward`, :func:`shifted_queries_beside`).
 NEAR_BESIDE = True
-#: Where the dq kernel makes dq's far part: add the near part first, beside the first chunk's phase 1, instead of
-#: after the last chunk (where the GPU waits for it).
-NEAR_DQ_FIRST = True
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 #: ``None``: dq's far part made by :func:`mta.conv_dq_kernels.conv_dq_far_kernel` (one product per row tile,
 #: from the scratch) for 128-wide head-dim tiles, else by ``Gq`` GEMMs over blocks of rows and
@@ -307,16 +304,6 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
                    r_lo, Hq, scale, tuning.size_bucket(N), CAUSAL=causal, CQ=cq, E=meta["E"], D=D, BLOCK_D=block_d,
                    PRECISION=meta["PRECISION"], ACCUMULATE=accumulate, **dq_tile)
 
-    # dq kernel path: dq's near part written first into the running dq, beside the first chunk's phase 1 (G is made
-    # on the side stream); the first dq kernel adds to it, and the finished dq is a cast at the end.
-    near_first = far_kernel and near and NEAR_DQ_FIRST
-    near_made = None
-    if near_first:
-        with beside(side, g, k, dq_sum):
-            launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), dq_sum, g, k, dq_sum, dq_sum, 0, 0, 0,
-                   *k.stride(), *dq_sum.stride(), N, 0, 0, 0, N, Hq, Hq // Hkv, scale, ACCUMULATE=False,
-                   BLOCK_R=dq_rows, num_warps=dq_warps, **fold_meta)
-        near_made = event_on(side)
     prev, prev0 = None, 0
     for chunk, (c0, c1) in enumerate(chunks):
         row0 = c0 if causal else 0
@@ -350,10 +337,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
                        num_warps=fold_warps, **fold_meta)
         prev, prev0 = u, c0
         if far_kernel:  # after the U GEMM: its dK fold, beside, runs in this kernel's shadow
-            if near_made is not None:
-                torch.cuda.current_stream(q.device).wait_event(near_made)
-                near_made = None
-            dq_far_part(dcs, c0, c1, row0, (c0 > 0 or near_first,))
+            dq_far_part(dcs, c0, c1, row0, (c0 > 0,))
 
         # dQ side by GEMMs (not far_kernel): this chunk's part of Gq = dC_far Kf (rows from row0), in blocks of
         # rows, each folded into dq's running sum at once: row r reads Gq rows r .. r + cq - 1, so a block is made
@@ -367,7 +351,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
                    ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and c0 == 0})
             del gq  # one block alive at a time
     dq = None
-    if far_kernel and near and not near_first:  # dq's near part (no Gq rows) added to the far parts, stored as dq
+    if far_kernel and near:  # dq's near part (no Gq rows: cur0 = cur1) added to the far parts, stored as dq
         dq = empty_contiguous(q)  # G was waited for by the first U GEMM; this runs beside the last dK fold
         launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), dq_sum, g, k, dq_sum, dq, 0, 0, 0, *k.stride(),
                *dq_sum.stride(), N, 0, 0, 0, N, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
