@@ -8,6 +8,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Two processes by default (a CI machine has 2 cores); `loadfile` keeps each notebook in one process, in order.
+PYTEST_ARGS ?= -n 2 --dist loadfile
 STAMP := $(VENV)/.installed
 
 .PHONY: setup lab test clean
