@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .conv_forward import _finish_scores, _folded_keys, _shifted_queries
-from .kernel_parts import LOG2E, key_tile_bounds, program_coordinates, query_tile_bounds
+from .kernel_parts import LOG2E, key_tile_bounds, program_coordinates, query_tile_bounds, split_product
 from .launch import NO_SPECIALIZE
 
 #: fp32 accumulator registers per thread a tiled backward program may use (``[owned, (QA + QB) * BLOCK_D]``):
@@ -464,6 +464,14 @@ def conv_dq_fold_kernel(GQ, G, K, DQ, DQ_OUT, stride_gb, stride_ga, stride_gn,
         tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
 
 
+@triton.jit
+def _fold_program(num_kv_heads):
+    """``(tile, b, kv_h)`` of a dK fold's program in its ``(tiles, B * Hkv)`` grid; ``b`` and ``kv_h`` int64, so that
+    the offsets of a program's batch and head stay exact past 2**31 elements."""
+    pid_bkv = tl.program_id(1).to(tl.int64)
+    return tl.program_id(0), pid_bkv // num_kv_heads, pid_bkv % num_kv_heads
+
+
 @triton.jit(do_not_specialize=["n", "cur0", "prev0", "f0", "f1"])
 def conv_dk_fold_kernel(U, U_PREV, G, Q, K, W, DK, DWP, stride_ub, stride_ua, stride_un, stride_pb,
                         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -486,10 +494,7 @@ def conv_dk_fold_kernel(U, U_PREV, G, Q, K, W, DK, DWP, stride_ub, stride_ua, st
     column, and are summed over the rows once per ``a``: a sum across warps per ``(a, b)`` is a barrier each.
     """
     PK: tl.constexpr = (CK - 1) // 2
-    tile = tl.program_id(0)
-    pid_bkv = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
-    b = pid_bkv // num_kv_heads
-    kv_h = pid_bkv % num_kv_heads
+    tile, b, kv_h = _fold_program(num_kv_heads)
     num_heads = num_kv_heads * group_size
     offs_c = f0 + tile * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
@@ -524,3 +529,70 @@ def conv_dk_fold_kernel(U, U_PREV, G, Q, K, W, DK, DWP, stride_ub, stride_ua, st
                 dk += gv[:, None] * q.to(tl.float32)
     tl.store(DK + b * stride_dkb + kv_h * stride_dkh + offs_c[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              (dk * scale).to(DK.dtype.element_ty), mask=c_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["n", "cur0", "prev0", "f0", "f1"])
+def conv_dk_fold_product_kernel(U, U_PREV, G, Q, K, W, DK, DWP, stride_ub, stride_ua, stride_un, stride_pb,
+                                stride_qb, stride_qh, stride_qm, stride_qd,
+                                stride_kb, stride_kh, stride_kn, stride_kd,
+                                stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                                n, cur0, prev0, f0, f1, num_kv_heads, group_size, scale, NEAR: tl.constexpr,
+                                HAS_PREV: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, CK_PAD: tl.constexpr,
+                                EP: tl.constexpr, EP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                                BLOCK_R: tl.constexpr, WINDOW: tl.constexpr, NEAR_WINDOW: tl.constexpr):
+    """:func:`conv_dk_fold_kernel`'s ``dk`` and ``DWP`` from 16-bit ``U`` by products on the tensor cores: the
+    ``WINDOW >= BLOCK_R + ck - 1`` rows of ``U_a`` that the tile's keys read are loaded once per ``(h, a)``
+    (the pointer kernel loads ``ck`` shifted tiles), and
+
+        dk_tile += B_a U_window,   B_a[i, m] = W[h, a, t],  t = i + 2 pk - m  (0 <= t < ck)
+        M_a = k_tile U_window^T,   DWP[.., a, t] = sum_i M_a[i, i + 2 pk - t]  (a diagonal sum: tl.gather)
+        dk_tile += G_band q_window, G_band[i, m] = G[c0 + m, m - i]  (0 <= m - i <= E', ``NEAR``)
+
+    over ``NEAR_WINDOW >= BLOCK_R + E'`` rows of q. The fp32 ``B_a`` and ``G_band`` go in as their 16-bit part
+    and the 16-bit rest (two products with exact 16-bit multiplies and fp32 sums: W and G kept to ``2^-16`` in
+    bf16); ``M_a``'s inputs are 16-bit already (exact). Arguments and grid as :func:`conv_dk_fold_kernel`'s."""
+    PK: tl.constexpr = (CK - 1) // 2
+    tile, b, kv_h = _fold_program(num_kv_heads)
+    num_heads = num_kv_heads * group_size
+    c0 = f0 + tile * BLOCK_R
+    offs_i = tl.arange(0, BLOCK_R)
+    offs_c = c0 + offs_i
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    c_ok = offs_c < f1
+    k = tl.load(K + b * stride_kb + kv_h * stride_kh + offs_c[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=c_ok[:, None] & d_ok[None, :], other=0.0).to(U.dtype.element_ty)
+    # U's window: key c0 + i reads row c0 + i + pk - t = c0 - pk + m; rows no valid key reads stay 0 (they may
+    # lie past the chunk's buffer).
+    offs_m = tl.arange(0, WINDOW)
+    rows = c0 - PK + offs_m
+    t = offs_i[:, None] + 2 * PK - offs_m[None, :]  # the kernel column of window row m for key i
+    in_band = (t >= 0) & (t < CK) & c_ok[:, None]
+    cols = tl.arange(0, CK_PAD)
+    diagonal = tl.maximum(offs_i[:, None] + 2 * PK - cols[None, :], 0)  # [BLOCK_R, CK_PAD]: M_a's column of t
+    dk = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    for g in range(0, group_size):
+        h = kv_h * group_size + g
+        bh = b * num_heads + h
+        dwp_base = DWP + (tile * tl.num_programs(1) * group_size + bh) * CQ * CK
+        for a in tl.range(0, CQ, num_stages=1):
+            window = _shifted_rows(U, U_PREV, bh * stride_ub, bh * stride_pb, stride_ua, stride_un, a, rows,
+                                   rows < f1 + PK, offs_d, n, cur0, prev0, HAS_PREV, D).to(U.dtype.element_ty)
+            band = tl.load(W + (h * CQ + a) * CK + t, mask=in_band, other=0.0)
+            dk = split_product(band, window, dk)
+            m_a = tl.dot(k, tl.trans(window))  # [BLOCK_R, WINDOW]: <k[c0 + i], U_a[c0 - pk + m]>
+            dw = tl.sum(tl.where(cols[None, :] < CK, tl.gather(m_a, diagonal, 1), 0.0), 0)
+            tl.store(dwp_base + a * CK + cols, dw, mask=cols < CK)
+        if NEAR:
+            offs_w = tl.arange(0, NEAR_WINDOW)
+            q_rows = c0 + offs_w
+            e = offs_w[None, :] - offs_i[:, None]  # the diagonal of G that q row c0 + m is on for key i
+            g_band = tl.load(G + bh * n * EP_PAD + q_rows[None, :] * EP_PAD + e,
+                             mask=(e >= 0) & (e <= EP) & (q_rows < n)[None, :] & c_ok[:, None], other=0.0)
+            q_window = tl.load(Q + b * stride_qb + h * stride_qh + q_rows[:, None] * stride_qm
+                               + offs_d[None, :] * stride_qd, mask=(q_rows < n)[:, None] & d_ok[None, :],
+                               other=0.0).to(U.dtype.element_ty)
+            dk = split_product(g_band, q_window, dk)
+    tl.store(DK + b * stride_dkb + kv_h * stride_dkh + offs_c[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+             (dk * scale).to(DK.dtype.element_ty), mask=c_ok[:, None] & d_ok[None, :])
+

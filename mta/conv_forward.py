@@ -43,7 +43,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernel_parts import LOG2E, finish_rows, key_tile_bounds, online_softmax_step, program_coordinates
+from .kernel_parts import (LOG2E, finish_rows, key_tile_bounds, online_softmax_step, program_coordinates,
+                           split_product)
 from .launch import NO_SPECIALIZE
 
 #: The largest query-axis kernel size ``cq``.
@@ -391,7 +392,8 @@ def fold_keys_product_kernel(K, W, KF, stride_kb, stride_kh, stride_kn, stride_k
     band matrix ``B_a[i, m] = W[h, a, m - i]`` (``0 <= m - i < CK``) against the ``WINDOW >= BLOCK_N + CK - 1``
     keys from the tile's first minus ``pk``, loaded once (the pointer kernel reloads ``ck`` shifted tiles per
     kernel row). For 16-bit keys: ``B_a`` is split into its 16-bit part and the 16-bit rest, two products with
-    exact 16-bit multiplies and fp32 sums, so the fold keeps W's digits to ``2^-16`` (bf16) or ``2^-22`` (fp16).
+    exact 16-bit multiplies and fp32 sums (:func:`mta.kernel_parts.split_product`), so the fold keeps W's digits
+    to ``2^-16`` (bf16) or ``2^-22`` (fp16).
     Grid: ``(cdiv(n, BLOCK_N), B * Hq)``."""
     PK: tl.constexpr = (CK - 1) // 2
     pid_bh = tl.program_id(1).to(tl.int64)  # offsets past 2**31 elements stay exact
@@ -411,9 +413,7 @@ def fold_keys_product_kernel(K, W, KF, stride_kb, stride_kh, stride_kn, stride_k
     kf_base = KF + b * stride_fb + h * stride_fh + (n0 + offs_i)[:, None] * stride_fn + offs_d[None, :] * stride_fd
     for a in tl.range(0, CQ, num_stages=1):  # W's band loads hit the cache: no buffers in flight
         band = tl.load(W + (h * CQ + a) * CK + t, mask=in_band, other=0.0)
-        band_hi = band.to(window.dtype)
-        kf = tl.dot(band_hi, window)
-        kf = tl.dot((band - band_hi.to(tl.float32)).to(window.dtype), window, kf)
+        kf = split_product(band, window, tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32))
         tl.store(kf_base + a * stride_fa, kf.to(KF.dtype.element_ty), mask=(n0 + offs_i < n)[:, None] & d_ok[None, :])
 
 

@@ -36,7 +36,7 @@ import contextlib
 import torch
 
 from . import runtime, tuning
-from .conv_backward import conv_dk_fold_kernel, conv_dq_fold_kernel
+from .conv_backward import conv_dk_fold_kernel, conv_dk_fold_product_kernel, conv_dq_fold_kernel
 from .conv_dc_kernels import conv_dc_kernel, shifted_queries_kernel
 from .conv_dq_kernels import conv_dq_far_kernel
 from .launch import cdiv, empty_contiguous, in_dry_run, launch, next_power_of_2
@@ -83,6 +83,15 @@ DK_FOLD_TILE: tuple[int, int] | None = (8, 1)
 #: took forward + backward from 10.33 to 10.22 ms at d = 128 (post_pass_tile's 32 rows) and from 3.12 to 3.10 at
 #: d = 64; 8 rows were close (10.23).
 DQ_FOLD_TILE: tuple[int, int] | None = (16, 4)
+#: ``None``: the dK fold runs :func:`mta.conv_backward.conv_dk_fold_product_kernel` (products on the tensor cores)
+#: where ``U`` is bf16 on a GPU, else :func:`mta.conv_backward.conv_dk_fold_kernel`; ``True``: the products for
+#: any 16-bit ``U`` (tests: fp16 in the interpreter, whose bf16 products are not exact); ``False``: never.
+DK_FOLD_BY_PRODUCT: bool | None = None
+#: ``(keys, warps)`` of the product fold's programs. On an H200 (bf16, 6 x 11, N = 8192, the 8 chunks' folds;
+#: ``notes/h200_2026-11-29c/``) 16 keys on 2 warps 0.49 ms at d = 128 (forward + backward 9.17 ms), on 1 warp 0.61
+#: (9.20), 32 on 2 0.72 (9.33); the pointer kernel 0.96 (9.46, in an earlier interleaved run against 9.37 for
+#: 16 on 2 with the diagonals summed by a 3-D select instead of tl.gather); d = 64: 0.08-0.11 ms against 0.22.
+DK_FOLD_PRODUCT_TILE = (16, 2)
 
 
 def phase_one_tile(block_d: int, dtype: torch.dtype, causal: bool) -> dict:
@@ -109,6 +118,46 @@ def dq_far_tile(block_d: int, dtype: torch.dtype) -> dict:
 def uses_dq_far_kernel(block_d: int) -> bool:
     """Whether the dQ side runs :func:`mta.conv_dq_kernels.conv_dq_far_kernel` (:data:`DQ_FAR_KERNEL`)."""
     return DQ_FAR_KERNEL if DQ_FAR_KERNEL is not None else block_d == 128
+
+
+def uses_dk_fold_product(u_dtype: torch.dtype) -> bool:
+    """Whether the dK fold of a ``U`` of ``u_dtype`` runs by products (:data:`DK_FOLD_BY_PRODUCT`): the split
+    weights keep bf16's range (fp16's ends at 65504)."""
+    if DK_FOLD_BY_PRODUCT is not None:
+        return DK_FOLD_BY_PRODUCT and u_dtype in (torch.float16, torch.bfloat16)
+    return not runtime.INTERPRET and u_dtype == torch.bfloat16
+
+
+def dk_fold_launch(u_dtype: torch.dtype, block_d: int, ck: int, e_past: int) -> tuple:
+    """``(kernel, rows, constexprs)`` of the dK fold over a ``U`` of ``u_dtype``: the product kernel's tile and
+    windows (:func:`uses_dk_fold_product`), else the pointer kernel's measured tile."""
+    from .conv import post_pass_tile  # the launcher module imports this one
+    if uses_dk_fold_product(u_dtype):
+        rows, warps = DK_FOLD_PRODUCT_TILE
+        return conv_dk_fold_product_kernel, rows, dict(
+            BLOCK_R=rows, num_warps=warps, WINDOW=next_power_of_2(rows + ck - 1),
+            NEAR_WINDOW=next_power_of_2(rows + e_past))
+    rows, warps = _measured_tile(DK_FOLD_TILE, block_d) or post_pass_tile(block_d, 64)
+    return conv_dk_fold_kernel, rows, dict(BLOCK_R=rows, num_warps=warps)
+
+
+def fold_dk(u, prev, prev0: int, c0: int, f0: int, f1: int, g, q, k, w, dk, dwf, scale: float, near: bool,
+            block_d: int) -> None:
+    """The dK fold of one chunk of keys: ``dk[:, :, f0:f1]`` and the far ``dW`` partials ``dwf`` ``[tiles, B, Hq,
+    cq, ck]`` (one per :func:`dk_fold_launch` tile of rows) from the chunk's ``U`` ``[B * Hq, keys, cq * D]``
+    (its rows from key ``c0``) and, where its keys read back past ``c0``, the previous chunk's ``prev`` (rows
+    from ``prev0``; None for the first chunk). ``g``: the near part's score gradients ``[B, Hq, N, E'_PAD]``,
+    read where ``near``."""
+    B, Hq, N, D = q.shape
+    Hkv = k.shape[1]
+    cq, ck = w.shape[1:]
+    e_past = ck + cq - 3
+    kernel, rows, tile = dk_fold_launch(u.dtype, block_d, ck, e_past)
+    before = u if prev is None else prev
+    launch(kernel, (cdiv(f1 - f0, rows), B * Hkv), u, before, g, q, k, w, dk, dwf, u.stride(0), D, cq * D,
+           before.stride(0), *q.stride(), *k.stride(), *dk.stride(), N, c0, prev0, f0, f1, Hkv, Hq // Hkv, scale,
+           NEAR=near, HAS_PREV=prev is not None, CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past,
+           EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D, BLOCK_D=block_d, **tile)
 
 
 def uses_two_phase(q: torch.Tensor, cq: int, causal: bool) -> bool:
@@ -281,7 +330,8 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     dq_sum = (torch.empty if far_kernel else torch.zeros)((B, Hq, N, D), device=q.device, dtype=torch.float32)
     dk, dv = empty_contiguous(k), empty_contiguous(v)
     dq_rows, dq_warps = _measured_tile(DQ_FOLD_TILE, block_d) or post_pass_tile(block_d, 64, warps=4)
-    fold_rows, fold_warps = _measured_tile(DK_FOLD_TILE, block_d) or post_pass_tile(block_d, 64)
+    # U leaves cuBLAS in the inputs' dtype on a GPU (fp32 on the CPU: _product)
+    fold_rows = dk_fold_launch(q.dtype if q.is_cuda else torch.float32, block_d, ck, e_past)[1]
     gq_rows = gq_block_rows(B * Hq, cq * D, size)
     dq_tile = dq_far_tile(block_d, q.dtype)
     # The dK folds' dW partials, all chunks in one buffer: the fold of a chunk takes its keys [f0, f1).
@@ -330,11 +380,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
         if f1 > f0:
             dwf = dw_far[t0:t0 + fold_tiles[chunk]]
             with beside(side, u, dwf):
-                launch(conv_dk_fold_kernel, (cdiv(f1 - f0, fold_rows), B * Hkv), u, u if prev is None else prev, g,
-                       q, k, w, dk, dwf, u.stride(0), D, cq * D, (u if prev is None else prev).stride(0),
-                       *q.stride(), *k.stride(), *dk.stride(), N, c0, prev0, f0, f1, Hkv, Hq // Hkv, scale,
-                       HAS_PREV=prev is not None, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows,
-                       num_warps=fold_warps, **fold_meta)
+                fold_dk(u, prev, prev0, c0, f0, f1, g, q, k, w, dk, dwf, scale, near, block_d)
         prev, prev0 = u, c0
         if far_kernel:  # after the U GEMM: its dK fold, beside, runs in this kernel's shadow
             dq_far_part(dcs, c0, c1, row0, (c0 > 0,))
@@ -361,14 +407,12 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     del kf, kf_cat, qs, prev, scratch
     if dry:
         # The folds compile here too (their first chunk's launch), on buffers of the chunks' shapes.
-        _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps,
-                       scale)
+        _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, scale)
         return empty_contiguous(q), dk, dv
     return dq if dq is not None else dq_sum.to(q.dtype), dk, dv
 
 
-def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, fold_rows, fold_warps,
-                   scale):
+def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, scale):
     """Inside :func:`mta.launch.compile_ahead`'s dry run: the folds' launches of :func:`two_phase_sides` on meta
     buffers of a chunk's shape (the GEMMs that make them do not run there): the dK fold with and without a
     previous chunk, the dQ fold with and without the near part."""
@@ -383,7 +427,4 @@ def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_wa
                    *dq_sum.stride(), N, 0, 1, 0, 1, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
                    num_warps=dq_warps, **{**fold_meta, "NEAR": near and first})
         dwf = torch.empty((1, B, Hq, cq, ck), device=q.device, dtype=torch.float32)
-        launch(conv_dk_fold_kernel, (1, B * Hkv), buf, buf, g, q, k, w, dk, dwf, buf.stride(0), D, cq * D,
-               buf.stride(0), *q.stride(), *k.stride(), *dk.stride(), N, 0, 0, 0, 1, Hkv, Hq // Hkv, scale,
-               HAS_PREV=not first, CK=ck, CK_PAD=next_power_of_2(ck), BLOCK_R=fold_rows, num_warps=fold_warps,
-               **fold_meta)
+        fold_dk(buf, None if first else buf, 0, 0, 0, 1, g, q, k, w, dk, dwf, scale, near, fold_meta["BLOCK_D"])

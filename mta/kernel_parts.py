@@ -6,7 +6,9 @@
 * :func:`online_softmax_step` and :func:`finish_rows`: chapter 02's running ``(m, l, acc)`` state,
   updated with a tile of scores and normalised at the end;
 * ``LOG2E`` and ``LN2``: scores are kept in base-2 units (``s * scale * log2(e)``) so that ``exp2``
-  replaces ``exp``; ``LN2`` turns a base-2 log-sum-exp back into a natural one.
+  replaces ``exp``; ``LN2`` turns a base-2 log-sum-exp back into a natural one;
+* :func:`split_product`: an fp32 matrix times a 16-bit one on the tensor cores, the fp32 one in two 16-bit parts
+  (the band-matrix folds).
 """
 
 from __future__ import annotations
@@ -98,3 +100,13 @@ def finish_rows(acc, m, l):
     o = acc / l_safe[:, None]
     lse = tl.where(seen, (m + tl.math.log2(l_safe)) * LN2, float("-inf"))
     return o, lse
+
+
+@triton.jit
+def split_product(band, x, acc):
+    """``acc + band @ x`` for an fp32 ``band`` and a 16-bit ``x``: ``band`` goes in as two 16-bit parts, its
+    rounding and the rest, each product's multiplies exact and its sums fp32; ``band`` is kept to ``2^-16``
+    relative in bf16 (``2^-22`` in fp16, where it must stay below fp16's largest value)."""
+    band_hi = band.to(x.dtype)
+    acc = tl.dot(band_hi, x, acc)
+    return tl.dot((band - band_hi.to(tl.float32)).to(x.dtype), x, acc)

@@ -98,6 +98,90 @@ def test_chunks_change_nothing_but_rounding(chunk, monkeypatch):
         check(name, x, y, 1e-5)
 
 
+def dk_fold_by_definition(u, g, q, k, w, keys, near):
+    """float64 ``dk[c]`` (over ``scale``) and the far ``dW`` of :func:`mta.conv_two_phase.fold_dk` for the ``keys``,
+    from the whole ``U`` ``[B * Hq, N, cq * D]``, and the same sums of the terms' magnitudes."""
+    B, Hq, N, D = q.shape
+    Hkv, (cq, ck), pk, e_past = k.shape[1], w.shape[1:], (w.shape[2] - 1) // 2, sum(w.shape[1:]) - 3
+    u = u.cpu().double().reshape(B, Hq, N, cq, D)
+    q, k, w, g = (x.cpu().double() for x in (q, k, w, g))
+    dk, dk_terms = torch.zeros(B, Hkv, N, D, dtype=torch.float64), torch.zeros(B, Hkv, N, D, dtype=torch.float64)
+    dw, dw_terms = torch.zeros(B, Hq, cq, ck, dtype=torch.float64), torch.zeros(B, Hq, cq, ck, dtype=torch.float64)
+    for c in keys:
+        for h in range(Hq):
+            for a in range(cq):
+                for t in range(ck):
+                    row = c + pk - t
+                    if 0 <= row < N:
+                        term = w[h, a, t] * u[:, h, row, a]
+                        dk[:, h * Hkv // Hq, c] += term
+                        dk_terms[:, h * Hkv // Hq, c] += term.abs()
+                        dw[:, h, a, t] += (u[:, h, row, a] * k[:, h * Hkv // Hq, c]).sum(-1)
+                        dw_terms[:, h, a, t] += (u[:, h, row, a] * k[:, h * Hkv // Hq, c]).abs().sum(-1)
+            for e in range(e_past + 1) if near else ():
+                if c + e < N:
+                    term = g[:, h, c + e, e, None] * q[:, h, c + e]
+                    dk[:, h * Hkv // Hq, c] += term
+                    dk_terms[:, h * Hkv // Hq, c] += term.abs()
+    return dk, dk_terms, dw, dw_terms
+
+
+@pytest.mark.parametrize("by_product", [False, True], ids=["pointer", "band_product"])
+@pytest.mark.parametrize("N,cq,ck,near,D", [(70, 6, 11, True, 24), (5, 6, 11, True, 16), (70, 16, 15, True, 16),
+                                            (40, 1, 1, False, 32), (33, 3, 5, False, 24)], ids=str)
+def test_dk_fold_of_16_bit_u_matches_its_definition(N, cq, ck, near, D, by_product, monkeypatch):
+    """The dK fold, chunk by chunk (32 keys; each fold reads the previous chunk's ``U`` rows), both kernels (the
+    product kernel, which bf16 takes on a GPU, forced either way; fp16 here). Each chunk's ``U`` is followed by
+    NaN rows and ``G`` past its ``E'`` diagonals is NaN: a row no key should read fails. ``dk`` is the float64 sum
+    rounded to fp16, within ``1e-5`` of its terms' magnitudes (the products' split weights: ``2^-22``); a fold
+    with the weights in one 16-bit part misses by ``2^-12`` of them."""
+    monkeypatch.setattr(conv_two_phase, "DK_FOLD_BY_PRODUCT", by_product)
+    dtype, B, Hq, Hkv, chunk, scale = torch.float16, 2, 4, 2, 32, 0.7
+    pk, e_past = (ck - 1) // 2, ck + cq - 3
+    q, k = rand(B, Hq, N, D, dtype=dtype), rand(B, Hkv, N, D, dtype=dtype)
+    w = rand(Hq, cq, ck, scale=0.3)
+    u = rand(B * Hq, N, cq * D, dtype=dtype)
+    ep_pad = max(16, 1 << e_past.bit_length())
+    g = rand(B, Hq, N, ep_pad)
+    g[..., e_past + 1:] = float("nan")
+    dk = torch.full_like(k, float("nan"))
+    block_d = max(16, 1 << (D - 1).bit_length())
+    rows = conv_two_phase.dk_fold_launch(dtype, block_d, ck, e_past)[1]
+    parts, prev, prev0 = [], None, 0
+    for c0 in range(0, N, chunk):
+        c1 = min(c0 + chunk, N)
+        u_chunk = torch.full((B * Hq, c1 - c0 + 40, cq * D), float("nan"), dtype=dtype, device=u.device)
+        u_chunk[:, :c1 - c0] = u[:, c0:c1]
+        u_chunk = u_chunk[:, :c1 - c0]
+        f0, f1 = (max(c0 - pk, 0) if c0 > 0 else 0), (c1 - pk if c1 < N else N)
+        if f1 > f0:
+            dwf = torch.empty((-(-(f1 - f0) // rows), B, Hq, cq, ck), device=u.device)
+            conv_two_phase.fold_dk(u_chunk, prev, prev0, c0, f0, f1, g, q, k, w, dk, dwf, scale, near, block_d)
+            parts.append(dwf)
+        prev, prev0 = u_chunk, c0
+    want, terms, dw_want, dw_terms = dk_fold_by_definition(u, g, q, k, w, range(N), near)
+    err = (dk.cpu().double() - scale * want).abs()
+    assert (err <= 2.0 ** -11 * scale * want.abs() + 1e-5 * scale * terms).all(), \
+        f"dk: {(err / (scale * terms)).max():.3g} of the terms' magnitude"
+    dw = torch.cat(parts).sum(0).cpu().double()
+    assert ((dw - dw_want).abs() <= 1e-5 * dw_terms).all(), \
+        f"dW: {((dw - dw_want).abs() / dw_terms).max():.3g} of the terms' magnitude"
+
+
+def test_dk_fold_takes_products_for_bf16_on_a_gpu(monkeypatch):
+    """The rule: bf16 U on a GPU (fp16's range would clip the split weights); forced, any 16-bit U."""
+    monkeypatch.setattr(conv_two_phase.runtime, "INTERPRET", False)
+    assert conv_two_phase.uses_dk_fold_product(torch.bfloat16)
+    assert not conv_two_phase.uses_dk_fold_product(torch.float16)
+    assert not conv_two_phase.uses_dk_fold_product(torch.float32)
+    monkeypatch.setattr(conv_two_phase, "DK_FOLD_BY_PRODUCT", True)
+    assert conv_two_phase.uses_dk_fold_product(torch.float16)
+    assert not conv_two_phase.uses_dk_fold_product(torch.float32)
+    monkeypatch.setattr(conv_two_phase.runtime, "INTERPRET", True)
+    monkeypatch.setattr(conv_two_phase, "DK_FOLD_BY_PRODUCT", None)
+    assert not conv_two_phase.uses_dk_fold_product(torch.bfloat16)
+
+
 def test_bitwise_deterministic(two_phase):
     q, k, v = rand_qkv(2, 2, 1, 50, 50, 16, dtype=torch.float16)
     weight, do = rand(2, 3, 5, scale=0.2), rand(2, 2, 50, 16, dtype=torch.float16)
