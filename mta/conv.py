@@ -407,6 +407,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     side = (conv_two_phase.side_stream(q.device) if two_phase and conv_two_phase.NEAR_BESIDE and not in_dry_run()
             else None)
     qs = conv_two_phase.shifted_queries_beside(q, cq, side) if two_phase else None
+    qs_made = conv_two_phase.event_on(side)
     if near:
         with conv_two_phase.beside(side, do, v):
             pv = past_scores(do, v, e - 1)  # dO_i . v_{i - delta} on the E masked diagonals
@@ -435,7 +436,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
         g = torch.empty((B, Hq, N, ep_pad), device=dev, dtype=torch.float32)
         near_rows, near_warps = post_pass_tile(ep_pad, 128)
         dwn = torch.empty((cdiv(N, near_rows), B, Hq, cq, ck), device=dev, dtype=torch.float32)
-        # Two phases: beside the first chunk's phase 1 (on the stream of the dK folds, which read G; the first U GEMM
+        # Two phases: beside the first chunk's phase 1 (on the stream of the dK folds, which read G; the first dQ fold
         # waits for it). Memory-bound and short: it uses the SMs phase 1 leaves idle.
         with conv_two_phase.beside(side, cd, pq, lse, delta, w, g, dwn):
             launch(conv_near_kernel, (cdiv(N, near_rows), B * Hq), cd, pv, pq, lse, delta, w, g, dwn, N, Hq,
@@ -447,7 +448,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
 
     if two_phase:
         dq, dk, dv = conv_two_phase.two_phase_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta,
-                                                    dw_parts, beside_work=(qs, conv_two_phase.event_on(side)))
+                                                    dw_parts, beside_work=(qs, qs_made, conv_two_phase.event_on(side)))
     else:
         dq, dk, dv = _one_pass_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta, dw_parts)
     if in_dry_run():

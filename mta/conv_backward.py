@@ -465,11 +465,11 @@ def conv_dq_fold_kernel(GQ, G, K, DQ, DQ_OUT, stride_gb, stride_ga, stride_gn,
 
 
 @triton.jit
-def _fold_program(num_kv_heads):
-    """``(tile, b, kv_h)`` of a dK fold's program in its ``(tiles, B * Hkv)`` grid; ``b`` and ``kv_h`` int64, so that
-    the offsets of a program's batch and head stay exact past 2**31 elements."""
+def _batch_and_kv_head(num_kv_heads):
+    """``(b, kv_h)`` of a dK fold's program in its ``(tiles, B * Hkv)`` grid, int64: the offsets of a program's batch
+    and head stay exact past 2**31 elements."""
     pid_bkv = tl.program_id(1).to(tl.int64)
-    return tl.program_id(0), pid_bkv // num_kv_heads, pid_bkv % num_kv_heads
+    return pid_bkv // num_kv_heads, pid_bkv % num_kv_heads
 
 
 @triton.jit(do_not_specialize=["n", "cur0", "prev0", "f0", "f1"])
@@ -494,7 +494,8 @@ def conv_dk_fold_kernel(U, U_PREV, G, Q, K, W, DK, DWP, stride_ub, stride_ua, st
     column, and are summed over the rows once per ``a``: a sum across warps per ``(a, b)`` is a barrier each.
     """
     PK: tl.constexpr = (CK - 1) // 2
-    tile, b, kv_h = _fold_program(num_kv_heads)
+    tile = tl.program_id(0)
+    b, kv_h = _batch_and_kv_head(num_kv_heads)
     num_heads = num_kv_heads * group_size
     offs_c = f0 + tile * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
@@ -552,7 +553,8 @@ def conv_dk_fold_product_kernel(U, U_PREV, G, Q, K, W, DK, DWP, stride_ub, strid
     and the 16-bit rest (two products with exact 16-bit multiplies and fp32 sums: W and G kept to ``2^-16`` in
     bf16); ``M_a``'s inputs are 16-bit already (exact). Arguments and grid as :func:`conv_dk_fold_kernel`'s."""
     PK: tl.constexpr = (CK - 1) // 2
-    tile, b, kv_h = _fold_program(num_kv_heads)
+    tile = tl.program_id(0)
+    b, kv_h = _batch_and_kv_head(num_kv_heads)
     num_heads = num_kv_heads * group_size
     c0 = f0 + tile * BLOCK_R
     offs_i = tl.arange(0, BLOCK_R)

@@ -260,6 +260,13 @@ def event_on(side):
     return event
 
 
+def wait_for(event, device: torch.device) -> None:
+    """The current stream waits for ``event`` (:func:`event_on`; None: nothing to wait for). Returns None: the
+    caller's handle is spent."""
+    if event is not None:
+        torch.cuda.current_stream(device).wait_event(event)
+
+
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` batched: in the inputs' dtype on a GPU (cuBLAS accumulates in fp32), in fp32 on the CPU."""
     if a.device.type == "cuda":
@@ -301,8 +308,9 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     ``kf_held``: a list holding the folded keys ``[B, Hq, cq, N, D]`` laid out keys-major
     (:func:`mta.conv.fold_keys` with ``keys_major=True``, so that ``[B * Hq, N, cq * D]`` is a view of them),
     emptied here; ``cd``, ``g``: the diagonal scores and the near part's score gradients (causal), ``meta``: the
-    one-pass kernels' constexprs. ``beside_work``: ``(qs, made)``, the shifted queries
-    (:func:`shifted_queries_beside`) and an event after them and the near part on the side stream (None: made here).
+    one-pass kernels' constexprs. ``beside_work``: ``(qs, qs_made, g_made)``, the shifted queries
+    (:func:`shifted_queries_beside`), an event after them on the side stream and one after the near part's ``G``
+    there (None: made here).
     """
     from .conv import post_pass_tile  # the launcher module imports this one
     kf = kf_held.pop()
@@ -322,9 +330,10 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
 
     kf_cat = kf.permute(0, 1, 3, 2, 4).reshape(B * Hq, N, cq * D)  # a view: kf is laid out keys-major
     side = side_stream(q.device) if not dry else None
-    # The first U GEMM waits for what conv.py queued beside: the shifted queries, and the near part's G, which the
-    # GEMM path's first dQ fold reads.
-    qs, qs_made = beside_work if beside_work is not None else (shifted_queries_side_by_side(q, cq), None)
+    # What conv.py queued beside: the shifted queries, which the first U GEMM waits for, and the near part's G,
+    # which the first dQ fold waits for (the dK folds, on the side stream, come after it there).
+    qs, qs_made, g_made = (beside_work if beside_work is not None
+                           else (shifted_queries_side_by_side(q, cq), None, None))
     far_kernel = uses_dq_far_kernel(block_d)
     # dq's parts, summed over chunks (the dq kernel's first chunk writes every row; the GEMM path adds to zeros)
     dq_sum = (torch.empty if far_kernel else torch.zeros)((B, Hq, N, D), device=q.device, dtype=torch.float32)
@@ -372,9 +381,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
 
         # dK side: U = dC_far^T Qshift for the chunk's keys, written once; key c's fold reads U rows c - pk ..
         # c + pk, so the keys within pk of the chunk's end wait for the next chunk.
-        if qs_made is not None:
-            torch.cuda.current_stream(q.device).wait_event(qs_made)
-            qs_made = None
+        qs_made = wait_for(qs_made, q.device)
         u = _product(dcs.transpose(1, 2), qs[:, row0:])  # [B * Hq, keys, cq * D]
         (f0, f1), t0 = folds[chunk], sum(fold_tiles[:chunk])
         if f1 > f0:
@@ -392,13 +399,15 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             r0, r1 = max(b0 - (cq - 1), 0) if b0 == row0 else b0, min(b0 + gq_rows, N)
             g0, g1 = max(r0, row0), min(r1 + cq - 1, N)
             gq = _product(dcs[:, g0 - row0:g1 - row0], kf_cat[:, c0:c1])  # [B * Hq, rows, cq * D]
+            g_made = wait_for(g_made, q.device)
             launch(conv_dq_fold_kernel, (cdiv(r1 - r0, dq_rows), B * Hq), gq, g, k, dq_sum, dq_sum, gq.stride(0), D,
                    cq * D, *k.stride(), *dq_sum.stride(), N, g0, g1, r0, r1, Hq, Hq // Hkv, scale,
                    ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and c0 == 0})
             del gq  # one block alive at a time
     dq = None
     if far_kernel and near:  # dq's near part (no Gq rows: cur0 = cur1) added to the far parts, stored as dq
-        dq = empty_contiguous(q)  # G was waited for by the first U GEMM; this runs beside the last dK fold
+        dq = empty_contiguous(q)  # this runs beside the last dK fold
+        g_made = wait_for(g_made, q.device)
         launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), dq_sum, g, k, dq_sum, dq, 0, 0, 0, *k.stride(),
                *dq_sum.stride(), N, 0, 0, 0, N, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
                num_warps=dq_warps, **fold_meta)
