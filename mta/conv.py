@@ -13,7 +13,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from . import conv_backward, conv_forward, conv_two_phase, runtime, tuning
-from ._checks import check_causal, check_weight, resolve_scale
+from .checks import check_causal, check_weight, resolve_scale
 from .differentiable_once import differentiable_once
 from .flash import KernelFunction, wrapped_by_functorch
 from .conv_chunked import conv_attention_backward_chunked, conv_attention_forward_chunked

@@ -11,7 +11,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from . import conv_forward
-from ._checks import check_weight, is_int, resolve_scale
+from .checks import check_weight, is_int, resolve_scale
 from .conv_decode_rows import conv_decode_rows
 from .decode import check_new_queries, check_num_splits, check_seqlens, launch_decode, wide_offsets
 from .decode_kernels import fold_queries_kernel

@@ -11,7 +11,7 @@ import functools
 import torch
 
 from . import runtime, tuning
-from ._checks import check_count, is_int_list, resolve_scale
+from .checks import check_count, is_int_list, resolve_scale
 from .decode_kernels import decode_combine_kernel, decode_split_kernel, decode_stream_kernel
 from .launch import (INT32_INDEX_LIMIT, batch_chunks, cdiv, check_kernel_inputs, dot_precision, head_dim_block,
                      index_span, launch, next_power_of_2)

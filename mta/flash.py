@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ._checks import check_causal, resolve_scale
+from .checks import check_causal, resolve_scale
 from .differentiable_once import FORWARD_MODE_MESSAGE, differentiable_once
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel

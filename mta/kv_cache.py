@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from ._checks import check_count, is_int_list
+from .checks import check_count, is_int_list
 
 #: What the decode kernels read.
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

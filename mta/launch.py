@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - older Triton compiles at each launch
     AsyncCompileMode = None
 
 from . import runtime, tuning
-from ._checks import check_qkv
+from .checks import check_qkv
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -80,7 +80,7 @@ def concat_chunks(chunks: list[tuple[int, int]], fn, batched: tuple, *rest) -> t
 
 def check_kernel_inputs(q, k, v, *, per_kv_head: bool = False,
                         names: tuple[str, str, str] = ("q", "k", "v")) -> tuple[int, int, int, int, int, int]:
-    """Shapes as :func:`mta._checks.check_qkv`, plus what the Triton kernels need. ``per_kv_head``: the kernels'
+    """Shapes as :func:`mta.checks.check_qkv`, plus what the Triton kernels need. ``per_kv_head``: the kernels'
     grids count ``Hkv`` programs per sequence on the axis of :data:`MAX_GRID_AXIS_1` (decode), not ``Hq``."""
     dims = check_qkv(q, k, v, names)
     heads = dims[2] if per_kv_head else dims[1]

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from . import ops
-from ._checks import check_count, is_int
+from .checks import check_count, is_int
 from .conv_forward import MAX_CK, MAX_CQ
 from .decode import MAX_NEW_QUERIES
 from .kv_cache import KVCache

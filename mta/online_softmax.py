@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_block_size, check_causal, check_qkv, is_int, resolve_scale
+from .checks import check_block_size, check_causal, check_qkv, is_int, resolve_scale
 from .reference import causal_future, compute_dtype, expand_kv, outside_autocast
 
 

@@ -14,7 +14,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_causal, check_qkv, check_weight, resolve_scale
+from .checks import check_causal, check_qkv, check_weight, resolve_scale
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:

@@ -44,7 +44,7 @@ def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> torch.T
     """``positions [...]`` (ints) -> angles ``[..., head_dim // 2]`` fp32 (``theta``: :func:`check_theta`)."""
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
-    if not torch.compiler.is_compiling():  # traced, theta may be symbolic (as a scale: mta._checks.resolve_scale)
+    if not torch.compiler.is_compiling():  # traced, theta may be symbolic (as a scale: mta.checks.resolve_scale)
         check_theta(theta, head_dim)
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     return positions.to(torch.float32)[..., None] * inv_freq

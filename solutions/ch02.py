@@ -1,6 +1,6 @@
 """Reference solutions to chapter 02's exercises (try them yourself first).
 
-Checked by ``tests/test_exercises_01_02.py`` with the checkers in ``mta/exercises/ch02.py``.
+Checked by ``tests/test_exercises_01_02.py`` with the checkers in ``mta/course/exercises/ch02.py``.
 """
 
 from __future__ import annotations

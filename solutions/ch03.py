@@ -1,6 +1,6 @@
 """Reference solutions to chapter 03's exercises (FlashAttention-2 in Triton). Try the exercises first.
 
-Checked by ``tests/test_exercises_03.py`` with the checkers in :mod:`mta.exercises.ch03`.
+Checked by ``tests/test_exercises_03.py`` with the checkers in :mod:`mta.course.exercises.ch03`.
 """
 
 from __future__ import annotations

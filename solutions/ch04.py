@@ -1,6 +1,6 @@
 """Reference solutions to chapter 04's exercises (the MTA forward). Try the exercises first.
 
-Checked by ``tests/test_exercises_04.py`` with the checkers in :mod:`mta.exercises.ch04`.
+Checked by ``tests/test_exercises_04.py`` with the checkers in :mod:`mta.course.exercises.ch04`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from mta.exercises.ch04 import DIAGONAL, FOLDED, SKIPPED
+from mta.course.exercises.ch04 import DIAGONAL, FOLDED, SKIPPED
 
 
 # Exercise 1: the diagonals, straight from the definition.

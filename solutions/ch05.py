@@ -1,6 +1,6 @@
 """Reference solutions to chapter 05's exercises (the MTA backward). Try the exercises first.
 
-Checked by ``tests/test_exercises_05.py`` with the checkers in :mod:`mta.exercises.ch05`.
+Checked by ``tests/test_exercises_05.py`` with the checkers in :mod:`mta.course.exercises.ch05`.
 """
 
 from __future__ import annotations

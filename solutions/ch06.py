@@ -1,6 +1,6 @@
 """Reference solutions to chapter 06's exercises (split-K decode). Try the exercises first.
 
-Checked by ``tests/test_exercises_06.py`` with the checkers in :mod:`mta.exercises.ch06`.
+Checked by ``tests/test_exercises_06.py`` with the checkers in :mod:`mta.course.exercises.ch06`.
 """
 
 from __future__ import annotations

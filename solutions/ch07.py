@@ -1,6 +1,6 @@
 """Reference solutions to chapter 07's exercises (the MTA layer, its cache, the toy task). Try the exercises first.
 
-Checked by ``tests/test_exercises_07.py`` with the checkers in :mod:`mta.exercises.ch07`.
+Checked by ``tests/test_exercises_07.py`` with the checkers in :mod:`mta.course.exercises.ch07`.
 """
 
 from __future__ import annotations

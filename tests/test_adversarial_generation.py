@@ -79,7 +79,7 @@ def test_a_sequence_spanning_2_to_the_31_elements_is_addressed_in_int64():
 
 
 def test_a_task_whose_blocks_all_hold_every_letter_is_refused_not_redrawn_forever():
-    from mta import toy
+    from mta.course import toy
     with pytest.raises(ValueError, match="letters == block_len"):
         toy.TaskConfig(num_blocks=2, block_len=5, query_len=2, letters=5)     # make_batch looped forever
     one = toy.TaskConfig(num_blocks=1, block_len=5, query_len=2, letters=5)   # one block: nothing to redraw
@@ -89,21 +89,21 @@ def test_a_task_whose_blocks_all_hold_every_letter_is_refused_not_redrawn_foreve
 @pytest.mark.parametrize("kwargs,error", [(dict(num_blocks=2.0), TypeError), (dict(block_len=True), TypeError),
                                           (dict(letters=8.5, block_len=3), TypeError)])
 def test_task_sizes_must_be_ints(kwargs, error):
-    from mta import toy
+    from mta.course import toy
     with pytest.raises(error, match=next(iter(kwargs))):
         toy.TaskConfig(**kwargs)
 
 
 @pytest.mark.parametrize("batch,error", [(0, ValueError), (-1, ValueError), (2.0, TypeError)])
 def test_make_batch_names_a_bad_batch(batch, error):
-    from mta import toy
+    from mta.course import toy
     with pytest.raises(error, match="batch"):
         toy.make_batch(toy.TaskConfig(), batch, torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize("lr", ["nan", "inf", "-1", "0"])
 def test_cli_refuses_a_bad_learning_rate_with_a_usage_error(lr, capsys):
-    from mta import toy
+    from mta.course import toy
     with pytest.raises(SystemExit) as exit_:      # lr=inf trained to NaN losses; nan and -1 raised in AdamW
         toy.main(["--lr", lr, "--steps", "1", "--arm", "plain", "--no-progress"])
     assert exit_.value.code == 2 and "lr must be a finite positive number" in capsys.readouterr().err
@@ -113,13 +113,13 @@ def test_cli_refuses_a_bad_learning_rate_with_a_usage_error(lr, capsys):
                                           (dict(warmup=-1), ValueError), (dict(min_lr_ratio=2.0), ValueError),
                                           (dict(log_every=1.5), TypeError)])
 def test_train_config_names_a_bad_value(kwargs, error):
-    from mta import toy
+    from mta.course import toy
     with pytest.raises(error, match=next(iter(kwargs))):   # eval_every=0 divided by zero in train_run
         toy.TrainConfig(**kwargs)
 
 
 def test_a_repeated_arm_or_seed_is_trained_and_counted_once(monkeypatch):
-    from mta import toy
+    from mta.course import toy
     calls = []
 
     def fake_run(cfg, arm, seed, **kwargs):
@@ -147,7 +147,7 @@ def test_a_layer_takes_numpy_ints_for_its_kernel_size_as_for_its_other_sizes():
 
 @pytest.mark.parametrize("flag", ["--out", "--save-weights"])
 def test_cli_refuses_an_output_path_of_the_wrong_kind_before_training(flag, tmp_path, capsys, monkeypatch):
-    from mta import toy
+    from mta.course import toy
     monkeypatch.setattr(toy, "train_run", lambda *a, **k: pytest.fail("trained before the path was checked"))
     path = tmp_path                               # a directory for the JSON file
     if flag == "--save-weights":                  # a file for the weights' directory

@@ -18,7 +18,7 @@ import mta
 from mta.bench import flash as fb
 from mta.bench import harness, plots
 from mta.bench.harness import REPO_ROOT, git_info, provenance, source_hash
-from mta.figures import FIGURES_DIR
+from mta.course.figures import FIGURES_DIR
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NO_CUDA = not torch.cuda.is_available()

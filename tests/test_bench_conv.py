@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_flatten
 from mta.bench import conv as cb
 from mta.bench import flash as fb
 from mta.bench import harness, plots
-from mta.figures import FIGURES_DIR
+from mta.course.figures import FIGURES_DIR
 from mta.reference import conv_attention_reference, naive_attention
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import torch
 
 import mta
 from conftest import load_solutions
-from mta.exercises import ch01, ch02
+from mta.course.exercises import ch01, ch02
 
 
 SOL1, SOL2 = load_solutions("ch01"), load_solutions("ch02")

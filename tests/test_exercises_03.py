@@ -10,7 +10,7 @@ import triton.language as tl
 
 import mta  # noqa: F401  (sets the runtime before any kernel below is defined)
 from conftest import assert_stubs_not_attempted, load_solutions
-from mta.exercises import ch03
+from mta.course.exercises import ch03
 from mta.kernel_parts import key_tile_bounds
 
 SOLUTIONS = load_solutions("ch03")

@@ -12,7 +12,7 @@ import triton.language as tl
 
 import mta  # noqa: F401  (sets the runtime before any kernel below is defined)
 from conftest import assert_stubs_not_attempted, load_solutions
-from mta.exercises import ch04
+from mta.course.exercises import ch04
 
 SOLUTIONS = load_solutions("ch04")
 

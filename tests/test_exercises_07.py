@@ -8,7 +8,7 @@ import torch
 
 import mta  # noqa: F401
 from conftest import assert_stubs_not_attempted, load_solutions
-from mta.exercises import ch07
+from mta.course.exercises import ch07
 
 SOLUTIONS = load_solutions("ch07")
 

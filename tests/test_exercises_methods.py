@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import mta
-from mta.exercises import ch01, ch02, ch03, ch04, ch05, ch06
+from mta.course.exercises import ch01, ch02, ch03, ch04, ch05, ch06
 from mta.online_softmax import merge_states as aliased_merge
 
 NO_KERNEL = "launched no Triton kernel of its own"
@@ -22,7 +22,7 @@ def fails(result, *words):
 
 
 def test_refusing_restores_the_functions_and_keeps_other_errors():
-    from mta.exercises import CaseFailed, refusing
+    from mta.course.exercises import CaseFailed, refusing
 
     q = torch.randn(1, 1, 3, 8)
     before = mta.naive_attention(q, q, q)
@@ -45,7 +45,7 @@ def test_triton_launches_count_only_kernels_outside_the_package():
     import triton
     import triton.language as tl
 
-    from mta.exercises import TritonLaunches
+    from mta.course.exercises import TritonLaunches
 
     @triton.jit
     def write_one(X):

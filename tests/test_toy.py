@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from conftest import DEVICE
 
-from mta import toy
+from mta.course import toy
 
 
 def blocks_of(tokens, task):
@@ -186,7 +186,7 @@ def test_attention_on_target_measures_the_target_blocks_share():
 def test_layer_attention_figure_has_a_panel_per_model_and_layer():
     import matplotlib
     matplotlib.use("Agg")
-    from mta import plots_07
+    from mta.course import plots_07
     cfg = toy.PRESETS["cpu"]
     tokens, target = toy.make_batch(cfg.task, 1, torch.Generator().manual_seed(5))
     maps = [m[0].cpu() for m in toy.attention_maps(toy.ToyDecoder(cfg.model).to(DEVICE).eval(), tokens.to(DEVICE))]
@@ -201,7 +201,7 @@ def test_layer_attention_figure_has_a_panel_per_model_and_layer():
 def test_target_attention_figure_has_a_bar_per_layer_head_and_model():
     import matplotlib
     matplotlib.use("Agg")
-    from mta import plots_07
+    from mta.course import plots_07
     shares = {"plain": torch.rand(4, 2, 5), "mta": torch.rand(4, 2, 5)}
     fig = plots_07.plot_target_attention(shares)
     left, right = fig.axes

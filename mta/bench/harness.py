@@ -387,7 +387,7 @@ def run_benchmark(bench: Benchmark, tools: Tools, *, out: Path, quick: bool = Fa
         import matplotlib.pyplot as plt
 
         fig = bench.plot(data)
-        try:  # as mta.figures.save_figure writes (no timestamp, so reruns diff cleanly)
+        try:  # as mta.course.figures.save_figure writes (no timestamp, so reruns diff cleanly)
             fig.savefig(png, dpi=110, bbox_inches="tight", metadata={"Software": None})
         finally:
             plt.close(fig)

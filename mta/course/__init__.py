@@ -1,0 +1,5 @@
+"""The course's machinery: exercise checkers (:mod:`mta.course.exercises`), each chapter's figures
+(``plots_0N``), and the find-the-block toy task (:mod:`mta.course.toy`).
+
+It imports the library; the library never imports it, so ``import mta`` loads no plotting.
+"""

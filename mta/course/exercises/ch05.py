@@ -1,0 +1,200 @@
+"""Checkers for chapter 05's exercises (the MTA backward).
+
+Each checker runs the learner's function on a few small, awkward problems (one token, a length that is not a
+multiple of the tile, grouped-query attention, causal and not) and compares its answer with float64 values:
+autograd's through the same steps as :func:`mta.conv_attention_reference` (exercises 1 and 2), the partial sums
+from their definition (exercise 3). With one token ``P = 1`` and ``dC = 0``, so every answer there is zero: that
+case checks shapes and finite values only. It prints one line and returns a :class:`mta.course.exercises.Result`; it
+never raises.
+
+* :func:`check_scores_grad`: ``dS`` from ``dC``, the transposed convolution and the pre-convolution mask;
+* :func:`check_kernel_grad`: ``dweight`` as a correlation of ``dC`` with the padded ``S0``;
+* :func:`check_dw_partials`: per-tile partials of the far part's ``dweight`` (a Triton kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ...reference import causal_future, conv_attention_reference, expand_kv
+from . import Result, expect_close, expect_equal, finished_attention, own_triton_kernel, refusing, run_cases
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One MTA problem in float64 and every intermediate of its forward and backward.
+
+    ``S`` the scaled scores, ``S0`` after the pre-convolution zero, ``C`` the convolved scores (before the
+    ``-inf`` mask), ``P``, ``O``; ``dC``, ``dS0``, ``dS`` their gradients for the output gradient ``do``; ``grads``:
+    autograd's ``(dq, dk, dv, dweight)`` through :func:`mta.conv_attention_reference`.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    weight: torch.Tensor
+    do: torch.Tensor
+    causal: bool
+    scale: float
+    S0: torch.Tensor
+    dC: torch.Tensor
+    dS0: torch.Tensor
+    dS: torch.Tensor
+    grads: tuple
+
+
+def make_problem(B: int, Hq: int, Hkv: int, N: int, D: int, cq: int, ck: int, causal: bool, seed: int) -> Problem:
+    """A random problem (fixed seed, float64) with its forward and backward intermediates (see :class:`Problem`)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape, std=1.0):
+        return std * torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    q, k, v = randn(B, Hq, N, D), randn(B, Hkv, N, D), randn(B, Hkv, N, D)
+    weight, do = randn(Hq, cq, ck, std=0.3), randn(B, Hq, N, D)
+    scale = D ** -0.5
+    pk = (ck - 1) // 2
+    future = causal_future(N, N, "cpu")
+    S = (scale * q @ expand_kv(k, Hq).transpose(-1, -2)).requires_grad_()
+    S0 = S.masked_fill(future, 0.0) if causal else S.clone()
+    S0.retain_grad()
+    C = F.conv2d(F.pad(S0, (pk, pk, cq - 1, 0)), weight[:, None], groups=Hq)
+    C.retain_grad()
+    Cm = C.masked_fill(future, float("-inf")) if causal else C
+    O = torch.softmax(Cm, dim=-1) @ expand_kv(v, Hq)
+    O.backward(do)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, weight)]
+    out = conv_attention_reference(*leaves, causal=causal)
+    grads = torch.autograd.grad(out, leaves, do)
+    return Problem(q, k, v, weight, do, causal, scale, S0.detach(), C.grad, S0.grad, S.grad, grads)
+
+
+def far_part_u(p: Problem) -> torch.Tensor:
+    """``U[b, h, a, j] = sum_i dC_far[i, j] q[i - (cq-1) + a]``, ``[B, Hq, cq, N, D]`` float64: ``dC_far`` is
+    ``dC`` with the ``E = cq - 1 + pk`` diagonals ``0 <= i - j < E`` zeroed when causal (all of ``dC`` when not)."""
+    B, Hq, N, D = p.q.shape
+    cq, ck = p.weight.shape[1:]
+    E = cq - 1 + (ck - 1) // 2
+    i = torch.arange(N)[:, None]
+    j = torch.arange(N)[None, :]
+    dc_far = p.dC.masked_fill((i - j >= 0) & (i - j < E), 0.0) if p.causal else p.dC
+    q_pad = F.pad(p.q, (0, 0, cq - 1, 0))
+    return torch.stack([dc_far.transpose(-1, -2) @ q_pad[:, :, a:a + N] for a in range(cq)], dim=2)
+
+
+def dw_partials_truth(u: torch.Tensor, k: torch.Tensor, ck: int, block_r: int) -> torch.Tensor:
+    """``out[t, b, h, a, b'] = sum_{c in tile t} <u[b, h, a, c + pk - b'], k[b, h // G, c]>``, float64."""
+    B, Hq, cq, N, D = u.shape
+    pk = (ck - 1) // 2
+    kx = expand_kv(k.double(), Hq)
+    u_pad = F.pad(u.double(), (0, 0, pk, pk))                    # row c + pk - b' of u is row c + 2 pk - b' here
+    tiles = -(-N // block_r)
+    out = torch.zeros(tiles, B, Hq, cq, ck, dtype=torch.float64)
+    for bb in range(ck):
+        prod = (u_pad[..., 2 * pk - bb:2 * pk - bb + N, :] * kx[:, :, None]).sum(-1)   # [B, Hq, cq, N]
+        prod = F.pad(prod, (0, tiles * block_r - N)).reshape(B, Hq, cq, tiles, block_r).sum(-1)
+        out[..., bb] = prod.permute(3, 0, 1, 2)
+    return out
+
+
+#: ``(name, (B, Hq, Hkv, N, D, cq, ck, causal))``: the problems every checker of this chapter runs, in order.
+CASES = (
+    ("N=1, 3x5, causal (dC = 0: shapes and finite values only)", (1, 2, 1, 1, 8, 3, 5, True)),
+    ("N=7 < ck=9, 2x9, causal", (1, 1, 1, 7, 8, 2, 9, True)),
+    ("N=21, 3x5, non-causal", (1, 2, 2, 21, 8, 3, 5, False)),
+    ("GQA 4:2, B=2, N=37, 4x7, causal", (2, 4, 2, 37, 8, 4, 7, True)),
+    ("kernel 1x1, N=19, causal", (1, 2, 1, 19, 8, 1, 1, True)),
+)
+
+
+def _problems(cases=CASES):
+    for index, (name, shape) in enumerate(cases):
+        yield name, shape, index
+
+
+def _cases(make_case: Callable, cases=CASES):
+    """``(name, case)`` pairs; each case builds its problem only when it runs (stopping early saves work)."""
+    return [(name, (lambda shape=shape, seed=seed: make_case(make_problem(*shape, seed=50 + seed))))
+            for name, shape, seed in _problems(cases)]
+
+
+def check_scores_grad(fn: Callable) -> Result:
+    """``fn(dC, weight, causal) -> dS``: the gradient of the scores ``S`` (before the pre-convolution zero) from
+    ``dC [B, Hq, N, N]`` and ``weight [Hq, cq, ck]``, all float64."""
+
+    def case(p: Problem):
+        with refusing(finished_attention()):
+            got = fn(p.dC.clone(), p.weight.clone(), p.causal)
+        expect_close("dS", got, p.dS, atol=1e-10, rtol=1e-8)
+
+    return run_cases("exercise 1 (dS: the convolution's transpose and the pre-mask)", _cases(case))
+
+
+def check_kernel_grad(fn: Callable) -> Result:
+    """``fn(dC, S0, cq, ck) -> dweight [Hq, cq, ck]``: the kernel's gradient from ``dC`` and the pre-masked
+    scores ``S0`` (both ``[B, Hq, N, N]``, float64), summed over the batch."""
+
+    def case(p: Problem):
+        cq, ck = p.weight.shape[1:]
+        with refusing(finished_attention()):
+            got = fn(p.dC.clone(), p.S0.clone(), cq, ck)
+        expect_close("dweight", got, p.grads[3], atol=1e-10, rtol=1e-8)
+
+    return run_cases("exercise 2 (dweight: a correlation of dC with S0)", _cases(case))
+
+
+def check_dw_partials(fn: Callable, block_r: int = 16) -> Result:
+    """``fn(u, k, ck, block_r) -> partials [cdiv(N, block_r), B, Hq, cq, ck]`` fp32, with
+    ``partials[t, b, h, a, b'] = sum_{c in tile t} <u[b, h, a, c + pk - b'], k[b, h // G, c]>``.
+
+    ``u``: the far part's ``U`` (:func:`far_part_u`), ``[B, Hq, cq, N, D]`` fp32; ``k``: ``[B, Hkv, N, D]`` fp32,
+    both on :data:`mta.runtime.DEVICE`. Also checks that ``scale * partials.sum((0, 1))`` is the far part's share
+    of ``dweight``, computed directly from ``dC_far`` and ``S0``."""
+    from ... import runtime
+
+    def case(p: Problem, block_r=block_r):
+        cq, ck = p.weight.shape[1:]
+        N = p.q.shape[2]
+        u = far_part_u(p)
+        with refusing({dw_partials_truth: "it calls dw_partials_truth, the checker's own answer; write the "
+                                          "kernel that sums each row tile"}):
+            got = own_triton_kernel("dw_partials", lambda: fn(u.float().to(runtime.DEVICE),
+                                                              p.k.float().to(runtime.DEVICE), ck, block_r))
+        tiles = -(-N // block_r)
+        if not isinstance(got, torch.Tensor):
+            expect_equal("partials type", type(got).__name__, "Tensor")
+        expect_equal("partials shape", tuple(got.shape), (tiles, *p.q.shape[:2], cq, ck))
+        want = dw_partials_truth(u, p.k, ck, block_r)
+        for t in range(tiles):
+            expect_close(f"partials of row tile {t}", got[t].cpu(), want[t], atol=1e-4, rtol=1e-4)
+        expect_close("scale * partials.sum((0, 1))", p.scale * got.cpu().double().sum((0, 1)),
+                     _far_dweight(p), atol=1e-4, rtol=1e-4)
+
+    # Every case above runs one block_r; the last one runs twice that, so that a launcher that ignores its block_r
+    # argument (a tile size written into the kernel) fails.
+    name, shape = CASES[3]
+    other = 2 * block_r
+    return run_cases("exercise 3 (Triton: the far part's dweight partials)", _cases(case) + [
+        (f"{name}, block_r = {other}", lambda: case(make_problem(*shape, seed=50 + 3), other))])
+
+
+def _far_dweight(p: Problem) -> torch.Tensor:
+    """The far part's share of ``dweight``: ``dC_far`` correlated with the padded ``S0``, summed over the batch."""
+    B, Hq, N, _ = p.q.shape
+    cq, ck = p.weight.shape[1:]
+    pk = (ck - 1) // 2
+    E = cq - 1 + pk
+    i = torch.arange(N)[:, None]
+    j = torch.arange(N)[None, :]
+    dc_far = p.dC.masked_fill((i - j >= 0) & (i - j < E), 0.0) if p.causal else p.dC
+    s0p = F.pad(p.S0, (pk, pk, cq - 1, 0))
+    return torch.stack([torch.stack([(dc_far * s0p[..., a:a + N, b:b + N]).sum((0, 2, 3)) for b in range(ck)], -1)
+                        for a in range(cq)], 1)
+
+
+__all__ = ["CASES", "Problem", "check_dw_partials", "check_kernel_grad", "check_scores_grad", "dw_partials_truth",
+           "far_part_u", "make_problem"]
