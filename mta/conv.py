@@ -12,30 +12,28 @@ import functools
 import torch
 from triton.runtime.errors import OutOfResources
 
-from . import conv_backward, conv_forward, conv_two_phase, runtime, tuning
+from . import conv_two_phase, runtime, tuning
 from .checks import check_causal, check_weight, resolve_scale
 from .differentiable_once import differentiable_once
 from .flash import KernelFunction, wrapped_by_functorch
 from .conv_chunked import conv_attention_backward_chunked, conv_attention_forward_chunked
 from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_kernel, conv_dq_kernel,
                             conv_near_kernel)
-from .conv_forward import (conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors, fold_keys_kernel,
-                           fold_keys_product_kernel, held_shared_bytes, holds_queries, past_scores_kernel,
-                           past_scores_product_kernel, query_shift_groups)
+from .conv_forward import (MAX_CK, MAX_CQ, query_shift_groups, conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors,
+                           fold_keys_kernel, fold_keys_product_kernel, held_shared_bytes, holds_queries,
+                           past_scores_kernel, past_scores_product_kernel)
+from .conv_plan import ConvPlan, fit_backward_tile, plan_conv, post_pass_tile
 from .flash_backward import rowsum_do_o_kernel
 from .launch import (batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
                      dot_precision, empty_contiguous, head_dim_block, in_dry_run, launch, launch_tiled, next_power_of_2,
                      shared_memory_limit, shifted_head_dim_block, wants_gradients, within_int32_indexing)
+from .tma import stream_descriptors
 from .tuning import size_bucket
 
-try:  # host-side TMA descriptors (Triton >= 3.4)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older Triton: the pointer path only
-    TensorDescriptor = None
 
 
-
-def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int, keys_major: bool = False) -> torch.Tensor:
+def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int, by_product: bool,
+              keys_major: bool = False) -> torch.Tensor:
     """``Kf[b, h, a, j] = sum_b' w[h, a, b'] * k[b, h // G, j - pk + b']`` (zero outside ``[0, N)``).
 
     The key axis of the convolution, applied to the keys once (O(N) memory).
@@ -43,6 +41,7 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int, keys_majo
     Args:
         k: ``[B, Hkv, N, D]``.
         weight: ``[Hq, cq, ck]``.
+        by_product: 16-bit keys by band-matrix products on the tensor cores (:attr:`ConvPlan.fold_by_product`).
         keys_major: lay the result out as ``[B, Hq, N, cq, D]`` in memory (a view of it is returned), so that
             ``[B * Hq, N, cq * D]``, each key's folded copies side by side, is a view too (the two-phase
             backward's GEMM operand, :mod:`mta.conv_two_phase`).
@@ -58,7 +57,7 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int, keys_majo
     else:
         kf = torch.empty((B, num_q_heads, cq, N, D), device=k.device, dtype=k.dtype)
     block_d = head_dim_block(D)
-    if uses_fold_product(k.dtype):
+    if by_product and k.dtype in (torch.float16, torch.bfloat16):
         block_n, warps = FOLD_PRODUCT_TILE
         launch(fold_keys_product_kernel, (cdiv(N, block_n), B * num_q_heads),
             k, w, kf, *k.stride(), *kf.stride(), N, num_q_heads, num_q_heads // Hkv, CQ=cq, CK=ck, D=D,
@@ -73,18 +72,8 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int, keys_majo
     return kf
 
 
-#: Whether 16-bit keys are folded by band-matrix products on a GPU (:func:`uses_fold_product`).
-FOLD_BY_PRODUCT = True
-#: ``(keys, warps)`` of the band-matrix fold's programs. On an H200 (bf16, 6 x 11, N = 8192, the forward's and the
-#: backward's folds; ``notes/h200_2026-11-29b/fold_product_ab.log``): 16 keys on 2 warps 0.159 ms at d = 128
-#: (16 heads), 0.051 at d = 64 (8 heads); 32 on 4 0.278, 0.104; 64 on 8 0.679; the pointer kernel 0.285, 0.078.
+#: ``(keys, warps)`` of the band-matrix fold's programs: 16 keys on 2 warps, the fastest on Hopper at d = 64 and 128.
 FOLD_PRODUCT_TILE = (16, 2)
-
-
-def uses_fold_product(dtype: torch.dtype) -> bool:
-    """Whether :func:`fold_keys` runs :func:`mta.conv_forward.fold_keys_product_kernel`: 16-bit keys on a GPU
-    (fp32 keys keep the pointer kernel's fp32 sums; the interpreter's 16-bit products are not exact)."""
-    return FOLD_BY_PRODUCT and not runtime.INTERPRET and dtype in (torch.float16, torch.bfloat16)
 
 
 def diagonal_reach(cq: int, ck: int) -> tuple[int, int]:
@@ -98,21 +87,20 @@ def _pad16(x: int) -> int:
     return max(16, next_power_of_2(x))
 
 
-#: Whether 16-bit past scores come from one product per row tile on a GPU (:func:`uses_past_product`).
-PAST_BY_PRODUCT = True
-#: ``(rows, warps)`` of :func:`past_scores`'s product kernel. On an H200 (bf16, 6 x 11, N = 8192, its three calls in
-#: a forward + backward; ``notes/h200_2026-11-29b/``): 32 rows 0.095 ms at d = 128 (16 heads), 0.028 at d = 64
-#: (8 heads); 64 rows 0.102, 0.038; the per-row dot products 0.159, 0.048.
+#: ``(rows, warps)`` of :func:`past_scores`'s product kernel: 32 rows on 4 warps, the fastest on Hopper at d = 64
+#: and 128.
 PAST_PRODUCT_TILE = (32, 4)
 
 
-def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
+def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int, by_product: bool) -> torch.Tensor:
     """``P[b, h, r, e] = q[b, h, r] . k[b, h // G, r - e]`` for ``0 <= e <= reach`` (0 before key 0), unscaled.
 
     The scores near the diagonal that the convolution's masked rows are made of.
 
     Args:
         q: ``[B, Hq, N, D]``; k: ``[B, Hkv, N, D]``.
+        by_product: 16-bit inputs by one product per row tile where the band fits it
+            (:attr:`ConvPlan.past_by_product`), else one dot product per row and diagonal.
     Returns:
         ``[B, Hq, N, max(16, next_pow2(reach + 1))]`` fp32; columns past ``reach`` are 0.
     """
@@ -121,9 +109,9 @@ def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
     Hkv = k.shape[1]
     width = _pad16(reach + 1)
     p = torch.empty((B, Hq, N, width), device=q.device, dtype=torch.float32)
-    if uses_past_product(q.dtype, width):
+    if by_product and q.dtype in (torch.float16, torch.bfloat16) and width <= PAST_PRODUCT_TILE[0]:
         kernel, (block_r, warps) = past_scores_product_kernel, PAST_PRODUCT_TILE
-    else:  # On an H200, 16 rows per program is fastest at d = 64 and 128; the interpreter pays per operation.
+    else:  # 16 rows per program is the fastest on Hopper at d = 64 and 128; the interpreter pays per operation
         kernel, block_r, warps = past_scores_kernel, 128 if runtime.INTERPRET else 16, 4
     launch(kernel, (cdiv(N, block_r), B * Hq),
         q, k, p, *q.stride(), *k.stride(), *p.stride()[:3], N, Hq, Hq // Hkv,
@@ -131,15 +119,7 @@ def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int) -> torch.Tensor:
     return p
 
 
-def uses_past_product(dtype: torch.dtype, width: int) -> bool:
-    """Whether :func:`past_scores` runs :func:`mta.conv_forward.past_scores_product_kernel`: 16-bit inputs on a GPU
-    (the interpreter's 16-bit products are not exact; fp32 keeps exact per-row dot products), a band of ``width``
-    columns at most the tile's rows."""
-    return (PAST_BY_PRODUCT and not runtime.INTERPRET and dtype in (torch.float16, torch.bfloat16)
-            and width <= PAST_PRODUCT_TILE[0])
-
-
-def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor,
+def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor, by_product: bool,
                     past: torch.Tensor | None = None) -> torch.Tensor:
     """``CD[b, h, i, delta] = C[i, i - delta] / scale``, the causal convolved scores on the diagonals
     ``0 <= delta < E = cq - 1 + pk`` where folded keys would be wrong (zero for ``delta >= E``).
@@ -149,6 +129,7 @@ def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor,
 
     Args:
         q: ``[B, Hq, N, D]``; k: ``[B, Hkv, N, D]``; weight: ``[Hq, cq, ck]`` fp32.
+        by_product: the past scores' kernel (:func:`past_scores`).
         past: the past scores ``past_scores(q, k, E')`` if already made (the backward needs them too).
     Returns:
         ``[B, Hq, N, max(16, next_pow2(E))]`` fp32, contiguous.
@@ -158,7 +139,7 @@ def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor,
     B, Hq, N, _ = q.shape
     cq, ck = weight.shape[1:]
     e, e_past = diagonal_reach(cq, ck)
-    p = past_scores(q, k, e_past) if past is None else past
+    p = past_scores(q, k, e_past, by_product) if past is None else past
     cd = torch.empty((B, Hq, N, _pad16(e)), device=q.device, dtype=torch.float32)
     block_r = 16 if runtime.INTERPRET else 64
     launch(diagonal_scores_kernel, (cdiv(N, block_r), B * Hq),
@@ -167,36 +148,17 @@ def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor,
     return cd
 
 
-def conv_prepasses(q, k, weight, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def conv_prepasses(q, k, weight, causal: bool, plan: ConvPlan) -> tuple[torch.Tensor, torch.Tensor]:
     """``(kf, cd)``: the folded keys (:func:`fold_keys`) and, when causal, the diagonal scores
     (:func:`diagonal_scores`; a dummy when no diagonal needs them)."""
     w = weight.detach().float().contiguous()
-    kf = fold_keys(k.detach(), w, q.shape[1])
+    kf = fold_keys(k.detach(), w, q.shape[1], plan.fold_by_product)
     e, _ = diagonal_reach(*w.shape[1:])
     if causal and e > 0:
-        cd = diagonal_scores(q.detach(), k.detach(), w)
+        cd = diagonal_scores(q.detach(), k.detach(), w, plan.past_by_product)
     else:  # no mask before the convolution (or a 1 x 1 kernel): the folded scores are exact
         cd = torch.zeros(16, device=q.device, dtype=torch.float32)
     return kf, cd
-
-
-def _tma_ready(t: torch.Tensor) -> bool:
-    """The copy engine can read ``t``: contiguous rows, every other stride and the start 16-byte aligned."""
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1]))
-
-
-def stream_descriptors(q, v, kf):
-    """``(QD, KFD, VD)``: TMA descriptors over ``q [B, Hq, N, D]``, ``kf [B, Hq, cq, N, D]`` and
-    ``v [B, Hkv, N, D]`` for the kernel's reloaded (streamed) path, their boxes fitted to the tile at launch
-    (:func:`mta.conv_forward.fit_stream_descriptors`); ``(None, None, None)`` where the copy engine does not
-    apply: turned off (``mta.conv_forward.USE_TMA``), a GPU before Hopper, fp32, or rows not 16-byte aligned."""
-    gpu = None if q.device.type == "meta" else q.device  # meta: compile_ahead's dry run, on the current GPU
-    on_hopper = runtime.INTERPRET or torch.cuda.get_device_capability(gpu)[0] >= 9
-    if not (conv_forward.USE_TMA and TensorDescriptor is not None and on_hopper
-            and q.dtype in (torch.float16, torch.bfloat16) and all(_tma_ready(t) for t in (q, v, kf))):
-        return None, None, None
-    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1] * t.dim()) for t in (q, kf, v))
 
 
 def _hold_or_stream(config: dict, q: torch.Tensor, cq: int, causal: bool) -> dict:
@@ -253,148 +215,66 @@ def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool
     return o, lse
 
 
-def conv_attention_forward(q, k, v, weight, causal: bool, scale: float):
-    """The pre-passes, then the fused kernel: ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32)."""
+def conv_attention_forward(q, k, v, weight, causal: bool, scale: float, plan: ConvPlan | None = None):
+    """The pre-passes, then the fused kernel: ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32).
+    ``plan``: default :func:`mta.conv_plan.plan_conv`'s for the inputs."""
+    plan = plan or plan_of(q, weight, causal)
     if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
-        return concat_chunks(chunks, conv_attention_forward, (q, k, v), weight, causal, scale)
-    compile_ahead("conv_forward", lambda *x: conv_attention_forward(*x, scale), q, k, v, weight, causal)
+        return concat_chunks(chunks, conv_attention_forward, (q, k, v), weight, causal, scale, plan)
+    compile_ahead("conv_forward", lambda *x: conv_attention_forward(*x, scale, plan), q, k, v, weight, causal)
     q, k, v = within_int32_indexing(q, k, v, rows_per_head=weight.shape[1])
-    kf, cd = conv_prepasses(q, k, weight, causal)
+    kf, cd = conv_prepasses(q, k, weight, causal, plan)
     try:
         return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), causal, scale)
     except OutOfResources:  # a tile this GPU's shared memory cannot hold: the same outputs, unfused
         return conv_attention_forward_chunked(q, k, v, weight, causal, scale)
 
 
-def _fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d: int, elem_bytes: int) -> dict:
-    """``config`` fitted on chip for a backward program whose rows are ``(QA + QB) * block_d`` wide:
-
-    * the fp32 accumulator ``[owned, cols]`` lives in registers: at most
-      :data:`conv_backward.ACC_REGISTERS` per thread. Too wide, the program first gets more warps (up to
-      :data:`conv_backward.MAX_WARPS`, two warpgroups), then its owned rows ``config[owned]`` halve (down to 16);
-    * with one streamed ``[streamed, cols]`` tile beside it, at most :data:`conv_backward.TILE_REGISTERS`: else
-      the streamed rows ``config[streamed]`` halve (down to 16);
-    * the held 16-bit operand ``[owned, cols]`` and ``num_stages`` streamed ``[streamed, cols]`` tiles in shared
-      memory: at most :data:`conv_backward.SHARED_BYTES`. Too large, the streamed rows ``config[streamed]``
-      halve first, then the owned rows, then the pipeline loses stages (:func:`backward_fits` says what
-      16 x 16 x 1 cannot fit).
-
-    The table's tiles were chosen at 6 x 11 (``cq' = 6``); a wider kernel keeps their rows with more warps
-    rather than rows too few for the tensor cores (measured on an H100: ``notes/conv_backward.md``, "11 x 11").
-    """
-    config = dict(config)
-    cols = sum(query_shift_groups(cq)) * block_d
-
-    def registers():
-        return config[owned] * cols / (32 * config["num_warps"])
-
-    while registers() > conv_backward.ACC_REGISTERS:
-        if config["num_warps"] < conv_backward.MAX_WARPS:
-            config["num_warps"] *= 2
-        elif config[owned] > 16:
-            config[owned] //= 2
-        else:
-            break
-
-    def tile_registers():  # the accumulator and one streamed tile (a register holds 4 bytes of it)
-        return registers() + config[streamed] * cols * elem_bytes / (4 * 32 * config["num_warps"])
-
-    while tile_registers() > conv_backward.TILE_REGISTERS and config[streamed] > 16:
-        config[streamed] //= 2
-
-    def shared():
-        return (config[owned] + config[streamed] * max(config["num_stages"], 1)) * cols * elem_bytes
-
-    while shared() > conv_backward.SHARED_BYTES:
-        if config[streamed] > 16:
-            config[streamed] //= 2
-        elif config[owned] > 16:
-            config[owned] //= 2
-        elif config["num_stages"] > 1:  # tall kernels at d = 128: 16 x 16 rows, one buffer
-            config["num_stages"] -= 1
-        else:
-            break
-    return config
-
-
-def post_pass_tile(width: int, max_rows: int, warps: int = 2) -> tuple[int, int]:
-    """``(rows, num_warps)`` of a memory-bound backward post-pass over ``[rows, width]`` fp32 tiles: each tile 32
-    registers a thread over ``warps`` warps (at least 16 rows, at most ``max_rows``; more warps where 16 rows are
-    wider than that), so a few tiles live in registers without spills. The near kernel and the dK fold run fastest
-    over 2 warps on an H100, the dQ fold over 4 (``notes/performance.md``, 2026-11-24, eighth session)."""
-    if runtime.INTERPRET:  # the interpreter pays per operation, not per element: long tiles
-        return 128, 4
-    rows = max(16, min(max_rows, 32 * 32 * warps // width))
-    return rows, max(warps, rows * width // 1024)
+def plan_of(q: torch.Tensor, weight: torch.Tensor, causal: bool) -> ConvPlan:
+    """:func:`mta.conv_plan.plan_conv` for ``q [B, Hq, N, D]`` and ``weight [Hq, cq, ck]``, on q's GPU."""
+    family = None if q.device.type != "cuda" else tuning.gpu_family(q.device)
+    return plan_conv(q.dtype, q.shape[-1], tuple(weight.shape[1:]), causal, family)
 
 
 def _one_stage_for_groups(config: dict) -> dict:
     """The dK/dV side's tile with queries as rows, for GQA: its program loops over a group's query heads around
-    its pipelined walk, and with two stages there Triton 3.6 on an H100 gave wrong dK and dweight at some tiles
-    (fp16, d = 16, 29 x 3, 4 heads a group: 10% off; ``notes/conv_backward.md``), with one stage exact."""
+    its pipelined walk, and with two stages there Triton 3.6 on an H100 gives wrong dK and dweight at some tiles
+    (fp16, d = 16, 29 x 3, 4 heads a group); with one stage they are exact."""
     return {**config, "num_stages": 1}
 
 
-def keys_as_rows_tile(cq: int, block_d: int, dtype: torch.dtype, family: str | None = None) -> dict | None:
-    """The dK/dV side's tile when its scores are made keys as rows (:data:`mta.tuning.HOPPER_KEYS_AS_ROWS`: 16-bit
-    on Hopper, where the table has one for the head-dim width and it fits whole, its 128 owned keys'
-    accumulator included); None: the table's tile, scores with queries as rows. ``family``: default this
-    machine's (:func:`mta.tuning.gpu_family`)."""
-    tile = tuning.HOPPER_KEYS_AS_ROWS.get(tuning.width_of(block_d))
-    family = tuning.gpu_family() if family is None else family
-    if tile is None or tuning.AUTOTUNE or dtype == torch.float32 or family != "hopper":
-        return None
-    config = tuning.as_config(tile)
-    fitted = _fit_backward_tile(config, "BLOCK_N", "BLOCK_M", cq, block_d, dtype.itemsize)
-    return config if fitted == config else None
-
-
-def backward_fits(cq: int, head_dim: int, dtype: torch.dtype) -> bool:
-    """Whether the fused backward's smallest tile fits on chip: 16 owned and 16 streamed rows,
-    ``(QA + QB) * BLOCK_D`` wide (:func:`_fit_backward_tile`), within :data:`mta.conv_backward.SHARED_BYTES`.
-    It does not, in bf16/fp16, for cq > 12 at d > 128 and cq > 24 at d > 64; in fp32, for cq > 6 at d > 128,
-    cq > 12 at d > 64 and cq > 24 at d > 32 (those run :mod:`mta.conv_chunked`)."""
-    smallest = 32 * sum(query_shift_groups(cq)) * shifted_head_dim_block(head_dim, dtype) * dtype.itemsize
-    return smallest <= conv_backward.SHARED_BYTES
-
-
-def runs_chunked(cq: int, head_dim: int, dtype: torch.dtype) -> bool:
-    """Whether the backward runs :mod:`mta.conv_chunked`: on a GPU, where the fused one does not fit
-    (Triton's interpreter has no shared memory to run out of)."""
-    return not runtime.INTERPRET and not backward_fits(cq, head_dim, dtype)
-
-
-def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
+def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, plan: ConvPlan | None = None):
     """``dq, dk, dv, dweight`` of :func:`conv_attention` (the split into far and near parts:
     :mod:`mta.conv_backward`). ``dq, dk, dv`` in the dtypes of ``q, k, v``; ``dweight`` ``[Hq, cq, ck]`` fp32,
-    summed over the batch. The fused kernels (:func:`_fused_backward`), or the row chunks of
-    :mod:`mta.conv_chunked` where their tiles do not fit on this GPU.
+    summed over the batch. ``plan.backward`` says how: the fused kernels in one pass or in two phases
+    (:func:`_fused_backward`), or the row chunks of :mod:`mta.conv_chunked` where no fused tile fits on chip.
     """
+    plan = plan or plan_of(q, weight, causal)
     if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
-        parts = [conv_attention_backward(*(t[a:b] for t in (do, q, k, v, o, lse)), weight, causal, scale)
+        parts = [conv_attention_backward(*(t[a:b] for t in (do, q, k, v, o, lse)), weight, causal, scale, plan)
                  for a, b in chunks]
         if in_dry_run():
             return parts[0]
         dq, dk, dv = (torch.cat(x) for x in list(zip(*parts))[:3])
         return dq, dk, dv, functools.reduce(torch.add, (p[3] for p in parts))  # summed in batch order
     do, q, k, v, o = within_int32_indexing(do, q, k, v, o, rows_per_head=weight.shape[1])
-    if runs_chunked(weight.shape[1], q.shape[-1], q.dtype):
+    if plan.backward == "chunked":
         if in_dry_run():  # nothing of Triton's to compile
             return None, None, None, None
         return conv_attention_backward_chunked(do, q, k, v, weight, causal, scale)
     try:
-        return _fused_backward(do, q, k, v, o, lse, weight, causal, scale)
+        return _fused_backward(do, q, k, v, o, lse, weight, causal, scale, plan)
     except OutOfResources:  # a tile the shared-memory model let through and this GPU refuses: unfused
         return conv_attention_backward_chunked(do, q, k, v, weight, causal, scale)
 
 
-def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
+def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, plan: ConvPlan):
     """:func:`conv_attention_backward`'s fused kernels. Order: the pre-passes again (folded keys, past and
     diagonal scores: recomputed, cheaper than keeping ``cq`` folded copies of K alive between forward and
     backward), ``Delta``, the near-diagonal kernel (causal), then the dQ side and the dK/dV side: one pass each
-    (:func:`_one_pass_sides`), or two phases where the shifted query blocks do not fit on chip
-    (:mod:`mta.conv_two_phase`)."""
-    compile_ahead("conv_backward", lambda *x: conv_attention_backward(*x, scale), do, q, k, v, o, lse, weight, causal)
+    (:func:`_one_pass_sides`), or two phases (:mod:`mta.conv_two_phase`)."""
+    compile_ahead("conv_backward", lambda *x: conv_attention_backward(*x, scale, plan), do, q, k, v, o, lse, weight,
+                  causal)
     B, Hq, N, D = q.shape
     cq, ck = weight.shape[1:]
     e, e_past = diagonal_reach(cq, ck)
@@ -402,21 +282,20 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
     block_d = shifted_head_dim_block(D, q.dtype)
     qa, qb = query_shift_groups(cq)
     w = weight.detach().float().contiguous()
-    two_phase = conv_two_phase.uses_two_phase(q, cq, causal)
+    two_phase = plan.backward == "two_phase"
     # Two phases: the shifted queries and dO.v on the masked diagonals made on the side stream, beside the pre-passes.
-    side = (conv_two_phase.side_stream(q.device) if two_phase and conv_two_phase.NEAR_BESIDE and not in_dry_run()
-            else None)
+    side = conv_two_phase.side_stream(q.device) if two_phase and not in_dry_run() else None
     qs = conv_two_phase.shifted_queries_beside(q, cq, side) if two_phase else None
     qs_made = conv_two_phase.event_on(side)
     if near:
         with conv_two_phase.beside(side, do, v):
-            pv = past_scores(do, v, e - 1)  # dO_i . v_{i - delta} on the E masked diagonals
+            pv = past_scores(do, v, e - 1, plan.past_by_product)  # dO_i . v_{i - delta} on the E masked diagonals
     # Handed to the sides in a list that they empty, so that the folded keys are freed as soon as they are done.
-    kf = [fold_keys(k, w, Hq, keys_major=two_phase)]
+    kf = [fold_keys(k, w, Hq, plan.fold_by_product, keys_major=two_phase)]
     dev = q.device
     if near:
-        pq = past_scores(q, k, e_past)
-        cd = diagonal_scores(q, k, w, past=pq)
+        pq = past_scores(q, k, e_past, plan.past_by_product)
+        cd = diagonal_scores(q, k, w, plan.past_by_product, past=pq)
     else:
         cd = torch.zeros(16, device=dev, dtype=torch.float32)
     e_pad = _pad16(e)
@@ -427,7 +306,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
         o, do, delta, *o.stride(), *do.stride(), N, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
 
     # True fp32 products for fp32, as in the forward: P recomputed here must match the forward's lse (at
-    # logits of 1e3, tf32x3's 4x larger product error moved dV by 4x the fp32 rounding of the same method).
+    # logits of 1e3, tf32x3's 4x larger product error moves dV by 4x the fp32 rounding of the same method).
     meta = dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=e_pad, QA=qa, QB=qb, D=D, BLOCK_D=block_d,
                 PRECISION=dot_precision(q.dtype, split_fp32=False))
     ep_pad = _pad16(e_past + 1)
@@ -448,9 +327,10 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
 
     if two_phase:
         dq, dk, dv = conv_two_phase.two_phase_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta,
-                                                    dw_parts, beside_work=(qs, qs_made, conv_two_phase.event_on(side)))
+                                                    dw_parts, plan, beside_work=(qs, qs_made,
+                                                                                 conv_two_phase.event_on(side)))
     else:
-        dq, dk, dv = _one_pass_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta, dw_parts)
+        dq, dk, dv = _one_pass_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta, dw_parts, plan)
     if in_dry_run():
         return dq, dk, dv, None
     # Fixed-order reductions over the per-program partials: deterministic.
@@ -459,7 +339,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float):
 
 
 def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, scale: float, near: bool,
-                    meta: dict, dw_parts: list):
+                    meta: dict, dw_parts: list, plan: ConvPlan):
     """``dq, dk, dv`` by the one-pass tiled kernels of :mod:`mta.conv_backward` and their folds, the far part of the
     kernel's gradient appended to ``dw_parts``. ``kf_held``: a list holding the folded keys, emptied here. The dQ
     side runs first: the two ``cq``-fold fp32 buffers ``Gq`` and ``U`` are never alive together."""
@@ -476,7 +356,7 @@ def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (cdiv(N, tile["BLOCK_M"]), B * Hq),
                  (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
                   N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
-                 fit=lambda tile: _fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
+                 fit=lambda tile: fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
                  key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
     dq = empty_contiguous(q)
     dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
@@ -488,10 +368,10 @@ def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
     dv = empty_contiguous(v)
-    keys_as_rows = keys_as_rows_tile(cq, block_d, q.dtype)
+    keys_as_rows = tuning.as_config(plan.keys_as_rows_tile) if plan.keys_as_rows_tile else None
 
     def fit_dkdv(tile):
-        return _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size())
+        return fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size())
     dkdv_tile = keys_as_rows
     if dkdv_tile is None and Hq > Hkv:  # the table's tile in one stage, never an autotuned pick with two
         dkdv_tile = _one_stage_for_groups(fit_dkdv(tuning.config_for("conv_dkdv", block_d, q.dtype, causal)))
@@ -511,17 +391,19 @@ def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     return dq, dk, dv
 
 
-def compile_conv_ahead(q, k, v, weight, causal: bool, scale: float) -> None:
+def compile_conv_ahead(q, k, v, weight, causal: bool, scale: float, plan: ConvPlan | None = None) -> None:
     """Before a first call that will be differentiated: compile the forward's and the backward's kernels side
     by side (:func:`mta.launch.compile_ahead`; the forward and backward compile their own otherwise)."""
     if wants_gradients(q, k, v, weight):
+        plan = plan or plan_of(q, weight, causal)
+
         def forward_backward(q, k, v, weight, causal):
             # The backward's launches are queued first: its dK/dV kernel is the longest compile of all (the
             # first call waits for it), so it starts before the forward's are queued.
             o = empty_contiguous(q)
             lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
-            conv_attention_backward(empty_contiguous(o), q, k, v, o, lse, weight, causal, scale)
-            conv_attention_forward(q, k, v, weight, causal, scale)
+            conv_attention_backward(empty_contiguous(o), q, k, v, o, lse, weight, causal, scale, plan)
+            conv_attention_forward(q, k, v, weight, causal, scale, plan)
         compile_ahead("conv_forward_backward", forward_backward, q, k, v, weight, causal)
 
 
@@ -530,24 +412,27 @@ class ConvAttention(KernelFunction):
     diagonal scores (cheap, O(N)) and the tiles of ``C`` and ``P`` from them."""
 
     @staticmethod
-    def forward(q, k, v, weight, causal, scale):  # setup_context and vmap apart: for torch.func's transforms
-        return conv_attention_forward(q, k, v, weight, causal, scale)
+    def forward(q, k, v, weight, causal, scale, plan):  # setup_context and vmap apart: for torch.func's transforms
+        return conv_attention_forward(q, k, v, weight, causal, scale, plan)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, weight, causal, scale = inputs
+        q, k, v, weight, causal, scale, plan = inputs
         o, lse = output
         ctx.save_for_backward(q, k, v, o, lse, weight)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.plan = causal, scale, plan
         ctx.mark_non_differentiable(lse)
 
     @staticmethod
     @differentiable_once  # a second derivative raises, never reads as 0 (mta.differentiable_once)
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, weight = ctx.saved_tensors
-        backward = torch.ops.mta.conv_attention_backward if wrapped_by_functorch(do) else conv_attention_backward
-        dq, dk, dv, dweight = backward(do, q, k, v, o, lse, weight, ctx.causal, ctx.scale)
-        return dq, dk, dv, dweight.to(weight.dtype), None, None
+        if wrapped_by_functorch(do):  # the op unwraps the transforms' tensors for Triton (and plans for itself)
+            dq, dk, dv, dweight = torch.ops.mta.conv_attention_backward(do, q, k, v, o, lse, weight, ctx.causal,
+                                                                        ctx.scale)
+        else:
+            dq, dk, dv, dweight = conv_attention_backward(do, q, k, v, o, lse, weight, ctx.causal, ctx.scale, ctx.plan)
+        return dq, dk, dv, dweight.to(weight.dtype), None, None, None
 
 
 def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None = None, return_lse: bool = False):
@@ -583,12 +468,13 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
         raise ValueError(f"conv attention needs as many queries as keys, got Nq={Nq}, Nk={Nk}")
     cq, ck = check_weight(weight, num_heads=Hq, device=q.device)
     causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
-    if cq > conv_forward.MAX_CQ or ck > conv_forward.MAX_CK:
-        raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={conv_forward.MAX_CQ} and ck={conv_forward.MAX_CK} here")
-    if torch.compiler.is_compiling():  # traced: the custom op keeps the launcher out of the graph (mta.ops)
-        from . import ops
-        return ops.conv_attention(q, k, v, weight, causal=causal, scale=scale, return_lse=return_lse)
+    if cq > MAX_CQ or ck > MAX_CK:
+        raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={MAX_CQ} and ck={MAX_CK} here")
     scale = resolve_scale(scale, D)
-    compile_conv_ahead(q, k, v, weight, causal, scale)
-    o, lse = ConvAttention.apply(q, k, v, weight, causal, scale)
+    if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) keeps the launchers out of the graph
+        o, lse = torch.ops.mta.conv_attention(q, k, v, weight, causal, scale)
+        return (o, lse) if return_lse else o
+    plan = plan_of(q, weight, causal)
+    compile_conv_ahead(q, k, v, weight, causal, scale, plan)
+    o, lse = ConvAttention.apply(q, k, v, weight, causal, scale, plan)
     return (o, lse) if return_lse else o

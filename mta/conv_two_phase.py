@@ -20,13 +20,13 @@ makes ``C`` again. Here the backward walks chunks of keys, and for each:
    so a block is made ``cq - 1`` rows longer.
 
 ``C`` is made once: ``cq' + 2`` product units in the Triton kernel, ``2 cq'`` in phase 2. Extra memory: the
-scratch (:data:`SCRATCH_BYTES`, or one tile of keys of every head where that is more), two chunks of ``U`` (a
-third while a fold on its stream lags), one block of ``Gq`` (:data:`GQ_BYTES`) where GEMMs make it, the fp32
+scratch (:data:`mta.conv_plan.SCRATCH_BYTES`, or one tile of keys of every head where that is more), two chunks of ``U`` (a
+third while a fold on its stream lags), one block of ``Gq`` (:attr:`mta.conv_plan.ConvPlan.gq_bytes`) where GEMMs make it, the fp32
 running ``dq``, and the folded keys and shifted queries laid out for the products (each ``cq`` times q's size):
 O(N). Deterministic: every output row has one owner, and the products, folds and sums over chunks run in a fixed
 order. Rounding: ``Gq`` and ``U`` leave cuBLAS in the inputs' dtype, and phase 1 sums the score product in other
 pieces than the forward that made the lse, so at logits of order 1e3 ``P`` is off by their fp32 rounding (fp32
-inputs, forced: ``dv`` 4e-4 from float64 against the one-pass kernels' 1e-6), well under bf16's own rounding.
+inputs, forced: ``dv`` near 4e-4 from float64 where the one-pass kernels give 1e-6), well under bf16's own rounding.
 """
 
 from __future__ import annotations
@@ -36,69 +36,28 @@ import contextlib
 import torch
 
 from . import runtime, tuning
+from .conv_plan import GQ_BYTES, SCRATCH_BYTES, ConvPlan, post_pass_tile
+from .tma import descriptor, stream_descriptors
 from .conv_backward import conv_dk_fold_kernel, conv_dk_fold_product_kernel, conv_dq_fold_kernel
 from .conv_dc_kernels import conv_dc_kernel, shifted_queries_kernel
 from .conv_dq_kernels import conv_dq_far_kernel
 from .launch import cdiv, empty_contiguous, in_dry_run, launch, next_power_of_2
 
-#: Most bytes of ``dC_far`` scratch (one chunk of rows or keys of every head) the backward allocates; a chunk is
-#: at least one tile. At 6 x 11, bf16, N = 8192: 1024 rows of 16 heads (d = 128), 2048 of 8.
-SCRATCH_BYTES = 256 * 2 ** 20
-#: ``None``: :func:`uses_two_phase` decides; ``True`` / ``False``: always / never (tests, benchmarks).
-FORCE: bool | None = None
-#: Whether :func:`uses_two_phase`'s rule applies at all (else only :data:`FORCE` selects the two phases).
-BY_DEFAULT = True
-#: Fewest query shifts (``cq``) at which the rule takes the two phases. On an H200 (bf16, causal, N = 8192,
-#: ``notes/h200_2026-11-28b/``) they were faster at 3 x 3 (d = 128: 6.1 against 12.6 ms), 6 x 11 (d = 64: 3.24
-#: against 3.82; d = 96, N = 4096: 1.63 against 3.36; N = 1024-2048 too) and wider, slower at 1 x 1 and 2 x 9
-#: (d = 64: 1.44 against 1.15 ms, 2.04 against 1.83).
-MIN_QUERY_SHIFTS = 3
-#: Keys per chunk where set (tests: many chunks at small N); else from :data:`SCRATCH_BYTES`.
-CHUNK: int | None = None
-#: Most bytes of one block of ``Gq`` rows (16-bit, ``cq d`` wide, every head) made at once; at least a chunk's rows.
-GQ_BYTES = 64 * 2 ** 20
-#: Run the dK folds on a second stream (:func:`side_stream`): on an H200 (6 x 11, N = 8192,
-#: ``notes/h200_2026-11-28c/beside_ab.log``) forward + backward 10.38 against 10.31 ms at d = 128, 3.18 against
-#: 3.13 at d = 64.
-FOLD_BESIDE = True
-#: Make the shifted queries and the near part's inputs (``past_scores(dO, v)``,
-#: :func:`mta.conv_backward.conv_near_kernel`) on that stream too, beside the pre-passes and the first chunk's
-#: phase 1 (:func:`mta.conv.conv_attention_backward`, :func:`shifted_queries_beside`).
-NEAR_BESIDE = True
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-#: ``None``: dq's far part made by :func:`mta.conv_dq_kernels.conv_dq_far_kernel` (one product per row tile,
-#: from the scratch) for 128-wide head-dim tiles, else by ``Gq`` GEMMs over blocks of rows and
-#: :func:`mta.conv_backward.conv_dq_fold_kernel`; ``True`` / ``False``: always the kernel / the GEMMs. On an H200
-#: (bf16, causal, 6 x 11, N = 8192, ``notes/h200_2026-11-29/``) the kernel took forward + backward from 9.99 to
-#: 9.73 ms at d = 128 (its product runs below cuBLAS's rate, but the dK folds beside it run in its shadow) and
-#: from 3.02 to 3.43 at d = 64.
-DQ_FAR_KERNEL: bool | None = None
-#: ``(rows, warps)`` of the dK fold's programs on a GPU up to 128-wide head dims (None: those of
-#: :func:`mta.conv.post_pass_tile`). On an H200 (6 x 11, N = 8192, ``notes/h200_2026-11-28c/beside_ab.log``)
-#: 8 rows on one warp took forward + backward from 10.40 to 10.31 ms at d = 128 and from 3.18 to 3.13 at d = 64
-#: against post_pass_tile's 16 rows on two; 8 rows on two warps: 10.40 and 3.17.
-DK_FOLD_TILE: tuple[int, int] | None = (8, 1)
-#: ``(rows, warps)`` of the dQ fold's programs on a GPU up to 128-wide head dims (None: those of
-#: :func:`mta.conv.post_pass_tile`). On an H200 (``notes/h200_2026-11-28c/dq_fold_ab.log``) 16 rows on 4 warps
-#: took forward + backward from 10.33 to 10.22 ms at d = 128 (post_pass_tile's 32 rows) and from 3.12 to 3.10 at
-#: d = 64; 8 rows were close (10.23).
-DQ_FOLD_TILE: tuple[int, int] | None = (16, 4)
-#: ``None``: the dK fold runs :func:`mta.conv_backward.conv_dk_fold_product_kernel` (products on the tensor cores)
-#: where ``U`` is bf16 on a GPU, else :func:`mta.conv_backward.conv_dk_fold_kernel`; ``True``: the products for
-#: any 16-bit ``U`` (tests: fp16 in the interpreter, whose bf16 products are not exact); ``False``: never.
-DK_FOLD_BY_PRODUCT: bool | None = None
-#: ``(keys, warps)`` of the product fold's programs. On an H200 (bf16, 6 x 11, N = 8192, the 8 chunks' folds;
-#: ``notes/h200_2026-11-29c/``) 16 keys on 2 warps 0.49 ms at d = 128 (forward + backward 9.17 ms), on 1 warp 0.61
-#: (9.20), 32 on 2 0.72 (9.33); the pointer kernel 0.96 (9.46, in an earlier interleaved run against 9.37 for
-#: 16 on 2 with the diagonals summed by a 3-D select instead of tl.gather); d = 64: 0.08-0.11 ms against 0.22.
+#: ``(rows, warps)`` of the dK fold's pointer-kernel programs on a GPU up to 128-wide head dims: 8 rows on one
+#: warp, the fastest on Hopper at d = 64 and 128 (elsewhere :func:`mta.conv_plan.post_pass_tile`'s).
+DK_FOLD_TILE = (8, 1)
+#: ``(rows, warps)`` of the dQ fold's programs on a GPU up to 128-wide head dims: 16 rows on 4 warps, the fastest
+#: on Hopper at d = 64 and 128 (elsewhere :func:`mta.conv_plan.post_pass_tile`'s).
+DQ_FOLD_TILE = (16, 4)
+#: ``(keys, warps)`` of the product dK fold's programs: 16 keys on 2 warps, the fastest on Hopper at d = 64, 128.
 DK_FOLD_PRODUCT_TILE = (16, 2)
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
 def phase_one_tile(block_d: int, dtype: torch.dtype, causal: bool) -> dict:
     """The tile of the phase-1 kernel: the forward's streamed tile (128 x 128, 8 warps, 3 stages on Hopper at 16
-    bits) and the depth of one streamed product, ``WIDTH``: at most 64 (whole head dims to 64; half of 128). On an
-    H200 (6 x 11, N = 8192, ``notes/h200_2026-11-28b/``) 64 made phase 1 1.27 ms at d = 64 against 1.53 with the
-    forward's 32, and 128 (in two stages, to fit) made it 4.36 ms at d = 128 against 3.84 with 64."""
+    bits) and the depth of one streamed product, ``WIDTH``: at most 64 (whole head dims to 64; half of 128), faster
+    on Hopper than the forward's 32 at d = 64 and than 128 (which fits only in two stages) at d = 128."""
     return {**tuning.config_for("conv_forward_streamed", block_d, dtype, causal), "WIDTH": min(block_d, 64)}
 
 
@@ -112,27 +71,14 @@ def dq_far_tile(block_d: int, dtype: torch.dtype) -> dict:
         return {"BLOCK_M": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}
     if block_d > 128:
         return {"BLOCK_M": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2}
-    return {"BLOCK_M": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4}  # H200: 9.73 ms, 3 stages 9.99
+    return {"BLOCK_M": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4}  # 4 stages: faster than 3 on Hopper
 
 
-def uses_dq_far_kernel(block_d: int) -> bool:
-    """Whether the dQ side runs :func:`mta.conv_dq_kernels.conv_dq_far_kernel` (:data:`DQ_FAR_KERNEL`)."""
-    return DQ_FAR_KERNEL if DQ_FAR_KERNEL is not None else block_d == 128
-
-
-def uses_dk_fold_product(u_dtype: torch.dtype) -> bool:
-    """Whether the dK fold of a ``U`` of ``u_dtype`` runs by products (:data:`DK_FOLD_BY_PRODUCT`): the split
-    weights keep bf16's range (fp16's ends at 65504)."""
-    if DK_FOLD_BY_PRODUCT is not None:
-        return DK_FOLD_BY_PRODUCT and u_dtype in (torch.float16, torch.bfloat16)
-    return not runtime.INTERPRET and u_dtype == torch.bfloat16
-
-
-def dk_fold_launch(u_dtype: torch.dtype, block_d: int, ck: int, e_past: int) -> tuple:
+def dk_fold_launch(by_product: bool, u_dtype: torch.dtype, block_d: int, ck: int, e_past: int) -> tuple:
     """``(kernel, rows, constexprs)`` of the dK fold over a ``U`` of ``u_dtype``: the product kernel's tile and
-    windows (:func:`uses_dk_fold_product`), else the pointer kernel's measured tile."""
-    from .conv import post_pass_tile  # the launcher module imports this one
-    if uses_dk_fold_product(u_dtype):
+    windows where ``by_product`` (:attr:`mta.conv_plan.ConvPlan.dk_fold_by_product`) and ``U`` is 16-bit, else
+    the pointer kernel's tile."""
+    if by_product and u_dtype in (torch.float16, torch.bfloat16):
         rows, warps = DK_FOLD_PRODUCT_TILE
         return conv_dk_fold_product_kernel, rows, dict(
             BLOCK_R=rows, num_warps=warps, WINDOW=next_power_of_2(rows + ck - 1),
@@ -142,17 +88,17 @@ def dk_fold_launch(u_dtype: torch.dtype, block_d: int, ck: int, e_past: int) -> 
 
 
 def fold_dk(u, prev, prev0: int, c0: int, f0: int, f1: int, g, q, k, w, dk, dwf, scale: float, near: bool,
-            block_d: int) -> None:
+            block_d: int, by_product: bool) -> None:
     """The dK fold of one chunk of keys: ``dk[:, :, f0:f1]`` and the far ``dW`` partials ``dwf`` ``[tiles, B, Hq,
     cq, ck]`` (one per :func:`dk_fold_launch` tile of rows) from the chunk's ``U`` ``[B * Hq, keys, cq * D]``
     (its rows from key ``c0``) and, where its keys read back past ``c0``, the previous chunk's ``prev`` (rows
     from ``prev0``; None for the first chunk). ``g``: the near part's score gradients ``[B, Hq, N, E'_PAD]``,
-    read where ``near``."""
+    read where ``near``; ``by_product``: :func:`dk_fold_launch`'s."""
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
     cq, ck = w.shape[1:]
     e_past = ck + cq - 3
-    kernel, rows, tile = dk_fold_launch(u.dtype, block_d, ck, e_past)
+    kernel, rows, tile = dk_fold_launch(by_product, u.dtype, block_d, ck, e_past)
     before = u if prev is None else prev
     launch(kernel, (cdiv(f1 - f0, rows), B * Hkv), u, before, g, q, k, w, dk, dwf, u.stride(0), D, cq * D,
            before.stride(0), *q.stride(), *k.stride(), *dk.stride(), N, c0, prev0, f0, f1, Hkv, Hq // Hkv, scale,
@@ -160,29 +106,19 @@ def fold_dk(u, prev, prev0: int, c0: int, f0: int, f1: int, g, q, k, w, dk, dwf,
            EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D, BLOCK_D=block_d, **tile)
 
 
-def uses_two_phase(q: torch.Tensor, cq: int, causal: bool) -> bool:
-    """Whether :func:`mta.conv.conv_attention_backward` runs the two phases: bf16 on a Hopper GPU with at least
-    :data:`MIN_QUERY_SHIFTS` query shifts, or as :data:`FORCE` says."""
-    if FORCE is not None:
-        return FORCE
-    if not BY_DEFAULT or runtime.INTERPRET or q.dtype != torch.bfloat16 or tuning.gpu_family(q.device) != "hopper":
-        return False
-    return cq >= MIN_QUERY_SHIFTS
-
-
-def chunk_size(batch_heads: int, n: int, tile: dict, halo: int) -> int:
-    """Keys per chunk: :data:`CHUNK` where set, else as many as :data:`SCRATCH_BYTES` of 16-bit ``dC_far`` hold
+def chunk_size(batch_heads: int, n: int, tile: dict, halo: int, chunk: int | None = None) -> int:
+    """Keys per chunk: ``chunk`` where given, else as many as :data:`mta.conv_plan.SCRATCH_BYTES` of 16-bit ``dC_far`` hold
     for ``batch_heads`` heads of ``n`` rows; a multiple of both tile sides and at least ``halo`` (the keys a fold
     reads past its own)."""
     step = max(tile["BLOCK_M"], tile["BLOCK_N"])
-    rows = CHUNK if CHUNK is not None else SCRATCH_BYTES // (2 * batch_heads * max(n, 1))
+    rows = chunk if chunk is not None else SCRATCH_BYTES // (2 * batch_heads * max(n, 1))
     rows = max(rows // step * step, step * cdiv(max(halo, 1), step))
     return min(rows, step * cdiv(n, step))
 
 
-def gq_block_rows(batch_heads: int, width: int, chunk: int) -> int:
-    """Rows of ``Gq`` made (and folded) at once: as many as :data:`GQ_BYTES` hold, at least a chunk's."""
-    return max(chunk, GQ_BYTES // (2 * batch_heads * width) // chunk * chunk)
+def gq_block_rows(batch_heads: int, width: int, chunk: int, budget: int = GQ_BYTES) -> int:
+    """Rows of ``Gq`` made (and folded) at once: as many as ``budget`` bytes hold, at least a chunk's."""
+    return max(chunk, budget // (2 * batch_heads * width) // chunk * chunk)
 
 
 def shifted_queries_side_by_side(q: torch.Tensor, cq: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -206,10 +142,10 @@ def _measured_tile(tile: tuple[int, int] | None, block_d: int) -> tuple[int, int
 
 
 def side_stream(device: torch.device):
-    """The stream the dK folds run on beside the chunks' GEMMs and phase 1 (:data:`FOLD_BESIDE`, a GPU, not while
-    a CUDA graph is captured), else None. The fold is memory-bound and short: on its own stream it runs in the
+    """The stream the dK folds run on beside the chunks' GEMMs and phase 1 (on a GPU, not while a CUDA graph is
+    captured), else None. The fold is memory-bound and short: on its own stream it runs in the
     tails of the compute-bound kernels' waves instead of between them."""
-    if not FOLD_BESIDE or device.type != "cuda" or runtime.INTERPRET or torch.cuda.is_current_stream_capturing():
+    if device.type != "cuda" or runtime.INTERPRET or torch.cuda.is_current_stream_capturing():
         return None  # in a CUDA graph's capture (torch.compile's reduce-overhead mode) the folds stay in line
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SIDE_STREAMS:
@@ -235,10 +171,8 @@ def _dq_far_descriptors(dcs: torch.Tensor, kf: torch.Tensor, dq: torch.Tensor, t
     """``(DCD, KFD, DQD)`` for :func:`mta.conv_dq_kernels.conv_dq_far_kernel`: over the chunk's scratch ``dcs``
     ``[B * Hq, rows, keys]`` (rows outside it and keys past the chunk load as zeros), the folded keys and the
     fp32 running ``dq``."""
-    from .conv import TensorDescriptor
-    return (TensorDescriptor(dcs, list(dcs.shape), list(dcs.stride()), [1, tile["BLOCK_M"], tile["BLOCK_K"]]),
-            TensorDescriptor(kf, list(kf.shape), list(kf.stride()), [1, 1, 1, tile["BLOCK_K"], block_d]),
-            TensorDescriptor(dq, list(dq.shape), list(dq.stride()), [1, 1, tile["BLOCK_M"], block_d]))
+    return (descriptor(dcs, [1, tile["BLOCK_M"], tile["BLOCK_K"]]), descriptor(kf, [1, 1, 1, tile["BLOCK_K"], block_d]),
+            descriptor(dq, [1, 1, tile["BLOCK_M"], block_d]))
 
 
 def shifted_queries_beside(q: torch.Tensor, cq: int, side) -> torch.Tensor:
@@ -281,7 +215,6 @@ def _chunks(n: int, size: int) -> list[tuple[int, int]]:
 def _descriptors(q, v, kf, do, tile: dict, block_d: int) -> tuple:
     """``(QD, KFD, DOD)``: TMA descriptors for the phase-1 kernel (as the forward's streamed path, and ``dO``'s like
     ``q``'s), boxes fitted to ``tile``; all None where the copy engine does not apply to any of them."""
-    from .conv import stream_descriptors  # the forward's launcher module imports this one
     qd, kfd, _ = stream_descriptors(q, v, kf)
     dod = stream_descriptors(do, v, kf)[0] if qd is not None else None
     if dod is None:
@@ -295,12 +228,11 @@ def _descriptors(q, v, kf, do, tile: dict, block_d: int) -> tuple:
 def _scratch_descriptor(dcs: torch.Tensor, tile: dict):
     """A TMA descriptor over the chunk's scratch ``[B * Hq, rows, keys]``, box ``[1, BLOCK_M, BLOCK_N]``: the
     stores of its bounds' far side (rows past N) are dropped."""
-    from .conv import TensorDescriptor  # None before Triton 3.4, where no descriptors are made
-    return TensorDescriptor(dcs, list(dcs.shape), list(dcs.stride()), [1, tile["BLOCK_M"], tile["BLOCK_N"]])
+    return descriptor(dcs, [1, tile["BLOCK_M"], tile["BLOCK_N"]])
 
 
 def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, scale: float, near: bool,
-                    meta: dict, dw_parts: list, beside_work: tuple | None = None
+                    meta: dict, dw_parts: list, plan: ConvPlan, beside_work: tuple | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``dq, dk, dv`` (the dtypes of ``q, k, v``) by the two phases, the far part of the kernel's gradient
     appended to ``dw_parts`` (per-program partials over ``scale``, as :func:`mta.conv._fused_backward`'s).
@@ -308,11 +240,10 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     ``kf_held``: a list holding the folded keys ``[B, Hq, cq, N, D]`` laid out keys-major
     (:func:`mta.conv.fold_keys` with ``keys_major=True``, so that ``[B * Hq, N, cq * D]`` is a view of them),
     emptied here; ``cd``, ``g``: the diagonal scores and the near part's score gradients (causal), ``meta``: the
-    one-pass kernels' constexprs. ``beside_work``: ``(qs, qs_made, g_made)``, the shifted queries
+    one-pass kernels' constexprs; ``plan``: the chunk, dq's far part and the dK fold's kernel. ``beside_work``: ``(qs, qs_made, g_made)``, the shifted queries
     (:func:`shifted_queries_beside`), an event after them on the side stream and one after the near part's ``G``
     there (None: made here).
     """
-    from .conv import post_pass_tile  # the launcher module imports this one
     kf = kf_held.pop()
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
@@ -321,7 +252,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     block_d = meta["BLOCK_D"]
     tile = phase_one_tile(block_d, q.dtype, causal)
     constexprs = {name: meta[name] for name in ("CAUSAL", "CQ", "CK", "E", "E_PAD", "D", "BLOCK_D", "PRECISION")}
-    size = chunk_size(B * Hq, N, tile, 2 * pk)
+    size = chunk_size(B * Hq, N, tile, 2 * pk, plan.chunk)
     scratch = torch.empty((B * Hq, N, size), device=q.device, dtype=q.dtype)  # a chunk's rows x its keys
     descriptors = _descriptors(q, v, kf, do, tile, block_d)
     e_past = ck + cq - 3
@@ -334,14 +265,15 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     # which the first dQ fold waits for (the dK folds, on the side stream, come after it there).
     qs, qs_made, g_made = (beside_work if beside_work is not None
                            else (shifted_queries_side_by_side(q, cq), None, None))
-    far_kernel = uses_dq_far_kernel(block_d)
+    far_kernel = plan.dq_far_kernel
     # dq's parts, summed over chunks (the dq kernel's first chunk writes every row; the GEMM path adds to zeros)
     dq_sum = (torch.empty if far_kernel else torch.zeros)((B, Hq, N, D), device=q.device, dtype=torch.float32)
     dk, dv = empty_contiguous(k), empty_contiguous(v)
     dq_rows, dq_warps = _measured_tile(DQ_FOLD_TILE, block_d) or post_pass_tile(block_d, 64, warps=4)
     # U leaves cuBLAS in the inputs' dtype on a GPU (fp32 on the CPU: _product)
-    fold_rows = dk_fold_launch(q.dtype if q.is_cuda else torch.float32, block_d, ck, e_past)[1]
-    gq_rows = gq_block_rows(B * Hq, cq * D, size)
+    fold_rows = dk_fold_launch(plan.dk_fold_by_product, q.dtype if q.is_cuda else torch.float32, block_d, ck,
+                               e_past)[1]
+    gq_rows = gq_block_rows(B * Hq, cq * D, size, plan.gq_bytes)
     dq_tile = dq_far_tile(block_d, q.dtype)
     # The dK folds' dW partials, all chunks in one buffer: the fold of a chunk takes its keys [f0, f1).
     chunks = _chunks(N, size)
@@ -387,7 +319,8 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
         if f1 > f0:
             dwf = dw_far[t0:t0 + fold_tiles[chunk]]
             with beside(side, u, dwf):
-                fold_dk(u, prev, prev0, c0, f0, f1, g, q, k, w, dk, dwf, scale, near, block_d)
+                fold_dk(u, prev, prev0, c0, f0, f1, g, q, k, w, dk, dwf, scale, near, block_d,
+                        plan.dk_fold_by_product)
         prev, prev0 = u, c0
         if far_kernel:  # after the U GEMM: its dK fold, beside, runs in this kernel's shadow
             dq_far_part(dcs, c0, c1, row0, (c0 > 0,))
@@ -416,12 +349,12 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     del kf, kf_cat, qs, prev, scratch
     if dry:
         # The folds compile here too (their first chunk's launch), on buffers of the chunks' shapes.
-        _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, scale)
+        _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, scale, plan)
         return empty_contiguous(q), dk, dv
     return dq if dq is not None else dq_sum.to(q.dtype), dk, dv
 
 
-def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, scale):
+def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, scale, plan):
     """Inside :func:`mta.launch.compile_ahead`'s dry run: the folds' launches of :func:`two_phase_sides` on meta
     buffers of a chunk's shape (the GEMMs that make them do not run there): the dK fold with and without a
     previous chunk, the dQ fold with and without the near part."""
@@ -430,10 +363,11 @@ def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_wa
     cq, ck = w.shape[1:]
     buf = torch.empty((B * Hq, size, cq * D), device=q.device, dtype=q.dtype)  # cuBLAS's output dtype
     for first in (True, False) if N > size else (True,):  # one chunk: only the first chunk's variants
-        if not uses_dq_far_kernel(fold_meta["BLOCK_D"]):
+        if not plan.dq_far_kernel:
             launch(conv_dq_fold_kernel, (1, B * Hq), buf, g, k, dq_sum, dq_sum, buf.stride(0), D, cq * D,
                    *k.stride(),
                    *dq_sum.stride(), N, 0, 1, 0, 1, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
                    num_warps=dq_warps, **{**fold_meta, "NEAR": near and first})
         dwf = torch.empty((1, B, Hq, cq, ck), device=q.device, dtype=torch.float32)
-        fold_dk(buf, None if first else buf, 0, 0, 0, 1, g, q, k, w, dk, dwf, scale, near, fold_meta["BLOCK_D"])
+        fold_dk(buf, None if first else buf, 0, 0, 0, 1, g, q, k, w, dk, dwf, scale, near, fold_meta["BLOCK_D"],
+                plan.dk_fold_by_product)

@@ -190,10 +190,10 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     """
     D = check_kernel_inputs(q, k, v)[5]
     causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
-    if torch.compiler.is_compiling():  # traced: the custom op keeps the launcher out of the graph (mta.ops)
-        from . import ops
-        return ops.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
     scale = resolve_scale(scale, D)
+    if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) keeps the launchers out of the graph
+        o, lse = torch.ops.mta.flash_attention(q, k, v, causal, scale)
+        return (o, lse) if return_lse else o
     compile_flash_ahead(q, k, v, causal, scale)
     o, lse = FlashAttention.apply(q, k, v, causal, scale)
     return (o, lse) if return_lse else o

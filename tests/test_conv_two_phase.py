@@ -1,6 +1,6 @@
 """The two-phase MTA backward (:mod:`mta.conv_two_phase`) against autograd through the float64 reference.
 
-Forced on (``FORCE``) with chunks of 32 rows or keys, so that short sequences cross several chunks and each fold
+Forced by a plan (:class:`mta.conv_plan.ConvPlan`) with chunks of 32 keys, so that short sequences cross several chunks and each fold
 reads the previous chunk's buffer. ``poisoned_outputs`` (conftest) starts every buffer the launchers allocate as
 NaN: a scratch entry the GEMMs read but no kernel wrote fails. On the CPU the phase-1 kernels run in Triton's interpreter: fp32 takes the
 pointer loads, fp16 the copy engine's (emulated), as bf16 does on a GPU.
@@ -8,11 +8,14 @@ pointer loads, fp16 the copy engine's (emulated), as bf16 does on a GPU.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import mta
 from mta import conv_two_phase
+from mta.conv import ConvAttention, plan_of
 from conftest import ON_GPU, close_in_norm, rand, rand_qkv, rel_err
 
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -20,13 +23,22 @@ LARGE_LOGITS_TOL = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 5e
 NAMES = ("dq", "dk", "dv", "dweight")
 
 
+def planned(backward: str, **fields):
+    """``conv_attention`` run by the default plan for its inputs with ``backward`` and ``fields`` replaced."""
+    def conv_attention(q, k, v, weight, causal=True):
+        plan = dataclasses.replace(plan_of(q, weight, causal), backward=backward, **fields)
+        return ConvAttention.apply(q, k, v, weight, causal, q.shape[-1] ** -0.5, plan)[0]
+    return conv_attention
+
+
 @pytest.fixture(params=[False, True], ids=["dq_by_gemms", "dq_far_kernel"])
-def two_phase(request, monkeypatch):
-    """The two phases, in chunks of 32 rows or keys (two interpreter tiles), dq's far part by the Gq GEMMs + fold
-    or by the dq kernel."""
-    monkeypatch.setattr(conv_two_phase, "FORCE", True)
-    monkeypatch.setattr(conv_two_phase, "CHUNK", 32)
-    monkeypatch.setattr(conv_two_phase, "DQ_FAR_KERNEL", request.param)
+def two_phase(request):
+    """The two phases, in chunks of 32 keys (two interpreter tiles), dq's far part by the Gq GEMMs + fold or by the
+    dq kernel."""
+    return planned("two_phase", chunk=32, dq_far_kernel=request.param)
+
+
+one_pass = planned("one_pass")
 
 
 def grads(fn, q, k, v, weight, do, **kwargs):
@@ -39,11 +51,11 @@ def check(name, out, ref, tol):
     assert close_in_norm(out, ref, tol), f"{name}: {rel_err(out, ref):.3g} from the reference (tolerance {tol})"
 
 
-def run_case(N, cq, ck, causal, dtype, Hq=2, Hkv=1, D=16, B=1):
+def run_case(fn, N, cq, ck, causal, dtype, Hq=2, Hkv=1, D=16, B=1):
     q, k, v = rand_qkv(B, Hq, Hkv, N, N, D, dtype=dtype)
     weight = rand(Hq, cq, ck, scale=0.2)
     do = rand(B, Hq, N, D, dtype=dtype)
-    out = grads(mta.conv_attention, q, k, v, weight, do, causal=causal)
+    out = grads(fn, q, k, v, weight, do, causal=causal)
     ref = grads(mta.conv_attention_reference, *(x.cpu().double() for x in (q, k, v, weight, do)), causal=causal)
     for name, x, y, like in zip(NAMES, out, ref, (q, k, v, weight)):
         assert x.dtype == like.dtype and x.shape == like.shape, name
@@ -55,7 +67,7 @@ def run_case(N, cq, ck, causal, dtype, Hq=2, Hkv=1, D=16, B=1):
 @pytest.mark.parametrize("N,cq,ck", [(1, 6, 11), (5, 11, 15), (100, 6, 11), (70, 16, 15), (45, 11, 15),
                                      (37, 1, 1)], ids=str)
 def test_causal_lengths_and_kernels(N, cq, ck, two_phase, poisoned_outputs):
-    run_case(N, cq, ck, True, torch.float32)
+    run_case(two_phase, N, cq, ck, True, torch.float32)
 
 
 @pytest.mark.parametrize("N,cq,ck,causal,dtype,Hq,Hkv,D,B", [
@@ -66,15 +78,14 @@ def test_causal_lengths_and_kernels(N, cq, ck, two_phase, poisoned_outputs):
 ] + ([(300, 6, 11, True, torch.bfloat16, 4, 2, 128, 2), (200, 11, 11, False, torch.bfloat16, 2, 1, 64, 1),
       (130, 6, 11, True, torch.bfloat16, 2, 2, 96, 1)] if ON_GPU else []), ids=str)
 def test_dtypes_gqa_and_noncausal(N, cq, ck, causal, dtype, Hq, Hkv, D, B, two_phase, poisoned_outputs):
-    run_case(N, cq, ck, causal, dtype, Hq=Hq, Hkv=Hkv, D=D, B=B)
+    run_case(two_phase, N, cq, ck, causal, dtype, Hq=Hq, Hkv=Hkv, D=D, B=B)
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_gq_in_several_blocks_of_rows(causal, two_phase, monkeypatch, poisoned_outputs):
+def test_gq_in_several_blocks_of_rows(causal, poisoned_outputs):
     """Each chunk's part of Gq made in blocks of one chunk of rows (the first reaching back cq - 1 rows): a row's
     fold reads cq - 1 rows past its block, which its block makes too."""
-    monkeypatch.setattr(conv_two_phase, "GQ_BYTES", 1)
-    run_case(150, 6, 11, causal, torch.float32)
+    run_case(planned("two_phase", chunk=32, gq_bytes=1), 150, 6, 11, causal, torch.float32)
 
 
 def test_gq_blocks_from_their_byte_budget():
@@ -86,15 +97,12 @@ def test_gq_blocks_from_their_byte_budget():
 
 
 @pytest.mark.parametrize("chunk", [32, 64, 1024])
-def test_chunks_change_nothing_but_rounding(chunk, monkeypatch):
+def test_chunks_change_nothing_but_rounding(chunk):
     """One chunk or several: the same gradients as the one-pass kernels, to fp32 rounding."""
     q, k, v = rand_qkv(1, 2, 1, 90, 90, 16)
     weight, do = rand(2, 4, 7, scale=0.2), rand(1, 2, 90, 16)
-    monkeypatch.setattr(conv_two_phase, "FORCE", False)
-    one_pass = grads(mta.conv_attention, q, k, v, weight, do)
-    monkeypatch.setattr(conv_two_phase, "FORCE", True)
-    monkeypatch.setattr(conv_two_phase, "CHUNK", chunk)
-    for name, x, y in zip(NAMES, grads(mta.conv_attention, q, k, v, weight, do), one_pass):
+    reference = grads(one_pass, q, k, v, weight, do)
+    for name, x, y in zip(NAMES, grads(planned("two_phase", chunk=chunk), q, k, v, weight, do), reference):
         check(name, x, y, 1e-5)
 
 
@@ -141,13 +149,12 @@ DK_FOLD_CASES = [(70, 6, 11, True, 24), (5, 6, 11, True, 16), (70, 16, 15, True,
     pytest.param(N, cq, ck, near, D, by_product,
                  id=f"{N}-{cq}x{ck}-{'near' if near else 'far'}-d{D}-{'band_product' if by_product else 'pointer'}")
     for N, cq, ck, near, D in DK_FOLD_CASES for by_product in (False, True) if by_product or cq < 16])
-def test_dk_fold_of_16_bit_u_matches_its_definition(N, cq, ck, near, D, by_product, monkeypatch):
+def test_dk_fold_of_16_bit_u_matches_its_definition(N, cq, ck, near, D, by_product):
     """The dK fold, chunk by chunk (32 keys; each fold reads the previous chunk's ``U`` rows), both kernels (the
     product kernel, which bf16 takes on a GPU, forced either way; fp16 here). Each chunk's ``U`` is followed by
     NaN rows and ``G`` past its ``E'`` diagonals is NaN: a row no key should read fails. ``dk`` is the float64 sum
     rounded to fp16, within ``1e-5`` of its terms' magnitudes (the products' split weights: ``2^-22``); a fold
     with the weights in one 16-bit part misses by ``2^-12`` of them."""
-    monkeypatch.setattr(conv_two_phase, "DK_FOLD_BY_PRODUCT", by_product)
     dtype, B, Hq, Hkv, chunk, scale = torch.float16, 2, 4, 2, 32, 0.7
     pk, e_past = (ck - 1) // 2, ck + cq - 3
     q, k = rand(B, Hq, N, D, dtype=dtype), rand(B, Hkv, N, D, dtype=dtype)
@@ -158,7 +165,7 @@ def test_dk_fold_of_16_bit_u_matches_its_definition(N, cq, ck, near, D, by_produ
     g[..., e_past + 1:] = float("nan")
     dk = torch.full_like(k, float("nan"))
     block_d = max(16, 1 << (D - 1).bit_length())
-    rows = conv_two_phase.dk_fold_launch(dtype, block_d, ck, e_past)[1]
+    rows = conv_two_phase.dk_fold_launch(by_product, dtype, block_d, ck, e_past)[1]
     parts, prev, prev0 = [], None, 0
     for c0 in range(0, N, chunk):
         c1 = min(c0 + chunk, N)
@@ -168,7 +175,8 @@ def test_dk_fold_of_16_bit_u_matches_its_definition(N, cq, ck, near, D, by_produ
         f0, f1 = (max(c0 - pk, 0) if c0 > 0 else 0), (c1 - pk if c1 < N else N)
         if f1 > f0:
             dwf = torch.empty((-(-(f1 - f0) // rows), B, Hq, cq, ck), device=u.device)
-            conv_two_phase.fold_dk(u_chunk, prev, prev0, c0, f0, f1, g, q, k, w, dk, dwf, scale, near, block_d)
+            conv_two_phase.fold_dk(u_chunk, prev, prev0, c0, f0, f1, g, q, k, w, dk, dwf, scale, near, block_d,
+                                   by_product)
             parts.append(dwf)
         prev, prev0 = u_chunk, c0
     want, terms, dw_want, dw_terms = dk_fold_by_definition(u, g, q, k, w, near)
@@ -180,54 +188,48 @@ def test_dk_fold_of_16_bit_u_matches_its_definition(N, cq, ck, near, D, by_produ
         f"dW: {((dw - dw_want).abs() / dw_terms).max():.3g} of the terms' magnitude"
 
 
-def test_dk_fold_takes_products_for_bf16_on_a_gpu(monkeypatch):
-    """The rule: bf16 U on a GPU (fp16's range would clip the split weights); forced, any 16-bit U."""
-    monkeypatch.setattr(conv_two_phase.runtime, "INTERPRET", False)
-    assert conv_two_phase.uses_dk_fold_product(torch.bfloat16)
-    assert not conv_two_phase.uses_dk_fold_product(torch.float16)
-    assert not conv_two_phase.uses_dk_fold_product(torch.float32)
-    monkeypatch.setattr(conv_two_phase, "DK_FOLD_BY_PRODUCT", True)
-    assert conv_two_phase.uses_dk_fold_product(torch.float16)
-    assert not conv_two_phase.uses_dk_fold_product(torch.float32)
-    monkeypatch.setattr(conv_two_phase.runtime, "INTERPRET", True)
-    monkeypatch.setattr(conv_two_phase, "DK_FOLD_BY_PRODUCT", None)
-    assert not conv_two_phase.uses_dk_fold_product(torch.bfloat16)
+def test_dk_fold_takes_products_where_u_is_16_bit():
+    """Asked for, the products run for 16-bit U (the plan asks for them for bf16 on Hopper: fp16's range would clip
+    the split weights); fp32 U keeps the pointer kernel."""
+    from mta.conv_backward import conv_dk_fold_kernel, conv_dk_fold_product_kernel
+    assert conv_two_phase.dk_fold_launch(True, torch.bfloat16, 64, 11, 14)[0] is conv_dk_fold_product_kernel
+    assert conv_two_phase.dk_fold_launch(True, torch.float32, 64, 11, 14)[0] is conv_dk_fold_kernel
+    assert conv_two_phase.dk_fold_launch(False, torch.bfloat16, 64, 11, 14)[0] is conv_dk_fold_kernel
 
 
 def test_bitwise_deterministic(two_phase):
     q, k, v = rand_qkv(2, 2, 1, 50, 50, 16, dtype=torch.float16)
     weight, do = rand(2, 3, 5, scale=0.2), rand(2, 2, 50, 16, dtype=torch.float16)
-    first, second = (grads(mta.conv_attention, q, k, v, weight, do) for _ in range(2))
+    first, second = (grads(two_phase, q, k, v, weight, do) for _ in range(2))
     for name, x, y in zip(NAMES, first, second):
         assert torch.equal(x, y), name
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-def test_forward_and_backward_captured_in_a_cuda_graph(monkeypatch):
+def test_forward_and_backward_captured_in_a_cuda_graph():
     """Forward + backward captured in one CUDA graph (as torch.compile's reduce-overhead mode does; the dK folds then
     stay on the capturing stream), three chunks of keys, replayed on new inputs: eager's gradients on those."""
-    monkeypatch.setattr(conv_two_phase, "FORCE", True)
-    monkeypatch.setattr(conv_two_phase, "CHUNK", 128)
+    conv = planned("two_phase", chunk=128)
     q, k, v = rand_qkv(1, 4, 2, 300, 300, 64, dtype=torch.bfloat16)
     weight, do = rand(4, 6, 11, scale=0.2), rand(1, 4, 300, 64, dtype=torch.bfloat16)
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, weight)]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up (compiles) outside the capture, as CUDA graphs require
-        mta.conv_attention(*leaves).backward(do)
+        conv(*leaves).backward(do)
     torch.cuda.current_stream().wait_stream(side)
     for x in leaves:
         x.grad = None
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        mta.conv_attention(*leaves).backward(do)
+        conv(*leaves).backward(do)
     fresh = rand_qkv(1, 4, 2, 300, 300, 64, dtype=torch.bfloat16) + (rand(4, 6, 11, scale=0.2),)
     with torch.no_grad():
         for x, y in zip(leaves, fresh):
             x.copy_(y)
     graph.replay()
     torch.cuda.synchronize()
-    for name, x, y in zip(NAMES, (x.grad for x in leaves), grads(mta.conv_attention, *fresh, do)):
+    for name, x, y in zip(NAMES, (x.grad for x in leaves), grads(conv, *fresh, do)):
         check(name, x, y, 1e-3)
 
 
@@ -239,13 +241,13 @@ def test_gradients_are_exactly_causal(two_phase):
         x[:, :, t:] *= 1e3
     do = rand(1, 2, N, 16)
     do[:, :, t:] = 0
-    dq, dk, dv, _ = grads(mta.conv_attention, q, k, v, rand(2, 6, 11, scale=0.2), do)
+    dq, dk, dv, _ = grads(two_phase, q, k, v, rand(2, 6, 11, scale=0.2), do)
     for name, x in zip(NAMES, (dq, dk, dv)):
         assert torch.isfinite(x).all() and (x[:, :, t:] == 0).all(), name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
-def test_large_logits_give_finite_gradients(dtype, monkeypatch):
+def test_large_logits_give_finite_gradients(dtype):
     """q, k scaled by 30 (logits of order 1e3, saturated softmax rows): finite gradients. Phase 1 sums the score
     product in other pieces than the forward that made the lse, so ``P`` is off by the logits' fp32 rounding,
     about ``eps * 1e3`` (dv in fp32 here: 4e-4 from float64, the one-pass kernels, which repeat the forward's
@@ -255,20 +257,16 @@ def test_large_logits_give_finite_gradients(dtype, monkeypatch):
     q, k = q * 30, k * 30
     weight, do = rand(2, 6, 11, scale=0.2), rand(1, 2, 70, 16, dtype=dtype)
     ref = grads(mta.conv_attention_reference, *(x.cpu().double() for x in (q, k, v, weight, do)))
-    monkeypatch.setattr(conv_two_phase, "FORCE", False)
-    one_pass = grads(mta.conv_attention, q, k, v, weight, do)
-    monkeypatch.setattr(conv_two_phase, "FORCE", True)
-    monkeypatch.setattr(conv_two_phase, "CHUNK", 32)
-    for name, x, y, r in zip(NAMES, grads(mta.conv_attention, q, k, v, weight, do), one_pass, ref):
+    by_one_pass = grads(one_pass, q, k, v, weight, do)
+    for name, x, y, r in zip(NAMES, grads(planned("two_phase", chunk=32), q, k, v, weight, do), by_one_pass, ref):
         assert torch.isfinite(x).all(), name
         assert rel_err(x, r) <= max(3 * rel_err(y, r), LARGE_LOGITS_TOL[dtype]), (name, rel_err(x, r), rel_err(y, r))
 
 
 @pytest.mark.parametrize("halo,expected", [(5, 32), (10, 32), (33, 64)])
-def test_chunk_is_whole_tiles_and_covers_the_folds_reach(halo, expected, monkeypatch):
-    monkeypatch.setattr(conv_two_phase, "CHUNK", 20)
+def test_chunk_is_whole_tiles_and_covers_the_folds_reach(halo, expected):
     tile = {"BLOCK_M": 16, "BLOCK_N": 32}
-    assert conv_two_phase.chunk_size(4, 1000, tile, halo) == expected
+    assert conv_two_phase.chunk_size(4, 1000, tile, halo, chunk=20) == expected
 
 
 def test_chunk_from_the_scratch_budget():
@@ -281,12 +279,12 @@ def test_chunk_from_the_scratch_budget():
     assert conv_two_phase.chunk_size(4096, 65536, tile, 10) == 128
 
 
-def test_dq_far_kernel_rule(monkeypatch):
-    """By default only 128-wide head-dim tiles (where it was measured faster) take the dq kernel."""
-    assert conv_two_phase.uses_dq_far_kernel(128) and not conv_two_phase.uses_dq_far_kernel(64)
-    assert not conv_two_phase.uses_dq_far_kernel(256)
-    monkeypatch.setattr(conv_two_phase, "DQ_FAR_KERNEL", True)
-    assert conv_two_phase.uses_dq_far_kernel(64)
+def test_dq_far_kernel_rule():
+    """The plan takes the dq kernel for 128-wide head-dim tiles only (where it is faster than the GEMMs)."""
+    def plan(head_dim):
+        return mta.conv_plan.plan_conv(torch.bfloat16, head_dim, (6, 11), True, "hopper")
+    assert plan(128).dq_far_kernel and plan(96).dq_far_kernel
+    assert not plan(64).dq_far_kernel and not plan(256).dq_far_kernel
 
 
 def test_shifted_queries_side_by_side():
@@ -299,10 +297,9 @@ def test_shifted_queries_side_by_side():
             assert torch.equal(qs[:, :, i, a], expected), (a, i)
 
 
-def test_off_unless_forced_in_the_interpreter():
-    """The rule takes bf16 on Hopper GPUs only (the interpreter has neither)."""
-    q = rand(1, 2, 64, 128, dtype=torch.float16)
-    assert not conv_two_phase.uses_two_phase(q, 6, True)
+def test_one_pass_in_the_interpreter():
+    """The plan takes two phases for bf16 on Hopper GPUs only (the interpreter has neither)."""
+    assert plan_of(rand(1, 2, 64, 128, dtype=torch.float16), rand(2, 6, 11), True).backward == "one_pass"
 
 
 @pytest.mark.parametrize("head_dim,cq,dtype,family,two", [
@@ -312,12 +309,7 @@ def test_off_unless_forced_in_the_interpreter():
     (64, 2, torch.bfloat16, "hopper", False), (128, 1, torch.bfloat16, "hopper", False),
     (128, 6, torch.float16, "hopper", False), (128, 6, torch.float32, "hopper", False),
     (128, 6, torch.bfloat16, "other", False)], ids=str)
-def test_the_rule_takes_two_phases_from_three_query_shifts(head_dim, cq, dtype, family, two, monkeypatch):
-    """bf16 on Hopper with cq >= 3: faster on an H200 from 3 x 3 on (d = 64 to 256), slower at 1 x 1 and 2 x 9."""
-    from mta import runtime, tuning
-    monkeypatch.setattr(runtime, "INTERPRET", False)
-    monkeypatch.setattr(tuning, "gpu_family", lambda device=None: family)
-    q = torch.empty(1, 2, 64, head_dim, dtype=dtype, device="meta")
-    assert conv_two_phase.uses_two_phase(q, cq, True) is two
-    monkeypatch.setattr(conv_two_phase, "BY_DEFAULT", False)
-    assert not conv_two_phase.uses_two_phase(q, cq, True)
+def test_the_rule_takes_two_phases_from_three_query_shifts(head_dim, cq, dtype, family, two):
+    """bf16 on Hopper with cq >= 3: faster from 3 x 3 on (d = 64 to 256), slower at 1 x 1 and 2 x 9."""
+    plan = mta.conv_plan.plan_conv(dtype, head_dim, (cq, 11), True, family)
+    assert (plan.backward == "two_phase") is two
