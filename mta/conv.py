@@ -32,8 +32,8 @@ from .tuning import size_bucket
 
 
 
-def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int, by_product: bool,
-              keys_major: bool = False) -> torch.Tensor:
+def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int, keys_major: bool = False, *,
+              by_product: bool = False) -> torch.Tensor:
     """``Kf[b, h, a, j] = sum_b' w[h, a, b'] * k[b, h // G, j - pk + b']`` (zero outside ``[0, N)``).
 
     The key axis of the convolution, applied to the keys once (O(N) memory).
@@ -92,7 +92,7 @@ def _pad16(x: int) -> int:
 PAST_PRODUCT_TILE = (32, 4)
 
 
-def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int, by_product: bool) -> torch.Tensor:
+def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int, *, by_product: bool = False) -> torch.Tensor:
     """``P[b, h, r, e] = q[b, h, r] . k[b, h // G, r - e]`` for ``0 <= e <= reach`` (0 before key 0), unscaled.
 
     The scores near the diagonal that the convolution's masked rows are made of.
@@ -119,8 +119,8 @@ def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int, by_product: bool) 
     return p
 
 
-def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor, by_product: bool,
-                    past: torch.Tensor | None = None) -> torch.Tensor:
+def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None, *,
+                    by_product: bool = False) -> torch.Tensor:
     """``CD[b, h, i, delta] = C[i, i - delta] / scale``, the causal convolved scores on the diagonals
     ``0 <= delta < E = cq - 1 + pk`` where folded keys would be wrong (zero for ``delta >= E``).
 
@@ -139,7 +139,7 @@ def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor, by_p
     B, Hq, N, _ = q.shape
     cq, ck = weight.shape[1:]
     e, e_past = diagonal_reach(cq, ck)
-    p = past_scores(q, k, e_past, by_product) if past is None else past
+    p = past_scores(q, k, e_past, by_product=by_product) if past is None else past
     cd = torch.empty((B, Hq, N, _pad16(e)), device=q.device, dtype=torch.float32)
     block_r = 16 if runtime.INTERPRET else 64
     launch(diagonal_scores_kernel, (cdiv(N, block_r), B * Hq),
@@ -148,14 +148,15 @@ def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor, by_p
     return cd
 
 
-def conv_prepasses(q, k, weight, causal: bool, plan: ConvPlan) -> tuple[torch.Tensor, torch.Tensor]:
+def conv_prepasses(q, k, weight, causal: bool, plan: ConvPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(kf, cd)``: the folded keys (:func:`fold_keys`) and, when causal, the diagonal scores
     (:func:`diagonal_scores`; a dummy when no diagonal needs them)."""
     w = weight.detach().float().contiguous()
-    kf = fold_keys(k.detach(), w, q.shape[1], plan.fold_by_product)
+    plan = plan or plan_of(q, weight, causal)
+    kf = fold_keys(k.detach(), w, q.shape[1], by_product=plan.fold_by_product)
     e, _ = diagonal_reach(*w.shape[1:])
     if causal and e > 0:
-        cd = diagonal_scores(q.detach(), k.detach(), w, plan.past_by_product)
+        cd = diagonal_scores(q.detach(), k.detach(), w, by_product=plan.past_by_product)
     else:  # no mask before the convolution (or a 1 x 1 kernel): the folded scores are exact
         cd = torch.zeros(16, device=q.device, dtype=torch.float32)
     return kf, cd
@@ -289,13 +290,13 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, pla
     qs_made = conv_two_phase.event_on(side)
     if near:
         with conv_two_phase.beside(side, do, v):
-            pv = past_scores(do, v, e - 1, plan.past_by_product)  # dO_i . v_{i - delta} on the E masked diagonals
+            pv = past_scores(do, v, e - 1, by_product=plan.past_by_product)  # dO_i . v_{i - delta} on the E masked diagonals
     # Handed to the sides in a list that they empty, so that the folded keys are freed as soon as they are done.
-    kf = [fold_keys(k, w, Hq, plan.fold_by_product, keys_major=two_phase)]
+    kf = [fold_keys(k, w, Hq, keys_major=two_phase, by_product=plan.fold_by_product)]
     dev = q.device
     if near:
-        pq = past_scores(q, k, e_past, plan.past_by_product)
-        cd = diagonal_scores(q, k, w, plan.past_by_product, past=pq)
+        pq = past_scores(q, k, e_past, by_product=plan.past_by_product)
+        cd = diagonal_scores(q, k, w, past=pq, by_product=plan.past_by_product)
     else:
         cd = torch.zeros(16, device=dev, dtype=torch.float32)
     e_pad = _pad16(e)

@@ -41,6 +41,29 @@ def _seed(request):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
+def planned_conv_attention(**fields):
+    """``conv_attention(q, k, v, weight, causal=True)`` run by the default plan for its inputs
+    (:func:`mta.conv.plan_of`) with ``fields`` replaced: how tests force a path."""
+    import dataclasses
+
+    from mta.conv import ConvAttention, plan_of
+
+    def conv_attention(q, k, v, weight, causal=True):
+        plan = dataclasses.replace(plan_of(q, weight, causal), **fields)
+        return ConvAttention.apply(q, k, v, weight, causal, q.shape[-1] ** -0.5, plan)[0]
+    return conv_attention
+
+
+def chunked_by_default(monkeypatch) -> None:
+    """Every ``conv_attention`` call of the test plans the chunked backward (as where no fused tile fits on chip),
+    through whatever entry point it comes (the public function, the custom op, the layer)."""
+    import dataclasses
+
+    import mta.conv
+    plan_of = mta.conv.plan_of
+    monkeypatch.setattr(mta.conv, "plan_of", lambda *a: dataclasses.replace(plan_of(*a), backward="chunked"))
+
+
 __all__ = ["DEVICE", "ON_GPU", "mta", "rand", "rand_qkv", "rel_err"]
 
 

@@ -10,7 +10,7 @@ from triton.runtime.errors import OutOfResources
 import mta
 import mta.conv
 import mta.conv_decode
-from conftest import DEVICE, ON_GPU, rand, rand_qkv, rel_err
+from conftest import DEVICE, ON_GPU, chunked_by_default, rand, rand_qkv, rel_err
 
 #: Autocast's low precision where the kernels run: bf16 on a GPU, fp16 on the CPU (the interpreter's bf16 products
 #: are wrong, and these paths must not reach them anyway).
@@ -63,7 +63,7 @@ def test_the_unfused_fallbacks_compute_in_fp32_under_autocast(monkeypatch):
     fused kernels compute in fp32: the answer depended on whether a tile fits. Backward inside the autocast region
     too."""
     monkeypatch.setattr(mta.conv, "launch_conv_forward", refused)
-    monkeypatch.setattr(mta.conv, "runs_chunked", lambda *a: True)
+    chunked_by_default(monkeypatch)
     monkeypatch.setattr(mta.conv_decode, "launch_decode", refused)
     q, k, v = (x.requires_grad_() for x in rand_qkv(1, 2, 1, 12, 12, 16))
     weight = rand(2, 3, 5, scale=0.3).requires_grad_()

@@ -144,17 +144,16 @@ def test_fold_keys_matches_its_definition():
 @pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
 @pytest.mark.parametrize("N,cq,ck,keys_major", [(1, 2, 3, False), (21, 3, 5, True), (150, 6, 11, False),
                                                 (70, 16, 15, True), (40, 1, 33, False)], ids=str)
-def test_fold_keys_of_16_bit_keys_are_correctly_rounded(N, cq, ck, keys_major, dtype, by_product, monkeypatch):
+def test_fold_keys_of_16_bit_keys_are_correctly_rounded(N, cq, ck, keys_major, dtype, by_product):
     """Both fold kernels (the band-matrix products, which 16-bit keys take on a GPU, forced either way) keep the
     fp32 weights' digits: each folded value is the float64 fold rounded to the keys' dtype, within half a unit in
     its last place, plus fp32's sums' error and the band kernel's split of the weights into two 16-bit parts
     (``2^-2(m+1)`` of the terms' magnitudes for ``m`` mantissa bits). A fold with the weights rounded to 16 bits
     misses by ``2^-(m+1)``: over a hundred times that."""
-    monkeypatch.setattr(mta.conv, "uses_fold_product", lambda dt: by_product)
     B, Hq, Hkv, D = 1, 4, 2, 24
     k = rand(B, Hkv, N, D).to(dtype)
     w = rand(Hq, cq, ck, scale=0.3)
-    kf = mta.conv.fold_keys(k, w, Hq, keys_major=keys_major)
+    kf = mta.conv.fold_keys(k, w, Hq, keys_major=keys_major, by_product=by_product)
     assert kf.shape == (B, Hq, cq, N, D) and kf.dtype == dtype
     want, terms = fold_by_definition(k, w, Hq), fold_by_definition(k.abs(), w.abs(), Hq)
     mantissa_bits = {torch.float16: 10, torch.bfloat16: 7}[dtype]
@@ -285,17 +284,16 @@ def test_masked_diagonals_across_key_tiles(N, cq, ck, poisoned_outputs):
 @pytest.mark.parametrize("by_product", [False, True], ids=["dots", "product"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("N,reach", [(1, 7), (19, 7), (70, 15), (150, 20)], ids=str)
-def test_past_scores_match_their_definition(N, reach, dtype, by_product, monkeypatch):
+def test_past_scores_match_their_definition(N, reach, dtype, by_product):
     """Both kernels (per-row dot products; one product per row tile, which 16-bit inputs take on a GPU), forced
     either way, against float64: zero before key 0 and past ``reach``, GQA, a head dim that is no power of 2."""
     if dtype == torch.bfloat16 and not ON_GPU:
         pytest.skip("the interpreter's bf16 products are not exact")
     if by_product and dtype == torch.float32:
         pytest.skip("fp32 keeps the per-row dot products")
-    monkeypatch.setattr(mta.conv, "uses_past_product", lambda dt, width: by_product)
     B, Hq, Hkv, D = 2, 4, 2, 24
     q, k = rand(B, Hq, N, D).to(dtype), rand(B, Hkv, N, D).to(dtype)
-    p = mta.conv.past_scores(q, k, reach).cpu().double()
+    p = mta.conv.past_scores(q, k, reach, by_product=by_product).cpu().double()
     width = max(16, 1 << reach.bit_length())
     assert p.shape == (B, Hq, N, width)
     qd, kd = q.cpu().double(), k.cpu().double()

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import mta
-from conftest import DEVICE, ON_GPU, rand, rand_qkv
+from conftest import DEVICE, ON_GPU, planned_conv_attention, rand, rand_qkv
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -46,11 +46,11 @@ def reference_grads(q, k, v, weight, do, causal):
     return grads(mta.conv_attention_reference, *(x.cpu().double() for x in (q, k, v, weight, do)), causal=causal)
 
 
-def run_case(N, cq, ck, causal, dtype, Hq=2, Hkv=1, D=16, B=1):
+def run_case(N, cq, ck, causal, dtype, Hq=2, Hkv=1, D=16, B=1, fn=mta.conv_attention):
     q, k, v = rand_qkv(B, Hq, Hkv, N, N, D, dtype=dtype)
     weight = rand(Hq, cq, ck, scale=0.2)  # fp32 weight, as a model keeps it
     do = rand(B, Hq, N, D, dtype=dtype)
-    out = grads(mta.conv_attention, q, k, v, weight, do, causal=causal)
+    out = grads(fn, q, k, v, weight, do, causal=causal)
     ref = reference_grads(q, k, v, weight, do, causal)
     for name, x, y, like in zip(NAMES, out, ref, (q, k, v, weight)):
         assert x.dtype == like.dtype and x.shape == like.shape, name
@@ -85,13 +85,12 @@ def test_small_head_dims_padded_in_16_bits(D, causal, dtype, poisoned_outputs):
     (1, 6, 11, True, torch.float32, 2, 1), (37, 6, 11, True, torch.float32, 4, 2), (100, 2, 9, True, torch.float16, 2, 2),
     (37, 3, 3, False, torch.float32, 2, 1), (24, 16, 15, True, torch.float16, 2, 1), (40, 1, 1, False, torch.float16, 3, 1),
 ], ids=str)
-def test_dkdv_with_keys_as_rows(N, cq, ck, causal, dtype, Hq, Hkv, monkeypatch, poisoned_outputs):
+def test_dkdv_with_keys_as_rows(N, cq, ck, causal, dtype, Hq, Hkv, poisoned_outputs):
     """The dK/dV side's other form (scores made keys as rows, which a GPU takes at 128 owned keys) at the
     interpreter's tile: the same gradients."""
-    import mta.conv
     from mta import tuning
-    monkeypatch.setattr(mta.conv, "keys_as_rows_tile", lambda *a: tuning.as_config(tuning.INTERPRETER_TILE))
-    run_case(N, cq, ck, causal, dtype, Hq=Hq, Hkv=Hkv)
+    fn = planned_conv_attention(backward="one_pass", keys_as_rows_tile=tuning.INTERPRETER_TILE)
+    run_case(N, cq, ck, causal, dtype, Hq=Hq, Hkv=Hkv, fn=fn)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the GPU build's 16-bit code")
@@ -119,8 +118,8 @@ def test_every_head_dim_width_and_kernel_in_16_bits(D, cq, ck, poisoned_outputs)
 def test_fused_backward_fits_up_to_the_shared_memory_bound(cq, head_dim, dtype, fits):
     """The bound past which the backward runs in row chunks (sm_90 builds: 16 x 15 at d = 256 in bf16 needs
     296 KB, 11 x 15 fits in 208 KB)."""
-    assert mta.conv.backward_fits(cq, head_dim, dtype) is fits
-    assert mta.conv.runs_chunked(cq, head_dim, dtype) is (not fits and not mta.runtime.INTERPRET)
+    assert mta.conv_plan.backward_fits(cq, head_dim, dtype) is fits
+    assert (mta.conv_plan.plan_conv(dtype, head_dim, (cq, 3), True, "hopper").backward == "chunked") is (not fits)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the tiles at stake are the GPU's (the interpreter's are 16 x 16)")
@@ -337,9 +336,9 @@ def test_backward_tiles_shrink_to_fit(cq, block_d, elem, warps, stages):
     ``MAX_WARPS``), then fewer owned rows, until it fits ``ACC_REGISTERS`` per thread; with one streamed tile it
     fits ``TILE_REGISTERS`` by fewer streamed rows; the held and streamed blocks then fit ``SHARED_BYTES`` by fewer
     streamed rows, then owned rows, then stages; never below 16 rows."""
-    from mta.conv_backward import ACC_REGISTERS, MAX_WARPS, SHARED_BYTES, TILE_REGISTERS
+    from mta.conv_plan import ACC_REGISTERS, MAX_WARPS, SHARED_BYTES, TILE_REGISTERS
     start = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": warps, "num_stages": stages}
-    tile = mta.conv._fit_backward_tile(start, "BLOCK_M", "BLOCK_N", cq, block_d, elem)
+    tile = mta.conv_plan.fit_backward_tile(start, "BLOCK_M", "BLOCK_N", cq, block_d, elem)
     cols = sum(mta.conv_forward.query_shift_groups(cq)) * block_d
     registers = tile["BLOCK_M"] * cols / (32 * tile["num_warps"])
     shared = (tile["BLOCK_M"] + tile["BLOCK_N"] * tile["num_stages"]) * cols * elem
@@ -378,9 +377,9 @@ def test_backward_tiles_shrink_to_fit(cq, block_d, elem, warps, stages):
     (16, 64, "BLOCK_N", "BLOCK_M", (32, 64, 4, 2), (32, 32, 8, 2)),   # 16 x 15 at d = 64
 ])
 def test_backward_tiles_measured_on_an_h100(cq, block_d, owned, streamed, start, fitted):
-    """The tiles the launcher fits from the Hopper table at the kernel sizes measured on an H100
-    (``notes/conv_backward.md``): each was the fastest of those tried there."""
-    tile = mta.conv._fit_backward_tile(mta.tuning.as_config(start), owned, streamed, cq, block_d, 2)
+    """The tiles the launcher fits from the Hopper table at the kernel sizes measured on an H100: each is the
+    fastest of those tried there."""
+    tile = mta.conv_plan.fit_backward_tile(mta.tuning.as_config(start), owned, streamed, cq, block_d, 2)
     assert tuple(tile.values()) == fitted
 
 
@@ -393,10 +392,11 @@ def test_backward_tiles_measured_on_an_h100(cq, block_d, owned, streamed, start,
 ])
 def test_keys_as_rows_only_where_its_tile_fits_whole(cq, block_d, dtype, wide):
     from mta import tuning
-    from mta.conv import _fit_backward_tile, keys_as_rows_tile
+    from mta.conv_plan import fit_backward_tile, keys_as_rows_tile
     tile = keys_as_rows_tile(cq, block_d, dtype, family="hopper")
     assert (tile is not None) == wide
     if wide:
-        assert tile == tuning.as_config(tuning.HOPPER_KEYS_AS_ROWS[64])
-        assert _fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, dtype.itemsize) == tile
+        assert tile == tuning.HOPPER_KEYS_AS_ROWS[64]
+        config = tuning.as_config(tile)
+        assert fit_backward_tile(config, "BLOCK_N", "BLOCK_M", cq, block_d, dtype.itemsize) == config
     assert keys_as_rows_tile(cq, block_d, dtype, family="other") is None

@@ -10,7 +10,7 @@ from triton.runtime.errors import OutOfResources
 
 import mta
 import mta.conv
-from conftest import rand, rand_qkv
+from conftest import chunked_by_default, rand, rand_qkv
 from mta.conv_chunked import LIVE_BLOCKS, chunk_rows, conv_attention_backward_chunked, conv_attention_forward_chunked
 from test_conv_backward import NAMES, TOL, check, grads, reference_grads
 
@@ -37,7 +37,7 @@ def test_conv_attention_takes_the_chunks_where_the_fused_backward_does_not_fit(d
     reference in the inputs' dtypes."""
     calls = []
     chunked = mta.conv.conv_attention_backward_chunked
-    monkeypatch.setattr(mta.conv, "runs_chunked", lambda *a: True)
+    chunked_by_default(monkeypatch)
     monkeypatch.setattr(mta.conv, "conv_attention_backward_chunked", lambda *a: calls.append(1) or chunked(*a))
     q, k, v = rand_qkv(2, 4, 2, 30, 30, 16, dtype=dtype)
     weight, do = rand(4, 5, 7, scale=0.2), rand(2, 4, 30, 16, dtype=dtype)
@@ -51,7 +51,7 @@ def test_conv_attention_takes_the_chunks_where_the_fused_backward_does_not_fit(d
 def test_the_chunks_inside_the_custom_op_and_the_layer(monkeypatch):
     """The backward of the ``mta::conv_attention`` op (what ``torch.compile`` and the layer call) runs with autograd
     off: the chunks there give the reference's gradients too, compiled or not."""
-    monkeypatch.setattr(mta.conv, "runs_chunked", lambda *a: True)
+    chunked_by_default(monkeypatch)
     q, k, v = rand_qkv(1, 4, 2, 21, 21, 16)
     weight, do = rand(4, 5, 7, scale=0.2), rand(1, 4, 21, 16)
     want = reference_grads(q, k, v, weight, do, True)
@@ -135,7 +135,6 @@ def test_gqa_groups_walk_their_query_tiles_in_one_stage(Hq, Hkv, autotune, stage
     launches = []
     real = mta.conv.launch_tiled
     monkeypatch.setattr(mta.tuning, "AUTOTUNE", autotune)
-    monkeypatch.setattr(mta.conv, "keys_as_rows_tile", lambda *a, **k: None)
     monkeypatch.setattr(mta.conv, "launch_tiled", lambda name, *a, **k: launches.append((name, k.get("config")))
                         or real(name, *a, **{**k, "config": k.get("config") or mta.tuning.as_config((16, 16, 4, 1))}))
     q, k, v = rand_qkv(1, Hq, Hkv, 20, 20, 16)

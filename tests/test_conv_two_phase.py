@@ -8,15 +8,13 @@ pointer loads, fp16 the copy engine's (emulated), as bf16 does on a GPU.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 import mta
 from mta import conv_two_phase
-from mta.conv import ConvAttention, plan_of
-from conftest import ON_GPU, close_in_norm, rand, rand_qkv, rel_err
+from mta.conv import plan_of
+from conftest import ON_GPU, close_in_norm, planned_conv_attention, rand, rand_qkv, rel_err
 
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 LARGE_LOGITS_TOL = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -24,11 +22,8 @@ NAMES = ("dq", "dk", "dv", "dweight")
 
 
 def planned(backward: str, **fields):
-    """``conv_attention`` run by the default plan for its inputs with ``backward`` and ``fields`` replaced."""
-    def conv_attention(q, k, v, weight, causal=True):
-        plan = dataclasses.replace(plan_of(q, weight, causal), backward=backward, **fields)
-        return ConvAttention.apply(q, k, v, weight, causal, q.shape[-1] ** -0.5, plan)[0]
-    return conv_attention
+    """``conv_attention`` with the plan's backward (and ``fields``) forced."""
+    return planned_conv_attention(backward=backward, **fields)
 
 
 @pytest.fixture(params=[False, True], ids=["dq_by_gemms", "dq_far_kernel"])
