@@ -117,10 +117,8 @@ def head_dim_block(d: int) -> int:
 def shifted_head_dim_block(d: int, dtype: torch.dtype) -> int:
     """Tile width for the MTA kernels, whose tiles hold ``cq`` shifted copies of the head dim side by side:
     :func:`head_dim_block`, except 64 for 16-bit inputs whose head dim is padded inside a tile of 16 or 32
-    (``d`` in 1..15 or 17..31). On an H100 (Triton 3.6) those tiles gave wrong outputs (relative error
-    0.3-1.3 at d = 8, 20, 24, fp16 and bf16) where their rows were also read element by element (a row stride
-    that is not a multiple of 16); the same padded tile on rows 32 apart, unpadded tiles on rows 24 or 40 apart,
-    fp32 and padded tiles of 64 were exact (``notes/performance.md``)."""
+    (``d`` in 1..15 or 17..31). With Triton 3.6 on Hopper those padded tiles give wrong outputs where their rows
+    are also read element by element (a row stride that is not a multiple of 16); padded tiles of 64 are exact."""
     block = head_dim_block(d)
     return 64 if block <= 32 and d != block and dtype in (torch.float16, torch.bfloat16) else block
 

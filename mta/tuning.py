@@ -5,7 +5,7 @@ dtype, causal; a few Hopper entries also by length bucket), as FlagAttention and
 flash-attn choose theirs: the first call
 costs one compile and nothing else. The Hopper entries are the tiles Triton's
 autotuner picked on an H100 for the benchmark shapes (bf16 and fp16, N = 1k to
-16k; ``notes/performance.md``). fp32 runs three TF32 products for each product
+16k; ``docs/decisions.md``). fp32 runs three TF32 products for each product
 (fp32 accuracy), so it gets small tiles that compile in seconds. Other GPUs get tiles that fit
 their smaller shared memory. In Triton's interpreter (no GPU) one small tile
 keeps the NumPy emulation quick.
@@ -52,10 +52,9 @@ HOPPER = {
                               (256, False): (64, 32, 4, 2), (256, True): (64, 32, 4, 2)},
     # MTA backward: the dQ side owns BLOCK_M queries (their cq shifted copies held, a [BLOCK_M, cq' * d] fp32
     # accumulator) and streams [cq' * d, BLOCK_N] folded keys; the dK/dV side owns BLOCK_N keys (folded keys and
-    # a [BLOCK_N, cq' * d] accumulator held) and streams shifted queries. The fastest tiles on an H100 (6 x 11,
-    # N = 8192, notes/h100_sweep_conv_backward.txt) give each warp whole 16-row slices of the owned rows and fill the
-    # accumulator to ~192 registers per thread; for larger kernels the launcher gives them more warps, then fewer
-    # rows (mta.conv._fit_backward_tile).
+    # a [BLOCK_N, cq' * d] accumulator held) and streams shifted queries. The fastest tiles on Hopper give each
+    # warp whole 16-row slices of the owned rows and fill the accumulator to ~192 registers per thread; for larger
+    # kernels the launcher gives them more warps, then fewer rows (mta.conv_plan.fit_backward_tile).
     "conv_dq": {(64, False): (64, 32, 4, 2), (64, True): (64, 32, 4, 2),
                 (128, False): (64, 32, 8, 2), (128, True): (64, 32, 8, 2),
                 (256, False): (32, 32, 8, 1), (256, True): (32, 32, 8, 1)},
@@ -65,14 +64,12 @@ HOPPER = {
 }
 #: Tiles that replace the Hopper table's at some lengths, by (kernel, head-dim width, causal), then by the
 #: power-of-two ceiling of the longer sequence (the autotuner's bucket). The flash forward at d = 128, not causal:
-#: 128 x 64 against the table's 128 x 128 on an H100 took 0.6% less time at N = 2k, 2-5% less at 4k, and 2% more
-#: at 1k, 3% more at 8k and 16k (``notes/h100_remeasure_2026-11-23/flash_fwd_d128_by_n_0a36c1b.json``).
+#: 128 x 64 is faster than the table's 128 x 128 at N = 2k and 4k only.
 HOPPER_BY_LENGTH = {("flash_forward", 128, False): {2048: (128, 64, 8, 3), 4096: (128, 64, 8, 3)}}
 #: The MTA dK/dV side with its scores made keys as rows (``mta.conv_backward``, ``KEYS_AS_ROWS``), by head-dim
-#: width, on Hopper at 16 bits where the tile fits whole (``mta.conv.keys_as_rows_tile``; else ``conv_dkdv``'s
-#: tile, queries as rows). 6 x 11, d = 64, N = 8192, bf16, causal on an H100: forward + backward 3.84 ms
-#: against 4.45 with ``conv_dkdv``'s tile and 4.53 with this tile and the scores queries-as-rows; at d = 128
-#: (64 owned keys at most) keys as rows was slower at every tile tried (``notes/dkdv_transposed/``).
+#: width, on Hopper at 16 bits where the tile fits whole (``mta.conv_plan.keys_as_rows_tile``; else ``conv_dkdv``'s
+#: tile, queries as rows): faster at d = 64; at d = 128 (64 owned keys at most) keys as rows is slower at every
+#: tile (``docs/decisions.md``).
 HOPPER_KEYS_AS_ROWS = {64: (32, 128, 8, 2)}
 #: Any other GPU, fp16/bf16: tiles that fit 100 KB of shared memory (consumer Ampere/Ada).
 OTHER_GPU = {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (64, 32, 4, 2)}
@@ -82,23 +79,22 @@ FP32 = {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 2)}
 FP32_BACKWARD = {64: (32, 32, 4, 2), 128: (32, 32, 4, 2), 256: (32, 32, 4, 2)}
 #: fp32 in the MTA kernels (forward and backward), by head-dim width: their products are true fp32 (CUDA-core
 #: FMAs, fully unrolled over ``cq`` shifted tiles), and ptxas time grows with each thread's share of them.
-#: 16 x 16 tiles over 8 warps compile in 1-3 s per kernel at d <= 128 (6 x 11, sm_90, Triton 3.8), where
-#: 64 x 32 over 4 warps took 13-27 s (``notes/performance.md``).
+#: 16 x 16 tiles over 8 warps compile in seconds per kernel at d <= 128 (6 x 11, sm_90), where 64 x 32 over 4
+#: warps takes several times longer.
 FP32_MTA = {64: (16, 16, 8, 1), 128: (16, 16, 8, 1), 256: (16, 16, 8, 1)}
 
 #: Split-K decode (:mod:`mta.decode`), ``(BLOCK_N, num_warps, num_stages)`` by head-dim width, any GPU (plain
 #: decode on GPUs with faster memory per SM: :data:`DECODE_PLAIN_WIDE`): decode reads K and V once, so long key
 #: tiles and a deep pipeline at 16 bits; fp32 (three TF32 products each) halves the tile. Chosen, not swept; at 16
-#: bits they run at the plain read's bandwidth on an H100 (``figures/bench_decode.json``).
+#: bits they run at the plain read's bandwidth on Hopper (``figures/bench_decode.json``).
 DECODE = {64: (128, 4, 3), 128: (64, 4, 3), 256: (32, 4, 2)}
 DECODE_FP32 = {64: (64, 4, 2), 128: (32, 4, 2), 256: (16, 4, 2)}
 #: Plain decode (``decode_attention``, no MTA fold) at 16 bits where memory feeds each SM fast: key tiles twice as
 #: long, 64 KB of K and V per pipeline stage (one program an SM). A streaming program must keep about
 #: bandwidth-per-SM x latency bytes in flight (Little's law): ``DECODE``'s 32 KB tiles do on an H100 SXM (3.35 TB/s
-#: over 132 SMs, 25 GB/s an SM), not on an H200 (4.8 TB/s, 36 GB/s an SM). On the H200 at B = 8, 64k keys they took
-#: 271.7 us (d = 64) and 533.8 us (d = 128, 32 on 8 heads) against SDPA's 255.4 and 489.1, these 255.2-255.6 and
-#: 489.6; below 16k keys (fewer key tiles to split) and on the H100 they were 1-10% slower
-#: (``notes/h100_2026-11-25g/``). d = 256 keeps its tile (not measured). MTA decode does not take these: its stacked
+#: over 132 SMs, 25 GB/s an SM), not on an H200 (4.8 TB/s, 36 GB/s an SM), where these longer tiles reach SDPA's
+#: time at long caches; below 16k keys (fewer key tiles to split) and on the H100 they are slower. d = 256 keeps
+#: its tile. MTA decode does not take these: its stacked
 #: rows shrink as the window grows (:func:`mta.decode.row_tile`); it has :data:`DECODE_MTA_FAST` instead.
 DECODE_PLAIN_WIDE = {64: (256, 4, 3), 128: (128, 4, 3), 256: (32, 4, 2)}
 #: Peak memory bandwidth per SM (bytes/s) from which plain decode takes :data:`DECODE_PLAIN_WIDE`, on Hopper.
@@ -108,27 +104,21 @@ WIDE_DECODE_MIN_KEYS = 16384
 #: MTA decode (``conv_decode_attention``) at 16 bits on the same GPUs (memory feeding each SM at
 #: :data:`WIDE_DECODE_SM_BANDWIDTH` or more): shorter key windows, of which four programs share an SM
 #: (:data:`MTA_FAST_PROGRAMS_PER_SM`, which the split count then counts). Where memory is that fast the fold's work, not
-#: the read, sets the pace, and four programs an SM hide each other's latency. On an H200 (6 x 11, d = 64, bf16) the
-#: shipped 128-key windows took 1.34-1.41x ``decode_attention``'s time at B = 8 and 16k-128k keys and 1.39x at B = 1,
-#: 128k; these 1.23-1.30x at the split counts that fill four programs an SM (8 at B = 8, 64 at B = 1), and 1.27-2.06x
-#: at counts that do not (``notes/h100_2026-11-25h/h200_conv_sweep.log``). Other head dims keep ``DECODE``
-#: (not measured).
+#: the read, sets the pace, and four programs an SM hide each other's latency (``docs/decisions.md``). Other head
+#: dims keep ``DECODE``.
 DECODE_MTA_FAST = {64: (64, 4, 3)}
 MTA_FAST_PROGRAMS_PER_SM = 4
-#: Fewest cache positions for :data:`DECODE_MTA_FAST` (measured from 4096: 1.19x against 1.26x at B = 8).
+#: Fewest cache positions for :data:`DECODE_MTA_FAST`.
 MTA_FAST_MIN_KEYS = 4096
 DECODE_INTERPRETER = (32, 4, 1)
 #: Head-dim widths at which MTA decode's split kernel takes three measured shortcuts: the band's program stacks its
 #: kernel rows' queries into one product (``mta.decode_kernels._band_scores_stacked``; elsewhere one product per
 #: kernel row, ``_band_scores_by_row``) and folds no queries (it has no far keys), and the fold's kernel rows are
-#: unrolled. On an H100 (bf16, 6 x 11, ``notes/h100_2026-11-25d/``) they took 1-18% off ``conv_decode_attention``
-#: at d = 128 at every bench shape (1.58x -> 1.30x ``decode_attention``'s time at B = 1, 1k keys), outputs
-#: unchanged; at d = 64 they cut the split kernel from 236 to 168 registers, three programs then shared an SM
-#: instead of two, and B = 8 at 16k-64k keys ran 10-30% slower (and up to 8% slower at some shapes with the split
-#: rule counting three programs per SM, or with a fourth pipeline stage keeping two). d = 256 is not measured.
+#: unrolled. They make ``conv_decode_attention`` faster at d = 128 at every benchmarked shape; at d = 64 they cut
+#: the split kernel's registers so that three programs share an SM instead of two, which is slower at long caches.
 STACKED_BAND = (128,)
 
-#: What ``MTA_AUTOTUNE=1`` times, per kernel (the fastest few of the H200/H100 sweeps; ``notes/``).
+#: What ``MTA_AUTOTUNE=1`` times, per kernel (the fastest few of the Hopper sweeps).
 CANDIDATES = {
     "flash_forward": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3), (128, 128, 4, 3), (64, 64, 4, 2),
                       (64, 32, 4, 2), (128, 32, 8, 2)],

@@ -1,6 +1,5 @@
 """Training through the kernels the way a demanding user does: ``torch.func``'s transforms, second derivatives
-through the custom ops, the layer under ``torch.func.functional_call`` (the adversarial pass on training,
-2026-11-25). Each test failed before its fix. References: float64 autograd through the materialized definitions."""
+through the custom ops, the layer under ``torch.func.functional_call``. References: float64 autograd through the materialized definitions."""
 
 import warnings
 
