@@ -1,4 +1,4 @@
-"""python -m mta.bench BENCHMARK: run a benchmark on a CUDA GPU, write JSON and a PNG."""
+"""python -m mta.bench BENCHMARK: run a benchmark on a CUDA GPU, write JSON and a PNG (report: docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from . import report
 from .conv import ConvBenchmark
 from .decode import DecodeBenchmark
 from .flash import FlashBenchmark
@@ -52,12 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
         for flag, kwargs in bench.options.items():
             p.add_argument(flag, **kwargs)
         p.set_defaults(bench=bench)
+    p = subparsers.add_parser("report", help=report.HELP, description=f"{report.HELP[0].upper()}{report.HELP[1:]}. "
+                              "Exit status: 0 ok (with --check: the page is up to date), 1 with --check: it is stale.")
+    p.add_argument("--out", default=report.OUT,
+                   help=f"the page, relative to the repository root (default {report.OUT})")
+    p.add_argument("--figures", default=report.FIGURES,
+                   help=f"the folder of bench_*.json, relative to the repository root (default {report.FIGURES})")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the page differs from the render")
     return parser
 
 
 def main(argv=None) -> int:
-    """Runs the benchmark on the current CUDA GPU, timed by :mod:`mta.bench.timing`."""
+    """Runs the benchmark on the current CUDA GPU, timed by :mod:`mta.bench.timing` (``report``: renders the page)."""
     args = build_parser().parse_args(argv)
+    if args.benchmark == "report":  # reads committed JSON: no GPU
+        return report.main(out=repo_path(args.out), figures=repo_path(args.figures), check=args.check)
     if not torch.cuda.is_available():
         print(f"python -m mta.bench {args.benchmark}: no CUDA device (torch.cuda.is_available() is False). "
               "The benchmarks time GPU kernels and only run on a CUDA GPU (H100/H200); "
