@@ -24,8 +24,8 @@ from .conv_forward import (MAX_CK, MAX_CQ, query_shift_groups, conv_forward_kern
                            past_scores_kernel, past_scores_product_kernel)
 from .conv_plan import ConvPlan, fit_backward_tile, plan_conv, post_pass_tile
 from .flash_backward import rowsum_do_o_kernel
-from .launch import (batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
-                     dot_precision, empty_contiguous, head_dim_block, in_dry_run, launch, launch_tiled, next_power_of_2,
+from .launch import (Launch, batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
+                     dot_precision, empty_contiguous, head_dim_block, in_dry_run, launch, launch_tiled, next_power_of_2, tiled_launch,
                      shared_memory_limit, shifted_head_dim_block, wants_gradients, within_int32_indexing)
 from .tma import stream_descriptors
 from .tuning import size_bucket
@@ -189,31 +189,30 @@ def conv_forward_config(q: torch.Tensor, cq: int, causal: bool) -> dict:
     return _hold_or_stream(config, q, cq, causal)
 
 
-def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool, scale: float,
-                        kernel=None, **config):
+def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool, scale: float):
     """Launch the fused kernel on the pre-passes' ``kf, cd`` (:func:`conv_prepasses`) for a ``(cq, ck)`` kernel:
-    ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32).
+    ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32)."""
+    o = empty_contiguous(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    conv_forward_launch(q, v, kf, cd, o, lse, kernel_size, causal, scale)()
+    return o, lse
 
-    ``kernel`` and ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``; default: the tile
-    table) are for benchmarks that launch another build of the same kernel (``mta.bench.launch_order``).
-    """
+
+def conv_forward_launch(q, v, kf, cd, o, lse, kernel_size: tuple[int, int], causal: bool, scale: float) -> Launch:
+    """The fused kernel's :class:`mta.launch.Launch` writing ``o`` and ``lse``, its tile from the table fitted on chip
+    (held or streamed queries, :func:`_hold_or_stream`) and the TMA boxes fitted to it."""
     B, Hq, N, D = q.shape
     cq, ck = kernel_size
     e, _ = diagonal_reach(cq, ck)
-    block_d = shifted_head_dim_block(D, q.dtype)
-    o = empty_contiguous(q)
-    lse = torch.empty((B, Hq, N), device=q.device, dtype=torch.float32)
     qd, kfd, vd = stream_descriptors(q, v, kf)
-    launch_tiled(
-        "conv_forward", kernel or conv_forward_kernel, lambda tile: (cdiv(N, tile["BLOCK_M"]), B * Hq),
+    return tiled_launch(
+        "conv_forward", conv_forward_kernel, lambda tile: (cdiv(N, tile["BLOCK_M"]), B * Hq),
         (q, kf, v, cd, o, lse, qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
          N, N, Hq, Hq // v.shape[1], scale, size_bucket(N)),
-        dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), D=D, BLOCK_D=block_d,
+        dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), D=D, BLOCK_D=shifted_head_dim_block(D, q.dtype),
              PRECISION=dot_precision(q.dtype, split_fp32=False)),
-        dtype=q.dtype, config=config or None, fit=lambda tile: _hold_or_stream(tile, q, cq, causal),
-        pre_hook=fit_stream_descriptors,
+        dtype=q.dtype, fit=lambda tile: _hold_or_stream(tile, q, cq, causal), pre_hook=fit_stream_descriptors,
         key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
-    return o, lse
 
 
 def conv_attention_forward(q, k, v, weight, causal: bool, scale: float, plan: ConvPlan | None = None):

@@ -15,34 +15,34 @@ from .checks import check_causal, resolve_scale
 from .differentiable_once import FORWARD_MODE_MESSAGE, differentiable_once
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
-from .launch import (batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks, dot_precision,
-                     empty_contiguous, head_dim_block, launch, launch_tiled, wants_gradients,
+from .launch import (Launch, batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks, dot_precision,
+                     empty_contiguous, head_dim_block, launch, launch_tiled, tiled_launch, wants_gradients,
                      within_int32_indexing)
 from .tuning import size_bucket
 
 
-def flash_forward(q, k, v, causal: bool, scale: float, kernel=None,
-                  **config) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel: ``o [B, Hq, Nq, D]`` (q's dtype) and ``lse [B, Hq, Nq]`` (fp32).
-
-    ``kernel`` and ``config`` (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``; default: the
-    tile table) are for benchmarks that launch another build of the same kernel (``mta.bench.launch_order``).
-    """
+def flash_forward(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel: ``o [B, Hq, Nq, D]`` (q's dtype) and ``lse [B, Hq, Nq]`` (fp32)."""
     if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
-        return concat_chunks(chunks, lambda *t: flash_forward(*t, causal, scale, kernel, **config), (q, k, v))
+        return concat_chunks(chunks, lambda *t: flash_forward(*t, causal, scale), (q, k, v))
     q, k, v = within_int32_indexing(q, k, v)
-    B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
     o = empty_contiguous(q)
-    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    if Nq == 0:
-        return o, lse
-    launch_tiled(
-        "flash_forward", kernel or flash_forward_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]), B * Hq),
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    if q.shape[2] > 0:
+        flash_forward_launch(q, k, v, o, lse, causal, scale)()
+    return o, lse
+
+
+def flash_forward_launch(q, k, v, o, lse, causal: bool, scale: float) -> Launch:
+    """The forward kernel's :class:`mta.launch.Launch` writing ``o [B, Hq, Nq, D]`` and ``lse [B, Hq, Nq]``, its
+    tile from the table."""
+    B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
+    return tiled_launch(
+        "flash_forward", flash_forward_kernel, lambda meta: (cdiv(Nq, meta["BLOCK_M"]), B * Hq),
         (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
          Nq, Nk, Hq, Hq // Hkv, scale, size_bucket(max(Nq, Nk))),
         dict(CAUSAL=causal, D=D, BLOCK_D=head_dim_block(D), PRECISION=dot_precision(q.dtype)),
-        dtype=q.dtype, config=config or None, n=max(Nq, Nk))
-    return o, lse
+        dtype=q.dtype, n=max(Nq, Nk))
 
 
 def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):

@@ -1,8 +1,8 @@
 """What every launcher shares: input checks for the kernels, head-dim tiles, and launching.
 
-Every kernel is launched through :func:`launch`. :func:`launch_tiled` takes the tile from :mod:`mta.tuning`'s
-tables (the default: nothing is timed at call time), from the caller (benchmarks), or, with
-``MTA_AUTOTUNE=1``, from Triton's autotuner over the table's candidates. The autotuner's choices are cached
+Every kernel is launched through :func:`launch`. :func:`tiled_launch` takes the tile from :mod:`mta.tuning`'s
+tables (the default: nothing is timed at call time) or, with ``MTA_AUTOTUNE=1``, from Triton's autotuner over
+the table's candidates. The autotuner's choices are cached
 on disk, so each shape bucket is timed once per machine, and candidates that cannot fit in shared memory or
 registers are pruned before they are compiled.
 
@@ -20,6 +20,7 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -180,26 +181,46 @@ def _autotuned(kernel_name: str, kernel, key: tuple[str, ...], pre_hook):
     return tuner
 
 
-def launch_tiled(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dtype: torch.dtype,
-                 config: dict | None = None, fit=None, pre_hook=None, key=("N_BUCKET", "BLOCK_D", "CAUSAL"),
-                 n: int | None = None):
-    """``kernel[grid(tile)](*args, **meta, **tile)``, the tile being ``config`` if given, else the table's
-    (:func:`mta.tuning.config_for` with ``kernel_name``, passed through ``fit(tile) -> tile`` where the kernel
-    has a rule of its own), else, with ``MTA_AUTOTUNE=1`` on a GPU, the autotuner's choice among
-    ``tuning.CANDIDATES[kernel_name]`` per ``key``.
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch, made before it runs: ``kernel[grid](*args, **meta)`` (:func:`launch`). Calling it
+    launches; a benchmark may run the same launch with another build of the kernel (``dataclasses.replace``)."""
+
+    kernel: object
+    grid: tuple
+    args: tuple
+    meta: dict
+
+    def __call__(self):
+        return launch(self.kernel, self.grid, *self.args, **self.meta)
+
+
+def tiled_launch(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dtype: torch.dtype, fit=None,
+                 pre_hook=None, key=("N_BUCKET", "BLOCK_D", "CAUSAL"), n: int | None = None) -> Launch:
+    """The :class:`Launch` of ``kernel`` with the table's tile (:func:`mta.tuning.config_for` with ``kernel_name``,
+    passed through ``fit(tile) -> tile`` where the kernel has a rule of its own; ``grid(tile)`` is the grid), or,
+    with ``MTA_AUTOTUNE=1`` on a GPU, the autotuner's choice among ``tuning.CANDIDATES[kernel_name]`` per ``key``.
 
     ``n`` (the longer sequence) picks the table's tile where it depends on the length. ``pre_hook(named_args)``
     runs before the launch with every argument by name, the tile's included (the MTA forward fits its TMA boxes
     to the tile there).
     """
-    if config is None and tuning.AUTOTUNE and not runtime.INTERPRET:
-        return launch(_autotuned(kernel_name, kernel, tuple(key), pre_hook), grid, *args, **meta)
-    if config is None:
-        config = tuning.config_for(kernel_name, meta["BLOCK_D"], dtype, meta.get("CAUSAL", False), n=n)
-        if fit is not None:
-            config = fit(config)
+    if tuning.AUTOTUNE and not runtime.INTERPRET:
+        return Launch(_autotuned(kernel_name, kernel, tuple(key), pre_hook), grid, args, meta)
+    config = tuning.config_for(kernel_name, meta["BLOCK_D"], dtype, meta.get("CAUSAL", False), n=n)
+    if fit is not None:
+        config = fit(config)
     if pre_hook is not None:
         pre_hook({**dict(zip(kernel.arg_names, args)), **meta, **config})
+    return Launch(kernel, grid(config) if callable(grid) else grid, args, {**meta, **config})
+
+
+def launch_tiled(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dtype: torch.dtype,
+                 config: dict | None = None, fit=None, key=("N_BUCKET", "BLOCK_D", "CAUSAL"), n: int | None = None):
+    """Launch ``kernel`` with the tile ``config`` where given (a tile the caller's rules chose), else as
+    :func:`tiled_launch` makes it."""
+    if config is None:
+        return tiled_launch(kernel_name, kernel, grid, args, meta, dtype=dtype, fit=fit, key=key, n=n)()
     return launch(kernel, grid(config) if callable(grid) else grid, *args, **meta, **config)
 
 

@@ -6,12 +6,11 @@ import torch
 import triton
 import triton.language as tl
 
-from conftest import record_hopper_tiles
-from mta import runtime, tuning
+from mta import runtime
 from mta.launch_order import heaviest_first
 from mta.bench import launch_order as lo
 from mta.bench.harness import Tools
-from mta.bench.launch_order import _shipped_config, conv_launcher, flash_launcher, with_natural_order
+from mta.bench.launch_order import conv_launch, flash_launch, run_as, shipped_tile, with_natural_order
 from mta.bench.plots import plot_launch_order
 from mta.conv_forward import conv_forward_kernel
 from mta.flash_forward import flash_forward_kernel
@@ -24,21 +23,19 @@ def qkv(heads, n, d):
 def test_flash_forward_twin_gives_the_same_output():
     torch.manual_seed(0)
     q, k, v = qkv(2, 53, 32)
-    launch = flash_launcher(q, k, v)
-    cfg = _shipped_config("flash_forward", q)
+    made, out = flash_launch(q, k, v)
     twin = with_natural_order(flash_forward_kernel)
     assert twin.fn.__annotations__ == flash_forward_kernel.fn.__annotations__  # the constexpr marks
-    assert torch.equal(launch(flash_forward_kernel, cfg), launch(twin, cfg))
+    assert torch.equal(run_as(made, flash_forward_kernel, out), run_as(made, twin, out))
 
 
 def test_conv_forward_twin_gives_the_same_output():
     torch.manual_seed(0)
     q, k, v = qkv(2, 41, 16)
-    launch = conv_launcher(q, k, v, torch.randn(2, 6, 11, device=runtime.DEVICE) * 0.2)
-    cfg = _shipped_config("conv_forward", q)
-    o = launch(conv_forward_kernel, cfg)
+    made, out = conv_launch(q, k, v, torch.randn(2, 6, 11, device=runtime.DEVICE) * 0.2)
+    o = run_as(made, conv_forward_kernel, out)
     assert torch.isfinite(o).all()
-    assert torch.equal(o, launch(with_natural_order(conv_forward_kernel), cfg))
+    assert torch.equal(o, run_as(made, with_natural_order(conv_forward_kernel), out))
 
 
 @triton.jit
@@ -72,25 +69,14 @@ def _plain(X, BLOCK: tl.constexpr):
     tl.store(X + tl.arange(0, BLOCK), tl.zeros([BLOCK], dtype=tl.float32))
 
 
-def test_shipped_config_asks_the_tile_table_when_there_is_one(monkeypatch):
-    asked = []
-    monkeypatch.setattr(tuning, "config_for", lambda *a: asked.append(a) or {"BLOCK_M": 32, "BLOCK_N": 16,
-                                                                            "num_warps": 2, "num_stages": 1})
-    q = torch.zeros(1, 1, 4, 80, dtype=torch.float16)
-    assert _shipped_config("conv_forward", q, causal=False) == {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 2,
-                                                                 "num_stages": 1}
-    assert asked == [("conv_forward", 128, torch.float16, False)]  # d = 80 runs in a 128-wide tile
-
-
-@pytest.mark.parametrize("head_dim,cq", [(64, 6), (64, 11), (128, 6)])
-def test_shipped_config_is_the_tile_the_conv_launcher_takes(head_dim, cq, monkeypatch):
-    """The MTA launcher picks between two tables by a rule; the benchmark's twin must get the same tile."""
-    import mta.conv
-    launched = record_hopper_tiles(monkeypatch, mta.conv)
-    q = torch.zeros(1, 2, 64, head_dim, dtype=torch.float16, device=runtime.DEVICE)
-    kf = torch.zeros(1, 2, cq, 64, head_dim, dtype=torch.float16, device=runtime.DEVICE)
-    mta.conv.launch_conv_forward(q, q, kf, torch.zeros(16, device=runtime.DEVICE), (cq, 11), True, 1.0)
-    assert launched == [_shipped_config("conv_forward", q, kernel_size=(cq, 11))]
+@pytest.mark.parametrize("head_dim,cq", [(64, 6), (64, 11), (80, 6)])
+def test_the_twin_runs_the_shipped_launch_and_tile(head_dim, cq):
+    """The benchmark times the launch the package makes, kernel swapped: the same tile the launcher takes."""
+    from mta.conv import conv_forward_config
+    q, k, v = (torch.randn(1, 2, 20, head_dim, dtype=torch.float16, device=runtime.DEVICE) for _ in range(3))
+    made, _ = conv_launch(q, k, v, torch.randn(2, cq, 11, device=runtime.DEVICE) * 0.2)
+    assert made.kernel is conv_forward_kernel
+    assert shipped_tile(made) == conv_forward_config(q, cq, True)
 
 
 @pytest.mark.parametrize("kernel", ["flash", "conv"])

@@ -6,6 +6,7 @@ functions with that name bound to :func:`natural_order` (:func:`with_natural_ord
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 from dataclasses import asdict, dataclass
@@ -14,8 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mta import tuning
-from mta.launch import NO_SPECIALIZE
+from mta.launch import NO_SPECIALIZE, Launch
 from mta.launch_order import heaviest_first
 
 from .conv import ConvShape, random_inputs
@@ -75,36 +75,42 @@ def with_natural_order(kernel):
     return twin
 
 
-def _shipped_config(name: str, q: torch.Tensor, causal: bool = True, kernel_size=KERNEL_SIZE) -> dict:
-    """Launch keywords (``BLOCK_M, BLOCK_N, num_warps, num_stages``) the shipped kernel ``name`` ("flash_forward",
-    "conv_forward") takes for ``q``: the package's own table lookup."""
-    from mta.conv import conv_forward_config
-    from mta.launch import head_dim_block
-
-    if name == "conv_forward":
-        return conv_forward_config(q, kernel_size[0], causal)
-    return tuning.config_for(name, head_dim_block(q.shape[-1]), q.dtype, causal)
+TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
 
-def flash_launcher(q, k, v):
-    """``launch(kernel, config) -> o``: the causal flash forward of ``q, k, v`` (:func:`mta.flash.flash_forward`)."""
-    from mta.flash import flash_forward
-
-    def launch(kernel, cfg: dict):
-        return flash_forward(q, k, v, True, q.shape[-1] ** -0.5, kernel=kernel, **cfg)[0]
-    return launch
+def shipped_tile(made: Launch) -> dict:
+    """The tile (``BLOCK_M, BLOCK_N, num_warps, num_stages``) of a launch the package made."""
+    return {key: made.meta[key] for key in TILE_KEYS}
 
 
-def conv_launcher(q, k, v, weight):
-    """``launch(kernel, config) -> o``: the causal MTA forward kernel alone, its pre-passes run once here."""
-    from mta.conv import conv_prepasses, launch_conv_forward
+def flash_launch(q, k, v) -> tuple[Launch, torch.Tensor]:
+    """The causal flash forward's launch for ``q, k, v`` (:func:`mta.flash.flash_forward_launch`) and its output."""
+    from mta.flash import flash_forward_launch
+
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    return flash_forward_launch(q, k, v, o, lse, True, q.shape[-1] ** -0.5), o
+
+
+def conv_launch(q, k, v, weight) -> tuple[Launch, torch.Tensor]:
+    """The causal MTA forward kernel's launch alone (:func:`mta.conv.conv_forward_launch`), its pre-passes run once
+    here, and its output."""
+    from mta.conv import conv_forward_launch, conv_prepasses
 
     kf, cd = conv_prepasses(q, k, weight, causal=True)
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    return conv_forward_launch(q, v, kf, cd, o, lse, tuple(weight.shape[1:]), True, q.shape[-1] ** -0.5), o
 
-    def launch(kernel, cfg: dict):
-        return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), True, q.shape[-1] ** -0.5,
-                                   kernel=kernel, **cfg)[0]
-    return launch
+
+def writing(made: Launch, kernel, out: torch.Tensor):
+    """A call that runs ``made`` with ``kernel`` in its place and returns its output ``out``."""
+    swapped = dataclasses.replace(made, kernel=kernel)
+    return lambda: (swapped(), out)[1]
+
+
+def run_as(made: Launch, kernel, out: torch.Tensor) -> torch.Tensor:
+    """``made`` launched with ``kernel`` in its place: a copy of its output."""
+    dataclasses.replace(made, kernel=kernel)()
+    return out.clone()
 
 
 @dataclass(frozen=True)
@@ -151,18 +157,17 @@ class LaunchOrderBenchmark(Benchmark):
                                                   *KERNEL_SIZE, shape.seq_len), tools.device)
         if shape.kernel == "flash":
             mta.flash_attention(q, k, v, causal=True)  # warm up
-            name, heaviest, launch = "flash_forward", flash_forward_kernel, flash_launcher(q, k, v)
+            heaviest, (made, out) = flash_forward_kernel, flash_launch(q, k, v)
         else:
             mta.conv_attention(q, k, v, weight, causal=True)
-            name, heaviest, launch = "conv_forward", conv_forward_kernel, conv_launcher(q, k, v, weight)
-        cfg = _shipped_config(name, q)
+            heaviest, (made, out) = conv_forward_kernel, conv_launch(q, k, v, weight)
         natural = with_natural_order(heaviest)
-        same = torch.equal(launch(heaviest, cfg), launch(natural, cfg))
+        same = torch.equal(run_as(made, heaviest, out), run_as(made, natural, out))
         check = {"ok": same, "error": None if same else "the two launch orders give different outputs"}
         if not same:
             tools.warn(self.failure(None, shape, check))
-        rec = {**asdict(shape), "config": cfg, "natural_ms": tools.timer(lambda: launch(natural, cfg)),
-               "heaviest_first_ms": tools.timer(lambda: launch(heaviest, cfg)), "same_output": same, "check": check}
+        rec = {**asdict(shape), "config": shipped_tile(made), "natural_ms": tools.timer(writing(made, natural, out)),
+               "heaviest_first_ms": tools.timer(writing(made, heaviest, out)), "same_output": same, "check": check}
         rec["speedup"] = rec["natural_ms"] / rec["heaviest_first_ms"]
         return [rec]
 
