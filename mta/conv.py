@@ -362,8 +362,9 @@ def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
     head = cq * N * D  # gq and u: contiguous [B, Hq, cq, N, D], read from row 0 (no previous chunk)
     launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), gq, g, k, dq, dq, head, N * D, D, *k.stride(),
-           *dq.stride(), N, 0, N, 0, N, Hq, Hq // Hkv, scale, NEAR=near, ACCUMULATE=False, CQ=cq, EP=e_past,
-           EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=dq_rows, num_warps=dq_warps)
+           *dq.stride(), n=N, cur0=0, cur1=N, f0=0, f1=N, num_heads=Hq, group_size=Hq // Hkv, scale=scale,
+           NEAR=near, ACCUMULATE=False, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=dq_rows,
+           num_warps=dq_warps)
     del gq
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
@@ -384,9 +385,9 @@ def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     fold_rows, fold_warps = post_pass_tile(block_d, 64)
     dwf = torch.empty((cdiv(N, fold_rows), B, Hq, cq, ck), device=dev, dtype=torch.float32)
     launch(conv_dk_fold_kernel, (cdiv(N, fold_rows), B * Hkv), u, u, g, q, k, w, dk, dwf, head, N * D, D, head,
-           *q.stride(), *k.stride(), *dk.stride(), N, 0, 0, 0, N, Hkv, Hq // Hkv, scale, NEAR=near, HAS_PREV=False,
-           CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d,
-           BLOCK_R=fold_rows, num_warps=fold_warps)
+           *q.stride(), *k.stride(), *dk.stride(), n=N, cur0=0, prev0=0, f0=0, f1=N, num_kv_heads=Hkv,
+           group_size=Hq // Hkv, scale=scale, NEAR=near, HAS_PREV=False, CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck),
+           EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=fold_rows, num_warps=fold_warps)
     dw_parts.append(dwf)
     return dq, dk, dv
 

@@ -101,8 +101,8 @@ def fold_dk(u, prev, prev0: int, c0: int, f0: int, f1: int, g, q, k, w, dk, dwf,
     kernel, rows, tile = dk_fold_launch(by_product, u.dtype, block_d, ck, e_past)
     before = u if prev is None else prev
     launch(kernel, (cdiv(f1 - f0, rows), B * Hkv), u, before, g, q, k, w, dk, dwf, u.stride(0), D, cq * D,
-           before.stride(0), *q.stride(), *k.stride(), *dk.stride(), N, c0, prev0, f0, f1, Hkv, Hq // Hkv, scale,
-           NEAR=near, HAS_PREV=prev is not None, CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past,
+           before.stride(0), *q.stride(), *k.stride(), *dk.stride(), n=N, cur0=c0, prev0=prev0, f0=f0, f1=f1,
+           num_kv_heads=Hkv, group_size=Hq // Hkv, scale=scale, NEAR=near, HAS_PREV=prev is not None, CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past,
            EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D, BLOCK_D=block_d, **tile)
 
 
@@ -334,16 +334,16 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             gq = _product(dcs[:, g0 - row0:g1 - row0], kf_cat[:, c0:c1])  # [B * Hq, rows, cq * D]
             g_made = wait_for(g_made, q.device)
             launch(conv_dq_fold_kernel, (cdiv(r1 - r0, dq_rows), B * Hq), gq, g, k, dq_sum, dq_sum, gq.stride(0), D,
-                   cq * D, *k.stride(), *dq_sum.stride(), N, g0, g1, r0, r1, Hq, Hq // Hkv, scale,
-                   ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and c0 == 0})
+                   cq * D, *k.stride(), *dq_sum.stride(), n=N, cur0=g0, cur1=g1, f0=r0, f1=r1, num_heads=Hq,
+                   group_size=Hq // Hkv, scale=scale, ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and c0 == 0})
             del gq  # one block alive at a time
     dq = None
     if far_kernel and near:  # dq's near part (no Gq rows: cur0 = cur1) added to the far parts, stored as dq
         dq = empty_contiguous(q)  # this runs beside the last dK fold
         g_made = wait_for(g_made, q.device)
         launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), dq_sum, g, k, dq_sum, dq, 0, 0, 0, *k.stride(),
-               *dq_sum.stride(), N, 0, 0, 0, N, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
-               num_warps=dq_warps, **fold_meta)
+               *dq_sum.stride(), n=N, cur0=0, cur1=0, f0=0, f1=N, num_heads=Hq, group_size=Hq // Hkv, scale=scale,
+               ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **fold_meta)
     if side is not None:  # dk and the far dW partials, made beside, are read after this
         torch.cuda.current_stream(q.device).wait_stream(side)
     del kf, kf_cat, qs, prev, scratch
@@ -365,9 +365,9 @@ def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_wa
     for first in (True, False) if N > size else (True,):  # one chunk: only the first chunk's variants
         if not plan.dq_far_kernel:
             launch(conv_dq_fold_kernel, (1, B * Hq), buf, g, k, dq_sum, dq_sum, buf.stride(0), D, cq * D,
-                   *k.stride(),
-                   *dq_sum.stride(), N, 0, 1, 0, 1, Hq, Hq // Hkv, scale, ACCUMULATE=True, BLOCK_R=dq_rows,
-                   num_warps=dq_warps, **{**fold_meta, "NEAR": near and first})
+                   *k.stride(), *dq_sum.stride(), n=N, cur0=0, cur1=1, f0=0, f1=1, num_heads=Hq,
+                   group_size=Hq // Hkv, scale=scale, ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps,
+                   **{**fold_meta, "NEAR": near and first})
         dwf = torch.empty((1, B, Hq, cq, ck), device=q.device, dtype=torch.float32)
         fold_dk(buf, None if first else buf, 0, 0, 0, 1, g, q, k, w, dk, dwf, scale, near, fold_meta["BLOCK_D"],
                 plan.dk_fold_by_product)
