@@ -63,20 +63,17 @@ def plan_conv_decode(batch: int, heads: int, kv_heads: int, n_new: int, n_max: i
     tile = plan_tile(batch, heads, kv_heads, n_new, n_max, head_dim, dtype, kernel_size, gpu, interleave=False)
     units = batch * kv_heads * decode.row_tiles(heads, kv_heads, n_new, tile["rows"])
     rule = functools.partial(choose_num_splits, units, n_max, tile["own"])
-    band = tile["band"] != "none"
-    per_sm = decode.MTA_PROGRAMS_PER_SM if kernel_size[1] > 1 else 1
+    mta_rule = functools.partial(rule, gpu.sms * (decode.MTA_PROGRAMS_PER_SM if kernel_size[1] > 1 else 1),
+                                 efficiency=decode.MTA_SPLIT_EFFICIENCY)
     if num_splits is not None:
-        splits = num_splits
-    elif kernel_size == (1, 1):
-        splits = rule(gpu.sms)
-    elif decode.mta_fast_memory(head_dim_block(head_dim), dtype, gpu, n_max):
-        splits = rule(gpu.sms * tuning.MTA_FAST_PROGRAMS_PER_SM)
-    elif band and n_max <= decode.BAND_COUNTS_BELOW * rule(gpu.sms * per_sm,
-                                                                         efficiency=decode.MTA_SPLIT_EFFICIENCY):
-        splits = rule(gpu.sms * per_sm, extra=1, efficiency=decode.MTA_SPLIT_EFFICIENCY)
-    else:
-        splits = rule(gpu.sms * per_sm, efficiency=decode.MTA_SPLIT_EFFICIENCY)
-    return split_plan(tile, splits)
+        return split_plan(tile, num_splits)
+    if kernel_size == (1, 1):
+        return split_plan(tile, rule(gpu.sms))
+    if decode.mta_fast_memory(head_dim_block(head_dim), dtype, gpu, n_max):
+        return split_plan(tile, rule(gpu.sms * tuning.MTA_FAST_PROGRAMS_PER_SM))
+    if tile["band"] != "none" and n_max <= decode.BAND_COUNTS_BELOW * mta_rule():
+        return split_plan(tile, mta_rule(extra=1))
+    return split_plan(tile, mta_rule())
 
 
 def run_conv_decode(plan: DecodePlan, q_cache, k_cache, v_cache, weight, lens, scale: float) -> torch.Tensor:

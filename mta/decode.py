@@ -393,8 +393,9 @@ def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_spl
 
 
 def stream_programs_per_sm(block_n: int, block_d: int, stages: int, itemsize: int) -> int:
-    """Programs of a ``(block_n, stages)`` decode tile that share an SM in the even deal: :data:`STREAM_PROGRAMS_PER_SM`,
-    or fewer where their K and V pipeline buffers (``stages - 1`` tiles of each) pass :data:`STREAM_SHARED_BYTES`."""
+    """Programs of a ``(block_n, stages)`` decode tile that share an SM in the even deal:
+    :data:`STREAM_PROGRAMS_PER_SM`, or fewer where their K and V pipeline buffers (``stages - 1`` tiles of each)
+    pass :data:`STREAM_SHARED_BYTES`."""
     buffers = max(stages - 1, 1) * 2 * block_n * block_d * itemsize
     return max(1, min(STREAM_PROGRAMS_PER_SM, STREAM_SHARED_BYTES // buffers))
 
@@ -420,7 +421,7 @@ def deal_tiles(units: int, n_max: int, block_n: int, target: int) -> tuple[int, 
     (``block_n`` a tile) dealt out in equal runs of ``W`` tiles to about ``target`` programs, as stream-K splits a
     GEMM's loop and LeanAttention a decode step's keys; a unit's tiles then span at most ``slots`` programs."""
     tiles = cdiv(max(n_max, 1), block_n)
-    per_program = cdiv(units * tiles, target)
+    per_program = max(1, cdiv(units * tiles, target))
     programs = cdiv(units * tiles, per_program)
     return per_program, programs, min(programs, (tiles - 1) // per_program + 2)
 
@@ -590,8 +591,9 @@ def _merge(parts, o, plan: DecodePlan, slots: int, pdl: bool) -> None:
 
 
 def in_batch_chunks(run, kv_heads: int, q, k, v, lens) -> torch.Tensor:
-    """``run(q, k, v, lens)``, or, where ``batch x kv_heads`` programs pass a grid axis (:func:`mta.launch.batch_chunks`),
-    its outputs for chunks of sequences concatenated (each chunk planned on its own)."""
+    """``run(q, k, v, lens)``, or, where ``batch x kv_heads`` programs pass a grid axis
+    (:func:`mta.launch.batch_chunks`), its outputs for chunks of sequences concatenated (each chunk planned on its
+    own)."""
     chunks = batch_chunks(k.shape[0], kv_heads)
     if chunks is None:
         return run(q, k, v, lens)

@@ -253,9 +253,9 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     ``(splits, B * Hkv, row tiles)``; a row tile is ``ROWS`` rows in ``BLOCK_M >= 16`` slots
     (:func:`group_rows`), MTA's stacked ``STACK`` rows (:func:`_far_tiles`). ``BAND_STACK > 0``: the band stacks
     its kernel rows (``A_GROUP`` at a time) into one product, the band's program folds nothing and the fold is
-    unrolled; 0: one product per kernel row (the plan's ``band`` form, :class:`mta.decode.DecodePlan`). ``WIDE``: a sequence's part of a
-    tensor spans 2**31 elements or more (:func:`mta.decode.wide_offsets`): every index is int64, so that no
-    ``index * stride`` wraps around (int32 otherwise, the same code as without the flag).
+    unrolled; 0: one product per kernel row (the ``band`` form of :class:`mta.decode.DecodePlan`). ``WIDE``: a
+    sequence's part of a tensor spans 2**31 elements or more (:func:`mta.decode.wide_offsets`): every index is
+    int64, so that no ``index * stride`` wraps around (int32 otherwise, the same code as without the flag).
     """
     if PDL:
         gdc_launch_dependents()

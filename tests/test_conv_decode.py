@@ -226,7 +226,7 @@ def test_rows_form_matches_the_reference(poisoned_outputs):
 def test_a_plan_runs_only_on_its_shapes():
     q, k, v, w = inputs()
     plan = conv_decode.plan_conv_decode(2, 4, 2, 1, 20, 16, torch.float32, (6, 11))
-    with pytest.raises(ValueError, match=r"the plan is for kernel_size=\(6, 11\), the inputs have kernel_size=\(6, 9\)"):
+    with pytest.raises(ValueError, match=r"plan is for kernel_size=\(6, 11\), the inputs have kernel_size=\(6, 9\)"):
         conv_decode.run_conv_decode(plan, q, k, v, w[:, :, :9].contiguous(), None, 0.25)
     with pytest.raises(ValueError, match="the plan is for heads=4"):
         conv_decode.run_conv_decode(dataclasses.replace(plan, form="rows"), q[:, :2], k, v, w[:2], None, 0.25)

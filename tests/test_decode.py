@@ -342,7 +342,8 @@ def test_plans_are_made_from_host_facts_only():
     the lengths on the device: no synchronisation); the same facts give the same plan, and decode_attention runs
     the plan of its inputs' facts."""
     plan = decode.plan_decode(1, 2, 1, 1, 64, 16, torch.float32)
-    assert plan == decode.plan_decode(1, 2, 1, 1, 64, 16, torch.float32) and hash(plan) == hash(dataclasses.replace(plan))
+    assert plan == decode.plan_decode(1, 2, 1, 1, 64, 16, torch.float32)
+    assert hash(plan) == hash(dataclasses.replace(plan))
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.splits = 3
     q = rand(1, 2, 1, 16)
