@@ -218,11 +218,6 @@ def test_mta_split_count_counts_the_band_when_splits_are_short(n_max, counted):
     assert plan.splits == (3 if counted else 4)
 
 
-def test_rows_form_matches_the_reference(poisoned_outputs):
-    """The unfused rows (:mod:`mta.conv_decode_rows`), as the plan's "rows" form, against the float64 rows."""
-    run_case(6, 11, 3, D=24, force=lambda plan: dataclasses.replace(plan, form="rows"))
-
-
 def test_a_plan_runs_only_on_its_shapes():
     q, k, v, w = inputs()
     plan = conv_decode.plan_conv_decode(2, 4, 2, 1, 20, 16, torch.float32, (6, 11))

@@ -54,7 +54,7 @@ def test_conv_decode_attention_takes_the_rows_form():
     assert close_in_norm(out, reference(q, k, v, weight, lengths, 2), TOL[torch.float32])
 
 
-@pytest.mark.skipif(not ON_GPU, reason="Triton refuses the launch on a GPU only (the interpreter has no shared memory)")
+@pytest.mark.skipif(not ON_GPU, reason="Triton refuses a launch on a GPU only (the interpreter has no shared memory)")
 def test_conv_decode_attention_falls_back_where_the_launch_is_refused():
     """fp32 with the widest kernel at d = 128: the split kernel's tiles pass a GPU's shared memory (an H100's and an
     H200's), so conv_decode_attention returns the unfused rows: against the float64 rows, poisoned caches."""
