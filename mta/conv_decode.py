@@ -1,19 +1,25 @@
 """``mta.conv_decode_attention``: Multi-Token Attention for the newest positions of each sequence, split-K.
 
-Two launches: the split kernel of :mod:`mta.decode_kernels` (each program folds the new queries' convolution
-into its rows, as :func:`fold_queries` does on its own; far keys from the folded queries, one more split for
-the band of ``E`` keys next to each diagonal, computed exactly), and the merge of the splits.
+A call checks its inputs, turns them into a :class:`mta.decode.DecodePlan` (:func:`plan_conv_decode`) and runs
+it (:func:`run_conv_decode`): two launches, the split kernel of :mod:`mta.decode_kernels` (each program folds the
+new queries' convolution into its rows, as :func:`fold_queries` does on its own; far keys from the folded queries,
+one more split for the band of ``E`` keys next to each diagonal, computed exactly), and the merge of the splits;
+or, where the split kernel's tiles do not fit the GPU, the same rows unfused (:mod:`mta.conv_decode_rows`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import torch
 from triton.runtime.errors import OutOfResources
 
-from . import conv_forward
+from . import conv_forward, decode, tuning
 from .checks import check_weight, is_int, resolve_scale
 from .conv_decode_rows import conv_decode_rows
-from .decode import check_new_queries, check_num_splits, check_seqlens, launch_decode, wide_offsets
+from .decode import (DecodePlan, DeviceFacts, check_new_queries, check_num_splits, check_seqlens, choose_num_splits,
+                     device_facts, in_batch_chunks, plan_tile, run_decode, split_plan, wide_offsets)
 from .decode_kernels import fold_queries_kernel
 from .launch import check_kernel_inputs, head_dim_block, launch
 
@@ -31,10 +37,60 @@ def fold_queries(q_cache, weight, lens, n_new: int) -> torch.Tensor:
     _, cq, ck = weight.shape
     qf = torch.empty((B, Hq, ck, n_new, D), device=q_cache.device, dtype=q_cache.dtype)
     block_d = head_dim_block(D)
-    launch(fold_queries_kernel, (B * Hq, ck),
-        q_cache, weight, lens, qf, *q_cache.stride(), *qf.stride(), n_max, n_new, Hq, HAS_LENS=lens is not None,
-        CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_T=16, WIDE=wide_offsets(q_cache), num_warps=4)
+    launch(fold_queries_kernel, (B * Hq, ck), q_cache, weight, lens, qf, *q_cache.stride(), *qf.stride(),
+           n_max=n_max, n_new=n_new, num_heads=Hq, HAS_LENS=lens is not None, CQ=cq, CK=ck, D=D, BLOCK_D=block_d,
+           BLOCK_T=16, WIDE=wide_offsets(q_cache), num_warps=4)
     return qf
+
+
+def plan_conv_decode(batch: int, heads: int, kv_heads: int, n_new: int, n_max: int, head_dim: int,
+                     dtype: torch.dtype, kernel_size: tuple[int, int], num_splits: int | None = None,
+                     gpu: DeviceFacts | None = None) -> DecodePlan:
+    """The plan of :func:`conv_decode_attention` for the ``n_new`` newest rows of caches
+    ``[batch, heads | kv_heads, n_max, head_dim]`` of ``dtype``, kernel ``kernel_size = (cq, ck)``, on a device of
+    facts ``gpu`` (default the current one's). Always the ``"split"`` form (:func:`run_conv_decode` turns to the
+    ``"rows"`` form where its launch is refused); the far splits besides the band:
+
+    * ``num_splits`` given: that many (at most the key tiles);
+    * a ``1 x 1`` kernel (no fold, no band): plain decode's wave rule (:func:`mta.decode.choose_num_splits`);
+    * 16 bits on a GPU whose memory feeds each SM fast (:func:`mta.decode.mta_fast_memory`, which also picks the
+      tile): the wave rule over :data:`mta.tuning.MTA_FAST_PROGRAMS_PER_SM` programs an SM, at 95%;
+    * otherwise the wave rule over :data:`mta.decode.MTA_PROGRAMS_PER_SM` programs an SM (1 at ``ck = 1``) at
+      :data:`mta.decode.MTA_SPLIT_EFFICIENCY`, the band counted as one more program where a far split then holds
+      at most :data:`mta.decode.BAND_COUNTS_BELOW` keys.
+    """
+    gpu = gpu or device_facts()
+    tile = plan_tile(batch, heads, kv_heads, n_new, n_max, head_dim, dtype, kernel_size, gpu, interleave=False)
+    units = batch * kv_heads * decode.row_tiles(heads, kv_heads, n_new, tile["rows"])
+    rule = functools.partial(choose_num_splits, units, n_max, tile["own"])
+    mta_rule = functools.partial(rule, gpu.sms * (decode.MTA_PROGRAMS_PER_SM if kernel_size[1] > 1 else 1),
+                                 efficiency=decode.MTA_SPLIT_EFFICIENCY)
+    if num_splits is not None:
+        return split_plan(tile, num_splits)
+    if kernel_size == (1, 1):
+        return split_plan(tile, rule(gpu.sms))
+    if decode.mta_fast_memory(head_dim_block(head_dim), dtype, gpu, n_max):
+        return split_plan(tile, rule(gpu.sms * tuning.MTA_FAST_PROGRAMS_PER_SM))
+    if tile["band"] != "none" and n_max <= decode.BAND_COUNTS_BELOW * mta_rule():
+        return split_plan(tile, mta_rule(extra=1))
+    return split_plan(tile, mta_rule())
+
+
+def run_conv_decode(plan: DecodePlan, q_cache, k_cache, v_cache, weight, lens, scale: float) -> torch.Tensor:
+    """``[B, Hq, n_new, D]`` in q_cache's dtype: ``plan`` run. ``q_cache [B, Hq, Nmax, D]``, ``k_cache, v_cache
+    [B, Hkv, Nmax, D]``, ``weight [Hq, cq, ck]`` fp32 contiguous, ``lens [B]`` int on the caches' device or None.
+    The ``"split"`` form by :func:`mta.decode.run_decode`, or, where Triton refuses its launch (the tiles do not fit
+    in the GPU's shared memory: fp32 with wide key-axis kernels at head dims over 64), as the ``"rows"`` form
+    (:func:`mta.conv_decode_rows.conv_decode_rows`, PyTorch, unfused)."""
+    if plan.form == "split":
+        try:
+            return run_decode(plan, q_cache, k_cache, v_cache, lens, scale, weight=weight)
+        except OutOfResources:
+            plan = dataclasses.replace(plan, form="rows")
+    if plan.form != "rows":
+        raise ValueError(f"run_conv_decode runs a plan of form 'split' or 'rows', not {plan.form!r}")
+    decode.check_plan(plan, q_cache, k_cache, weight)
+    return conv_decode_rows(q_cache, k_cache, v_cache, weight, lens, plan.n_new, scale)
 
 
 def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=None, num_queries: int = 1,
@@ -60,7 +116,7 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
             responsibility (checking would synchronise), clamped to ``[0, Nmax]`` by the kernels.
         num_queries: ``n``, 1 to 16.
         scale: default ``D ** -0.5``, applied before the convolution.
-        num_splits: key splits per sequence besides the band; default :func:`mta.decode.choose_num_splits`.
+        num_splits: key splits per sequence besides the band; default :func:`plan_conv_decode`'s choice.
 
     Returns:
         ``[B, Hq, num_queries, D]`` in q_cache's dtype. Where the split kernel does not fit in the GPU's shared
@@ -90,8 +146,11 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
     scale = resolve_scale(scale, D)
     w = weight.detach().float().contiguous()
     num_splits = check_num_splits(num_splits)
-    try:
-        return launch_decode(q_cache, k_cache, v_cache, lens, num_queries, scale, num_splits, weight=w,
-                             kernel_size=(cq, ck))
-    except OutOfResources:  # the split kernel's tiles do not fit on this GPU: the same rows, unfused
-        return conv_decode_rows(q_cache, k_cache, v_cache, w, lens, num_queries, scale)
+    gpu = device_facts(q_cache.device)
+
+    def run(q_cache, k, v, lens):
+        plan = plan_conv_decode(k.shape[0], Hq, Hkv, num_queries, n_max, D, q_cache.dtype, (cq, ck),
+                                num_splits=num_splits, gpu=gpu)
+        return run_conv_decode(plan, q_cache, k, v, w, lens, scale)
+
+    return in_batch_chunks(run, Hkv, q_cache, k_cache, v_cache, lens)

@@ -1,12 +1,13 @@
-"""MTA decode rows in plain PyTorch: what :func:`mta.conv_decode_attention` returns where its split kernel does not
-fit in a GPU program's shared memory (measured on an H100: fp32 with wide key-axis kernels at head dims over 64,
-e.g. 32 x 33 at d = 128; Triton refuses such a launch before it runs).
+"""MTA decode rows in plain PyTorch, the ``"rows"`` form of :class:`mta.decode.DecodePlan`: what
+:func:`mta.conv_decode_attention` returns where its split kernel does not fit in a GPU program's shared memory
+(fp32 with wide key-axis kernels at head dims over 64, e.g. 32 x 33 at d = 128; Triton refuses such a launch before
+it runs).
 
 Per sequence of length ``L``, the ``n + cq - 1`` newest query rows (their convolution's reach) against every key:
 ``S0`` masked before the convolution, the convolution, the mask after it, the softmax and ``P V``, for the ``n``
 newest positions. Keys and values past ``L`` are zeroed before they enter a product (a cache poisoned with NaN there
 stays out), nothing is read to the host (no synchronisation), and the heads go a block at a time so that the fp32
-scores stay near :data:`ROWS_BYTES`: O(N) memory, one pass over the cache, unfused.
+scores stay near :data:`ROWS_BYTES` (or the caller's ``rows_bytes``): O(N) memory, one pass over the cache, unfused.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from .conv_chunked import exact_convolutions
 ROWS_BYTES = 256 * 2 ** 20
 
 
-def conv_decode_rows(q_cache, k_cache, v_cache, weight, lens, n_new: int, scale: float) -> torch.Tensor:
+def conv_decode_rows(q_cache, k_cache, v_cache, weight, lens, n_new: int, scale: float,
+                     rows_bytes: int = ROWS_BYTES) -> torch.Tensor:
     """``[B, Hq, n_new, D]`` in q_cache's dtype: rows ``L - n_new .. L - 1`` of causal MTA per sequence.
 
     ``q_cache [B, Hq, Nmax, D]``, ``k_cache, v_cache [B, Hkv, Nmax, D]``, ``weight [Hq, cq, ck]`` (fp32),
-    ``lens [B]`` on the caches' device or None (every sequence ``Nmax`` long). A position before 0 outputs 0."""
+    ``lens [B]`` on the caches' device or None (every sequence ``Nmax`` long). A position before 0 outputs 0.
+    ``rows_bytes``: about this many bytes of fp32 work per block of heads (at least one head a block)."""
     B, Hq, n_max, D = q_cache.shape
     group = Hq // k_cache.shape[1]
     cq, ck = weight.shape[1:]
@@ -38,7 +41,7 @@ def conv_decode_rows(q_cache, k_cache, v_cache, weight, lens, n_new: int, scale:
     key_ok = keys[None, :] < lens[:, None]  # [B, Nmax]
     out = torch.empty((B, Hq, n_new, D), device=dev, dtype=q_cache.dtype)
     per_head = 4 * B * n_max * (3 * rows + 2 * D)  # scores, convolved, probabilities; K and V in fp32
-    heads = max(1, min(Hq, ROWS_BYTES // max(1, per_head)))
+    heads = max(1, min(Hq, rows_bytes // max(1, per_head)))
     pad_k = (ck - 1) // 2
     with exact_convolutions(dev):
         for h0 in range(0, Hq, heads):

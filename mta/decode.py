@@ -1,11 +1,14 @@
 """``mta.decode_attention``: split-K decoding of a few new queries against a KV cache.
 
-The kernels are in :mod:`mta.decode_kernels`; this module checks inputs, picks the number of splits and the
-tile, and launches them (:func:`launch_decode`, shared with :func:`mta.conv_decode_attention`).
+The kernels are in :mod:`mta.decode_kernels`. A call checks its inputs, turns them into a :class:`DecodePlan`
+(:func:`plan_decode`: the form, the tiles, the splits, from shapes, dtype and the device's facts only) and runs it
+(:func:`run_decode`, shared with :func:`mta.conv_decode_attention`, whose plans :func:`mta.conv_decode.plan_conv_decode`
+makes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -21,100 +24,254 @@ MAX_NEW_QUERIES = 16
 #: Stand-in SM count in Triton's interpreter (no GPU to ask), small so that several splits run in the tests.
 INTERPRETER_SMS = 4
 #: A split count is kept if its wave efficiency is within this fraction of the best one (flash-attn's rule, which
-#: keeps 85%). Plain decode keeps 95%: at B = 1 on an H100, 16 splits x 8 kv heads (128 programs, one wave on 132
-#: SMs) were 1.1-3.9% faster than the 14-15 that 85% picks, at 16k-128k keys
-#: (``notes/h100_remeasure_2026-11-23/decode_fill_splits_6c0f4cb.json``).
+#: keeps 85%). Plain decode keeps 95%: a count that fills a wave of SMs beats a smaller one that leaves a few idle.
 SPLIT_EFFICIENCY = 0.95
-#: MTA decode keeps flash-attn's 85% (its counts were tuned with it; ``notes/performance.md``), but 95% with
-#: :data:`mta.tuning.DECODE_MTA_FAST`'s tiles, where counts that fill four programs an SM ran 1.07-1.6x faster than
-#: the others tried (``notes/h100_2026-11-25h/h200_conv_sweep.log``).
+#: MTA decode keeps flash-attn's 85% (its counts were tuned with it), but 95% with :data:`mta.tuning.DECODE_MTA_FAST`'s
+#: tiles, where counts that fill four programs an SM run faster than the others.
 MTA_SPLIT_EFFICIENCY = 0.85
 MAX_SPLITS = 128
-#: MTA decode counts each SM twice when it picks the split count: its key tiles carry ``ck`` products and
-#: register shifts besides the loads, so two programs per SM hide each other's latency (on an H100, twice the
-#: splits of plain decode were 1.1-1.9x faster at 16k-64k keys; ``notes/performance.md``).
+#: MTA decode counts each SM twice when it picks the split count: its key tiles carry ``ck`` products and register
+#: shifts besides the loads, so two programs per SM hide each other's latency.
 MTA_PROGRAMS_PER_SM = 2  # mta.tuning.MTA_FAST_PROGRAMS_PER_SM with mta.tuning.DECODE_MTA_FAST's tiles
 #: MTA decode: while a far split holds at most this many keys, the band's program costs about what a far split's
 #: does, and the split count is chosen with it counted as one more program per row tile; longer splits leave it
-#: out. On an H100 at B = 8, 4k-8k keys, that took 3 splits instead of 4 and a step 5-21% less time; at 16k-64k
-#: keys the band is short beside a split, and counting it cost up to 21% (``notes/performance.md``).
+#: out (the band is then short beside a split, and counting it would take too few splits).
 BAND_COUNTS_BELOW = 2048
 #: Splits of the merge kernel read per step.
 COMBINE_BLOCK_S = 16
 #: Plain decode deals its key tiles out evenly over this many programs an SM (:func:`stream_programs`) where the
 #: (batch, kv head) units alone fill less than :data:`STREAM_BELOW` of their last wave of SMs, over caches of
-#: :data:`STREAM_MIN_KEYS` positions or more. On an H100 (bf16, 8 kv heads, ``notes/h100_2026-11-25h/``), one
-#: program a unit took 1.03-1.09x SDPA's time with 136-320 units at 32k keys (the SMs that run a second program
-#: end last); the deal took 2-7% off those steps (1, 2 or 3 programs an SM within 1% of each other), 1-4% at 8k keys
-#: at three of four batches (1.4% slower at 160 units), and was 4-8% slower at 2k keys, where the merge and the
-#: states cost more than the imbalance. On an H200, whose long tiles at 16k keys or more fit one program an SM (so one
-#: program a unit ran 136 units in two full waves), the deal took 5-41% off at 16k-32k keys and up to 12% at 8k
-#: (0.2% slower at one shape).
+#: :data:`STREAM_MIN_KEYS` positions or more: with one program a unit the SMs that run a second program end last.
+#: Below that length the merge and the extra states cost more than the imbalance.
 STREAM_PROGRAMS_PER_SM = 2
 STREAM_BELOW = 0.9
 STREAM_MIN_KEYS = 8192
 #: Shared memory an SM gives the deal's programs (of about 228 KB on Hopper): a tile whose pipeline buffers pass
-#: half of it runs one program an SM, and the deal then counts one. On an H200, dealt to one program an SM rather than
-#: two, the long tiles of ``tuning.DECODE_PLAIN_WIDE`` (128 KB of K and V in flight) took 0-2.5% less time and the
-#: shorter ones 6-11% more (``notes/h100_2026-11-25h/stream_probe_h200_*.log``).
+#: half of it runs one program an SM, and the deal then counts one (``tuning.DECODE_PLAIN_WIDE``'s long tiles
+#: keep enough bytes in flight alone; two of them would not fit).
 STREAM_SHARED_BYTES = 200 * 1024
 
 #: Programs of a decode tile that an SM of Triton's interpreter is taken to run at once (no GPU to ask).
 INTERPRETER_RESIDENT = 2
 #: Plain decode whose units leave a poor grid (:func:`poor_grid`) runs two splits from this many cache positions
-#: (the even deal from :data:`STREAM_MIN_KEYS`). On an H100 (bf16, 8 kv heads, ``notes/h100_2026-11-25i/``) at
-#: 192-512 units and 2k-4k keys, two splits took 0.3-4.6% off a step at 11 of 12 shapes (1.7% more at one), and at 1k
-#: keys added up to 6% at 5 of 6.
+#: (the even deal from :data:`STREAM_MIN_KEYS`); on shorter caches the merge costs more than the imbalance.
 POOR_GRID_MIN_KEYS = 2048
-#: A last round of resident programs filled below this fraction is thin (:func:`poor_grid`). On an H100 (three plain
-#: decode programs an SM, 396 at once), 512-528 units of one program each (116-132 past a full round, 29-33%) took
-#: 1.05-1.15x SDPA's time at 2k-16k keys; 640 units (244 past, 62%) 0.99-1.02x (``notes/h100_2026-11-25i/``).
+#: A last round of resident programs filled below this fraction is thin (:func:`poor_grid`): its programs start on
+#: whichever SMs finish first, several to an SM, while the others idle.
 THIN_LAST_ROUND = 0.5
-
-#: Plain decode's split ``s`` of ``S`` takes key tiles ``s, s + S, ...`` (the pair's splits read neighbouring tiles
-#: at the same time) rather than one contiguous range. On an H100 (bf16, Nq = 1, the decode benchmark's 24 shapes
-#: from 4k keys, same run, ``notes/h100_2026-11-25i/interleave_ab.log``) that order took 0.2-6% off at 18 shapes and
-#: added 0.5-2.3% at 6 (all four at 8k keys among them); for MTA decode it added 2.2-4.6% at B = 8, d = 128 from 32k
-#: keys (and up to 4.6% elsewhere at 12 of the 24), so MTA decode keeps the ranges.
-INTERLEAVED_SPLITS = True
 
 #: The tile tables live with the others in :mod:`mta.tuning`.
 TILES, TILES_FP32, INTERPRETER_TILE = tuning.DECODE, tuning.DECODE_FP32, tuning.DECODE_INTERPRETER
 
 
-def decode_tile(block_d: int, dtype: torch.dtype, plain: bool = False, device: torch.device | None = None,
-                n_max: int = 0) -> tuple[int, int, int]:
-    """``(BLOCK_N, num_warps, num_stages)`` for a head-dim tile ``block_d``, looked up (nothing timed). ``plain``:
-    for ``decode_attention`` (no MTA fold) over a cache of ``n_max`` positions, which at 16 bits on a Hopper GPU
-    (``device``'s, default the current one) whose memory feeds each SM at :data:`mta.tuning.WIDE_DECODE_SM_BANDWIDTH`
-    or more takes :data:`mta.tuning.DECODE_PLAIN_WIDE`'s longer tiles from :data:`mta.tuning.WIDE_DECODE_MIN_KEYS`;
-    MTA decode there takes :data:`mta.tuning.DECODE_MTA_FAST`'s shorter ones (:func:`mta_fast_memory`)."""
+# --- the device's facts ------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceFacts:
+    """What the plans read of a device: its SM count, its family (:func:`mta.tuning.gpu_family`: ``"interpreter"``,
+    ``"hopper"`` or ``"other"``), its peak memory bandwidth per SM (bytes/s) and its shared memory per SM (bytes;
+    0 where the GPU does not say). Tests build one to plan "as on an H100" without a GPU."""
+    sms: int
+    family: str
+    bandwidth_per_sm: float = 0.0
+    shared_per_sm: int = 0
+
+
+#: Triton's interpreter: no GPU to ask.
+INTERPRETER = DeviceFacts(sms=INTERPRETER_SMS, family="interpreter")
+
+
+def device_facts(device: torch.device | None = None) -> DeviceFacts:
+    """:class:`DeviceFacts` of ``device`` (default the current GPU; :data:`INTERPRETER` in the interpreter), asked of
+    the driver once per GPU."""
     if runtime.INTERPRET:
+        return INTERPRETER
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    return _gpu_facts(index)
+
+
+@functools.cache
+def _gpu_facts(index: int) -> DeviceFacts:
+    cuda = torch.device("cuda", index)
+    props = torch.cuda.get_device_properties(index)
+    return DeviceFacts(sms=props.multi_processor_count, family=tuning.gpu_family(cuda),
+                       bandwidth_per_sm=tuning.memory_bandwidth_per_sm(cuda),
+                       shared_per_sm=getattr(props, "shared_memory_per_multiprocessor", 0))
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of ``device``'s GPU (:data:`INTERPRETER_SMS` in the interpreter)."""
+    return device_facts(device).sms
+
+
+# --- the plan ------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """How one decode call runs: made by :func:`plan_decode` (plain) or :func:`mta.conv_decode.plan_conv_decode`
+    (MTA) from hashable facts only (shapes, dtype, the device's facts, ``num_splits``), run by :func:`run_decode`.
+
+    ``form``: ``"split"`` (:func:`decode_split_kernel <mta.decode_kernels.decode_split_kernel>` over ``splits``
+    key splits, plus MTA's band program, then the merge where more than one program writes a row), ``"stream"``
+    (plain decode's even deal, :func:`decode_stream_kernel <mta.decode_kernels.decode_stream_kernel>`: runs of
+    ``tiles_per_program`` key tiles over ``programs`` programs, ``slots`` states per row, then the merge) or
+    ``"rows"`` (MTA decode unfused in PyTorch, :func:`mta.conv_decode_rows.conv_decode_rows`; run by
+    :func:`mta.conv_decode.run_conv_decode`).
+
+    The problem: ``q [batch, heads, n_new, D]`` (MTA: the query cache ``[batch, heads, n_max, D]``), caches
+    ``[batch, kv_heads, n_max, head_dim]``, MTA kernel ``kernel_size = (cq, ck)`` (``(1, 1)``: plain decode).
+    The tile: key windows of ``block_n`` keys owning ``own`` (:func:`key_window`), ``num_warps``, ``num_stages``; a
+    program's ``rows`` query rows in ``block_m`` slots, MTA's ``stack`` stacked folded rows (:func:`row_tile`).
+    ``interleave``: split ``s`` of ``S`` takes key tiles ``s, s + S, ...`` (else one contiguous range).
+    ``band``: MTA's band (keys next to the diagonal) as one product of its stacked kernel rows (``"stacked"``,
+    :func:`band_stack_rows`), one product per kernel row (``"by_row"``), or ``"none"`` (``E = 0``). ``pdl``: the
+    merge is launched as a programmatic dependent of the kernel before it (Hopper on)."""
+    form: str
+    batch: int
+    heads: int
+    kv_heads: int
+    n_new: int
+    n_max: int
+    head_dim: int
+    kernel_size: tuple[int, int]
+    block_n: int
+    own: int
+    num_warps: int
+    num_stages: int
+    rows: int
+    block_m: int
+    stack: int
+    splits: int = 1
+    interleave: bool = False
+    band: str = "none"
+    tiles_per_program: int = 0
+    programs: int = 0
+    slots: int = 0
+    pdl: bool = False
+
+    @property
+    def block_d(self) -> int:
+        return head_dim_block(self.head_dim)
+
+    @property
+    def row_tiles(self) -> int:
+        """Row tiles of a (batch, kv head) pair's ``G * n_new`` query rows."""
+        return row_tiles(self.heads, self.kv_heads, self.n_new, self.rows)
+
+    @property
+    def units(self) -> int:
+        """(batch, kv head, row tile) units: the programs of one split."""
+        return self.batch * self.kv_heads * self.row_tiles
+
+    @property
+    def band_keys(self) -> int:
+        """``E = cq - 1 + pk``: keys next to each query's diagonal that MTA's band computes (0: no band)."""
+        cq, ck = self.kernel_size
+        return cq - 1 + (ck - 1) // 2
+
+
+def row_tiles(heads: int, kv_heads: int, n_new: int, rows: int) -> int:
+    """Row tiles of ``rows`` rows for the ``G * n_new`` query rows of a (batch, kv head) pair."""
+    return cdiv(heads // kv_heads * n_new, rows) if kv_heads else 0
+
+
+def plan_tile(batch: int, heads: int, kv_heads: int, n_new: int, n_max: int, head_dim: int, dtype: torch.dtype,
+              kernel_size: tuple[int, int], gpu: DeviceFacts, interleave: bool) -> dict:
+    """The :class:`DecodePlan` fields every plan of these facts shares, as keywords: the problem, the tile
+    (:func:`decode_tile`), key window, row tile, band form and ``pdl``; the plan functions add the form and splits.
+    ``interleave``: plain decode's order of a split's key tiles (the splits of a pair then stream one front of
+    neighbouring tiles); MTA decode, whose windows overlap by their halos, runs faster with contiguous ranges."""
+    cq, ck = kernel_size
+    block_d = head_dim_block(head_dim)
+    block_n, warps, stages = decode_tile(block_d, dtype, plain=kernel_size == (1, 1), n_max=n_max, gpu=gpu)
+    block_n, own = key_window(block_n, ck)
+    rows, block_m, stack = row_tile(heads // max(kv_heads, 1) * n_new, block_d, block_n, ck)
+    e = cq - 1 + (ck - 1) // 2
+    band = "none" if e == 0 else "stacked" if tuning.width_of(block_d) in tuning.STACKED_BAND else "by_row"
+    return dict(batch=batch, heads=heads, kv_heads=kv_heads, n_new=n_new, n_max=n_max, head_dim=head_dim,
+                kernel_size=kernel_size, block_n=block_n, own=own, num_warps=warps, num_stages=stages, rows=rows,
+                block_m=block_m, stack=stack, interleave=interleave, band=band, pdl=gpu.family == "hopper")
+
+
+def split_plan(tile: dict, num_splits: int) -> DecodePlan:
+    """The ``"split"`` plan of ``tile`` (:func:`plan_tile`) for ``num_splits`` asked: at most the key tiles of
+    the cache (:func:`splits_run`)."""
+    return DecodePlan(form="split", splits=splits_run(num_splits, tile["n_max"], tile["own"]), **tile)
+
+
+def with_even_deal(plan: DecodePlan, sms: int, per_sm: int) -> DecodePlan:
+    """``plan`` (plain decode) as the ``"stream"`` form: its units' key tiles dealt out evenly to about ``per_sm``
+    x ``sms`` programs (:func:`deal_tiles`)."""
+    per_program, programs, slots = deal_tiles(plan.units, plan.n_max, plan.block_n, per_sm * sms)
+    return dataclasses.replace(plan, form="stream", tiles_per_program=per_program, programs=programs, slots=slots)
+
+
+def plan_decode(batch: int, heads: int, kv_heads: int, n_new: int, n_max: int, head_dim: int, dtype: torch.dtype,
+                num_splits: int | None = None, gpu: DeviceFacts | None = None) -> DecodePlan:
+    """The plan of :func:`decode_attention` for ``q [batch, heads, n_new, head_dim]`` against caches
+    ``[batch, kv_heads, n_max, head_dim]`` of ``dtype`` on a device of facts ``gpu`` (default the current one's):
+
+    * ``num_splits`` given: that many splits (at most the key tiles);
+    * the units fill the GPU but load its SMs unevenly, over :data:`STREAM_MIN_KEYS` positions or more: the even
+      deal (:func:`stream_programs`);
+    * the same from :data:`POOR_GRID_MIN_KEYS` positions, where twice the units would not: two splits
+      (:func:`two_splits_for_a_poor_grid`);
+    * otherwise the wave rule's count (:func:`choose_num_splits`, 1 where the units fill the GPU).
+    """
+    gpu = gpu or device_facts()
+    tile = plan_tile(batch, heads, kv_heads, n_new, n_max, head_dim, dtype, (1, 1), gpu, interleave=True)
+    if num_splits is not None:
+        return split_plan(tile, num_splits)
+    block_n, block_m, stages, block_d = tile["block_n"], tile["block_m"], tile["num_stages"], head_dim_block(head_dim)
+    units = batch * kv_heads * row_tiles(heads, kv_heads, n_new, tile["rows"])
+    resident = resident_programs(block_n, block_m, block_d, stages, dtype.itemsize, gpu)
+    per_sm = stream_programs_per_sm(block_n, block_d, stages, dtype.itemsize)
+    if (deal := stream_programs(units, n_max, block_n, gpu.sms, per_sm, resident))[0]:
+        return DecodePlan(form="stream", tiles_per_program=deal[0], programs=deal[1], slots=deal[2], **tile)
+    if two_splits_for_a_poor_grid(units, n_max, gpu.sms, resident):
+        return split_plan(tile, 2)
+    return split_plan(tile, choose_num_splits(units, n_max, tile["own"], gpu.sms))
+
+
+# --- the rules the plans read ------------------------------------------------------------------------------------
+
+
+def decode_tile(block_d: int, dtype: torch.dtype, *, plain: bool = False, n_max: int = 0,
+                gpu: DeviceFacts | None = None) -> tuple[int, int, int]:
+    """``(BLOCK_N, num_warps, num_stages)`` for a head-dim tile ``block_d`` on a device of facts ``gpu`` (default
+    the current one's), looked up (nothing timed). ``plain``: for ``decode_attention`` (no MTA fold) over a cache
+    of ``n_max`` positions, which at 16 bits on a Hopper GPU whose memory feeds each SM at
+    :data:`mta.tuning.WIDE_DECODE_SM_BANDWIDTH` or more takes :data:`mta.tuning.DECODE_PLAIN_WIDE`'s longer tiles
+    from :data:`mta.tuning.WIDE_DECODE_MIN_KEYS`; MTA decode there takes :data:`mta.tuning.DECODE_MTA_FAST`'s
+    shorter ones (:func:`mta_fast_memory`)."""
+    gpu = gpu or device_facts()
+    if gpu.family == "interpreter":
         return INTERPRETER_TILE
     width = next(w for w in TILES if block_d <= w)
     if dtype == torch.float32:
         return TILES_FP32[width]
-    if plain and n_max >= tuning.WIDE_DECODE_MIN_KEYS and fast_memory(device):
+    if plain and n_max >= tuning.WIDE_DECODE_MIN_KEYS and fast_memory(gpu):
         return tuning.DECODE_PLAIN_WIDE[width]
-    if not plain and mta_fast_memory(block_d, dtype, device, n_max):
+    if not plain and mta_fast_memory(block_d, dtype, gpu, n_max):
         return tuning.DECODE_MTA_FAST[width]
     return TILES[width]
 
 
-def fast_memory(device: torch.device | None) -> bool:
+def fast_memory(gpu: DeviceFacts) -> bool:
     """A Hopper GPU whose memory feeds each SM at :data:`mta.tuning.WIDE_DECODE_SM_BANDWIDTH` or more (an H200, not
     an H100 SXM)."""
-    return (tuning.gpu_family(device) == "hopper"
-            and tuning.memory_bandwidth_per_sm(device) >= tuning.WIDE_DECODE_SM_BANDWIDTH)
+    return gpu.family == "hopper" and gpu.bandwidth_per_sm >= tuning.WIDE_DECODE_SM_BANDWIDTH
 
 
-def mta_fast_memory(block_d: int, dtype: torch.dtype, device: torch.device | None, n_max: int) -> bool:
+def mta_fast_memory(block_d: int, dtype: torch.dtype, gpu: DeviceFacts, n_max: int) -> bool:
     """Whether MTA decode takes :data:`mta.tuning.DECODE_MTA_FAST`'s tile and counts
     :data:`mta.tuning.MTA_FAST_PROGRAMS_PER_SM` programs an SM: 16 bits, a head-dim width in that table, a cache of
     :data:`mta.tuning.MTA_FAST_MIN_KEYS` positions or more, on a GPU with :func:`fast_memory`."""
-    if runtime.INTERPRET or dtype == torch.float32 or n_max < tuning.MTA_FAST_MIN_KEYS:
+    if dtype == torch.float32 or n_max < tuning.MTA_FAST_MIN_KEYS:
         return False
-    return next(w for w in TILES if block_d <= w) in tuning.DECODE_MTA_FAST and fast_memory(device)
+    return next(w for w in TILES if block_d <= w) in tuning.DECODE_MTA_FAST and fast_memory(gpu)
 
 
 def row_block(rows: int, block_d: int) -> int:
@@ -143,50 +300,28 @@ def row_tile(rows: int, block_d: int, block_n: int, ck: int) -> tuple[int, int, 
 
 
 def band_stack_rows(cq: int, rows: int, block_d: int) -> tuple[int, int]:
-    """``(A_GROUP, BAND_STACK)``: the band's program stacks the query rows of ``A_GROUP`` kernel rows (a power of
-    two) for its ``rows`` rows into one product of ``BAND_STACK`` rows (at least 16), at most 8192 query values
-    (all ``cq`` kernel rows at once wherever that fits: one load, one product, ``ck`` shifts). ``(1, 0)``: one
-    product per kernel row instead, at head-dim widths not in :data:`mta.tuning.STACKED_BAND`."""
-    if tuning.width_of(block_d) not in tuning.STACKED_BAND:
-        return 1, 0
+    """``(A_GROUP, BAND_STACK)`` of the ``"stacked"`` band: its program stacks the query rows of ``A_GROUP`` kernel
+    rows (a power of two) for its ``rows`` rows into one product of ``BAND_STACK`` rows (at least 16), at most
+    8192 query values (all ``cq`` kernel rows at once wherever that fits: one load, one product, ``ck`` shifts)."""
     a_group = min(next_power_of_2(cq), max(1, max(16, 8192 // block_d) // rows))
     return a_group, max(16, a_group * rows)
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def dependent_launch(device: torch.device) -> bool:
-    """Launch the merge kernel with programmatic dependent launch: on Hopper and later GPUs (never in the
-    interpreter). Its programs are then scheduled while the split kernel runs and wait for its end on the GPU,
-    so the gap between the two kernels is not paid (on an H100, 2-9% of a step at B = 1 and 4k-64k keys;
-    ``notes/performance.md``)."""
-    return device.type == "cuda" and tuning.gpu_family(device) == "hopper"
-
-
-@functools.cache
-def _shared_memory_per_sm(index: int) -> int:
-    return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_multiprocessor", 0)
-
-
 def resident_programs(block_n: int, block_m: int, block_d: int, stages: int, itemsize: int,
-                      device: torch.device) -> int:
-    """Programs of plain decode's ``(block_n, stages)`` tile with ``block_m`` row slots that an SM of ``device``
-    runs at once, estimated from their shared memory: ``stages - 1`` K and V buffers, an fp32 ``[block_m, block_n]``
-    scratch for layout conversions, and 1 KB the driver keeps per program (73 KB at Hopper's d = 64 and d = 128 tiles,
-    which Triton 3.6 compiles to 70 KB: three fit an H100's 228 KB either way). 1 where the GPU does not say;
-    :data:`INTERPRETER_RESIDENT` in the interpreter."""
-    if runtime.INTERPRET:
+                      gpu: DeviceFacts) -> int:
+    """Programs of plain decode's ``(block_n, stages)`` tile with ``block_m`` row slots that an SM of a device of
+    facts ``gpu`` runs at once, estimated from their shared memory (:func:`programs_in_shared_memory`). 1 where the
+    GPU does not say; :data:`INTERPRETER_RESIDENT` in the interpreter."""
+    if gpu.family == "interpreter":
         return INTERPRETER_RESIDENT
-    index = device.index if device.index is not None else torch.cuda.current_device() if device.type == "cuda" else 0
-    return programs_in_shared_memory(_shared_memory_per_sm(index), block_n, block_m, block_d, stages, itemsize)
+    return programs_in_shared_memory(gpu.shared_per_sm, block_n, block_m, block_d, stages, itemsize)
 
 
 def programs_in_shared_memory(shared_per_sm: int, block_n: int, block_m: int, block_d: int, stages: int,
                               itemsize: int) -> int:
-    """:func:`resident_programs` for an SM of ``shared_per_sm`` bytes (at least 1)."""
+    """Programs of a tile that an SM of ``shared_per_sm`` bytes holds (at least 1): ``stages - 1`` K and V buffers,
+    an fp32 ``[block_m, block_n]`` scratch for layout conversions, and 1 KB the driver keeps per program (73 KB at
+    Hopper's d = 64 and d = 128 tiles, which Triton 3.6 compiles to 70 KB: three fit an H100's 228 KB either way)."""
     per_program = max(stages - 1, 1) * 2 * block_n * block_d * itemsize + block_m * block_n * 4 + 1024
     return max(1, shared_per_sm // per_program)
 
@@ -208,13 +343,6 @@ def two_splits_for_a_poor_grid(units: int, n_max: int, sms: int, resident: int) 
     :data:`POOR_GRID_MIN_KEYS` positions, and twice as many programs would not be: two splits instead."""
     return (units >= 0.8 * sms and n_max >= POOR_GRID_MIN_KEYS and poor_grid(units, sms, resident)
             and not poor_grid(2 * units, sms, resident))
-
-
-def sm_count(device: torch.device) -> int:
-    """SMs of ``device``'s GPU (:data:`INTERPRETER_SMS` in the interpreter)."""
-    if runtime.INTERPRET:
-        return INTERPRETER_SMS
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def split_candidates(n_max: int, block_n: int, sms: int, max_splits: int = MAX_SPLITS) -> list[int]:
@@ -244,15 +372,15 @@ def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_spl
                       extra: int = 0, efficiency: float = SPLIT_EFFICIENCY) -> int:
     """How many splits the keys of each sequence get, from host numbers only (no device sync).
 
-    ``programs`` (batch x kv heads x row tiles) already fill the GPU at 80% of its ``sms``: 1. Otherwise,
-    over ``s = 1 .. min(max_splits, sms, key tiles of n_max)``, the wave efficiency of ``programs * (s + extra)``
-    programs (``extra``: programs besides the splits, MTA's band) is ``w / ceil(w)``,
-    ``w = programs * (s + extra) / sms``; the answer is the smallest ``s`` within
-    ``efficiency`` (:data:`SPLIT_EFFICIENCY`, 95%) of the best, among the ``s`` that change the key tiles per split
+    ``programs`` (batch x kv heads x row tiles) already fill the GPU at 80% of its ``sms`` (or are none): 1.
+    Otherwise, over ``s = 1 .. min(max_splits, sms, key tiles of n_max)``, the wave efficiency of
+    ``programs * (s + extra)`` programs (``extra``: programs besides the splits, MTA's band) is ``w / ceil(w)``,
+    ``w = programs * (s + extra) / sms``; the answer is the smallest ``s`` within ``efficiency``
+    (:data:`SPLIT_EFFICIENCY`, 95%) of the best, among the ``s`` that change the key tiles per split
     (``ceil(tiles / s)``; the others only add empty splits). ``n_max`` is the cache size, not the lengths on
     the device: reading them would synchronise.
     """
-    if programs >= 0.8 * sms:
+    if programs == 0 or programs >= 0.8 * sms:
         return 1
     candidates = split_candidates(n_max, block_n, sms, max_splits)
 
@@ -262,6 +390,43 @@ def choose_num_splits(programs: int, n_max: int, block_n: int, sms: int, max_spl
 
     best = max(wave_efficiency(s) for s in candidates)
     return next(s for s in candidates if wave_efficiency(s) >= efficiency * best)
+
+
+def stream_programs_per_sm(block_n: int, block_d: int, stages: int, itemsize: int) -> int:
+    """Programs of a ``(block_n, stages)`` decode tile that share an SM in the even deal:
+    :data:`STREAM_PROGRAMS_PER_SM`, or fewer where their K and V pipeline buffers (``stages - 1`` tiles of each)
+    pass :data:`STREAM_SHARED_BYTES`."""
+    buffers = max(stages - 1, 1) * 2 * block_n * block_d * itemsize
+    return max(1, min(STREAM_PROGRAMS_PER_SM, STREAM_SHARED_BYTES // buffers))
+
+
+@functools.lru_cache(maxsize=1024)
+def stream_programs(units: int, n_max: int, block_n: int, sms: int, per_sm: int | None = None,
+                    resident: int = 1) -> tuple[int, int, int]:
+    """``(tiles_per_program, programs, slots)`` for plain decode's even deal (:func:`deal_tiles`), or ``(0, 0, 0)``
+    to run one split per unit instead.
+
+    The deal runs where ``units`` (batch x kv heads x row tiles) fill the GPU (:func:`choose_num_splits` gives one
+    split), but one program a unit would load the SMs unevenly (:func:`poor_grid`, with ``resident`` programs an SM
+    at once), and the cache is long enough (:data:`STREAM_MIN_KEYS`); over about ``per_sm`` x ``sms`` programs
+    (default :data:`STREAM_PROGRAMS_PER_SM`; the plan asks :func:`stream_programs_per_sm`). Like the split count,
+    this uses host numbers only: ``n_max``, not the lengths."""
+    if n_max < STREAM_MIN_KEYS or units < 0.8 * sms or not poor_grid(units, sms, resident):
+        return 0, 0, 0
+    return deal_tiles(units, n_max, block_n, (per_sm or STREAM_PROGRAMS_PER_SM) * sms)
+
+
+def deal_tiles(units: int, n_max: int, block_n: int, target: int) -> tuple[int, int, int]:
+    """``(tiles_per_program, programs, slots)``: the ``units x tiles`` key tiles of a cache of ``n_max`` positions
+    (``block_n`` a tile) dealt out in equal runs of ``W`` tiles to about ``target`` programs, as stream-K splits a
+    GEMM's loop and LeanAttention a decode step's keys; a unit's tiles then span at most ``slots`` programs."""
+    tiles = cdiv(max(n_max, 1), block_n)
+    per_program = max(1, cdiv(units * tiles, target))
+    programs = cdiv(units * tiles, per_program)
+    return per_program, programs, min(programs, (tiles - 1) // per_program + 2)
+
+
+# --- input checks ------------------------------------------------------------------------------------------------
 
 
 def check_new_queries(n: int, n_max: int, what: str) -> None:
@@ -306,7 +471,7 @@ def check_seqlens(cache_seqlens, batch: int, n_max: int, n_min: int, device: tor
         if batch:
             _check_length_range(int(cache_seqlens.min()), int(cache_seqlens.max()), n_min, n_max, what)
         # A non-blocking copy from pageable memory is staged at once (the caller may change its tensor right
-        # after) and never waits for the device; pinning a buffer at every step cost more host time than the copy.
+        # after) and never waits for the device; pinning a buffer at every step costs more host time than the copy.
         return cache_seqlens.to(device, non_blocking=True)
     check_seqlens_device(cache_seqlens, device)
     return cache_seqlens
@@ -327,6 +492,22 @@ def _check_length_range(low: int, high: int, n_min: int, n_max: int, what: str) 
                          f"its new tokens")
 
 
+def check_plan(plan: DecodePlan, q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor | None) -> None:
+    """A plan runs only on the shapes it was made for (ValueError otherwise)."""
+    B, Hkv, n_max, D = k.shape
+    got = dict(batch=B, heads=q.shape[1], kv_heads=Hkv, n_max=n_max, head_dim=D,
+               kernel_size=(1, 1) if weight is None else tuple(weight.shape[1:]))
+    if weight is None:
+        got["n_new"] = q.shape[2]
+    wrong = {name: value for name, value in got.items() if getattr(plan, name) != value}
+    if wrong:
+        raise ValueError(f"the plan is for {', '.join(f'{n}={getattr(plan, n)}' for n in wrong)}, "
+                         f"the inputs have {', '.join(f'{n}={v}' for n, v in wrong.items())}")
+
+
+# --- running a plan ----------------------------------------------------------------------------------------------
+
+
 def wide_offsets(*tensors: torch.Tensor) -> bool:
     """Whether a sequence's part of one of ``tensors`` (all but the batch axis, which the kernels address in
     int64) reaches 2**31 elements: its indices times strides would wrap around in int32 (one sequence of 4M keys
@@ -342,127 +523,81 @@ def split_states(splits: int, rows: int, D: int, device) -> tuple[torch.Tensor, 
     return m.view(splits, rows), l.view(splits, rows), acc.view(splits, rows, D)
 
 
-def stream_programs_per_sm(block_n: int, block_d: int, stages: int, itemsize: int) -> int:
-    """Programs of a ``(block_n, stages)`` decode tile that share an SM: :data:`STREAM_PROGRAMS_PER_SM`, or fewer
-    where their K and V pipeline buffers (``stages - 1`` tiles of each) pass :data:`STREAM_SHARED_BYTES`."""
-    buffers = max(stages - 1, 1) * 2 * block_n * block_d * itemsize
-    return max(1, min(STREAM_PROGRAMS_PER_SM, STREAM_SHARED_BYTES // buffers))
+def run_decode(plan: DecodePlan, q, k, v, lens, scale: float, weight=None) -> torch.Tensor:
+    """``o [B, Hq, n_new, D]`` in q's dtype: the ``"split"`` or ``"stream"`` ``plan`` run on these inputs (made for
+    their shapes: ValueError otherwise).
 
-
-@functools.lru_cache(maxsize=1024)
-def stream_programs(units: int, n_max: int, block_n: int, sms: int, per_sm: int | None = None,
-                    resident: int = 1) -> tuple[int, int, int]:
-    """``(tiles_per_program, programs, slots)`` for plain decode's even deal (:func:`decode_stream_kernel
-    <mta.decode_kernels.decode_stream_kernel>`), or ``(0, 0, 0)`` to run one split per unit instead.
-
-    ``units`` (batch x kv heads x row tiles) fill the GPU (:func:`choose_num_splits` gives one split), but one
-    program a unit would load the SMs unevenly (:func:`poor_grid`, with ``resident`` programs an SM at once), and the
-    cache is long enough (:data:`STREAM_MIN_KEYS`). Then the ``units x tiles`` key tiles of the cache (``n_max``
-    positions, ``block_n`` a tile) are dealt out in equal runs of ``W`` tiles to about ``per_sm`` x ``sms`` programs
-    (default :data:`STREAM_PROGRAMS_PER_SM`; the launcher asks :func:`stream_programs_per_sm`), as stream-K splits a
-    GEMM's loop and LeanAttention a decode step's keys; a unit's tiles then span at most ``slots`` programs. Like the
-    split count, this uses host numbers only: ``n_max``, not the lengths."""
-    tiles = cdiv(max(n_max, 1), block_n)
-    if n_max < STREAM_MIN_KEYS or units < 0.8 * sms or not poor_grid(units, sms, resident):
-        return 0, 0, 0
-    total = units * tiles
-    per_program = cdiv(total, (per_sm or STREAM_PROGRAMS_PER_SM) * sms)
-    programs = cdiv(total, per_program)
-    return per_program, programs, min(programs, (tiles - 1) // per_program + 2)
-
-
-def launch_merge(parts, o, n_new: int, slots: int, block_d: int, pdl: bool) -> None:
-    """:func:`decode_combine_kernel <mta.decode_kernels.decode_combine_kernel>` over the ``slots`` states
-    ``parts`` of every row of ``o [B, Hq, n_new, D]``; ``pdl``: as a programmatic dependent of the kernel before."""
-    launch(decode_combine_kernel, (o.shape[0] * o.shape[1] * n_new,), *parts, o, *o.stride(), n_new, o.shape[1],
-           slots, D=o.shape[3], BLOCK_D=block_d, BLOCK_S=COMBINE_BLOCK_S, PDL=pdl,
-           num_warps=1 if block_d <= 64 else 2, **({"launch_pdl": True} if pdl else {}))
-
-
-def launch_stream(q, k, v, lens, o, n_new: int, scale: float, tile: tuple[int, int, int], rows_tile: tuple[int, int],
-                  row_tiles: int, deal: tuple[int, int, int]) -> torch.Tensor:
-    """Plain decode's even deal (:func:`stream_programs`) over ``B * Hkv * row_tiles`` units, then the merge of
-    each row's slots."""
-    B, Hkv, n_max, D = k.shape
-    Hq = q.shape[1]
-    block_n, warps, stages = tile
-    tile_rows, block_m = rows_tile
-    per_program, programs, slots = deal
-    block_d = head_dim_block(D)
-    tiles = cdiv(n_max, block_n)
-    parts = split_states(slots, B * Hq * n_new, D, k.device)
-    pdl = dependent_launch(k.device)
-    launch(decode_stream_kernel, (programs,), q, k, v, lens, *parts, *q.stride(), *k.stride(), *v.stride(),
-           n_max, n_new, Hq, Hkv, row_tiles, tiles, per_program, B * Hkv * row_tiles * tiles, slots, scale,
-           HAS_LENS=lens is not None, D=D, BLOCK_D=block_d,
-           ROWS=tile_rows, BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl, PRECISION=dot_precision(k.dtype),
-           WIDE=wide_offsets(q, k, v), num_warps=warps, num_stages=stages)
-    launch_merge(parts, o, n_new, slots, block_d, pdl)
-    return o
-
-
-def launch_decode(q, k, v, lens, n_new: int, scale: float, num_splits: int | None, *, weight=None,
-                  kernel_size: tuple[int, int] = (1, 1), out_dtype=None) -> torch.Tensor:
-    """Split kernel, then (with more than one split) the merge: ``o [B, Hq, n_new, D]``.
-
-    Plain attention: ``q [B, Hq, n, D]``, the new queries. MTA (``weight [Hq, cq, ck]`` fp32 given): ``q`` is
-    the query cache ``[B, Hq, Nmax, D]``; the kernel folds the new queries and adds the band (one more split,
-    when ``E = cq - 1 + pk > 0``).
+    Plain attention: ``q [B, Hq, n_new, D]``, the new queries. MTA (``weight [Hq, cq, ck]`` fp32 contiguous): ``q``
+    is the query cache ``[B, Hq, Nmax, D]``. ``k, v [B, Hkv, Nmax, D]``; ``lens [B]`` int on the caches' device or
+    None (every sequence ``Nmax`` long); ``scale``: the scores' factor.
     """
-    B, Hkv, n_max, D = k.shape
-    if (chunks := batch_chunks(B, Hkv)) is not None:  # more programs than a grid axis takes
-        return torch.cat([launch_decode(q[a:b], k[a:b], v[a:b], None if lens is None else lens[a:b], n_new, scale,
-                                        num_splits, weight=weight, kernel_size=kernel_size, out_dtype=out_dtype)
-                          for a, b in chunks])
-    Hq = q.shape[1]
-    cq, ck = kernel_size
-    o = torch.empty((B, Hq, n_new, D), device=k.device, dtype=out_dtype or q.dtype)
+    check_plan(plan, q, k, weight)
+    o = torch.empty((plan.batch, plan.heads, plan.n_new, plan.head_dim), device=k.device, dtype=q.dtype)
     if o.numel() == 0:  # no sequence or no head: nothing to launch
         return o
-    e = cq - 1 + (ck - 1) // 2
-    block_d = head_dim_block(D)
-    block_n, warps, stages = decode_tile(block_d, k.dtype, plain=(cq, ck) == (1, 1), device=k.device, n_max=n_max)
-    block_n, own = key_window(block_n, ck)  # own: keys whose scores one key window completes
-    tile_rows, block_m, stack = row_tile((Hq // Hkv) * n_new, block_d, block_n, ck)
-    row_tiles = cdiv((Hq // Hkv) * n_new, tile_rows)
-    if num_splits is None and (cq, ck) == (1, 1):
-        units, sms = B * Hkv * row_tiles, sm_count(k.device)
-        resident = resident_programs(block_n, block_m, block_d, stages, k.element_size(), k.device)
-        deal = stream_programs(units, n_max, block_n, sms, stream_programs_per_sm(block_n, block_d, stages,
-                                                                                  k.element_size()), resident)
-        if deal[0]:
-            return launch_stream(q, k, v, lens, o, n_new, scale, (block_n, warps, stages), (tile_rows, block_m),
-                                 row_tiles, deal)
-        if two_splits_for_a_poor_grid(units, n_max, sms, resident):
-            num_splits = 2
-    if num_splits is None:
-        mta_fast = (cq, ck) != (1, 1) and mta_fast_memory(block_d, k.dtype, k.device, n_max)  # decode_tile's choice
-        per_sm = tuning.MTA_FAST_PROGRAMS_PER_SM if mta_fast else MTA_PROGRAMS_PER_SM if ck > 1 else 1
-        rule = functools.partial(choose_num_splits, B * Hkv * row_tiles, n_max, own, sm_count(k.device) * per_sm,
-                                 efficiency=SPLIT_EFFICIENCY if (cq, ck) == (1, 1) or mta_fast
-                                 else MTA_SPLIT_EFFICIENCY)
-        num_splits = rule()
-        if e > 0 and n_max <= BAND_COUNTS_BELOW * num_splits and not mta_fast:
-            num_splits = rule(extra=1)
-    num_splits = splits_run(num_splits, n_max, own)
-    programs = num_splits + (e > 0)
-    block_e = max(16, next_power_of_2(n_new + e - 1))
-    a_group, band_stack = band_stack_rows(cq, tile_rows, block_d) if e > 0 else (1, 0)  # no band: no variant
-    one = programs == 1
-    rows = B * Hq * n_new
-    parts = (None, None, None) if one else split_states(programs, rows, D, k.device)
-    pdl = not one and dependent_launch(k.device)
-    launch(decode_split_kernel, (programs, B * Hkv, row_tiles),
-        q, weight, k, v, lens, o, *parts, *q.stride(), *k.stride(), *v.stride(),
-        *o.stride(), n_max, n_new, Hq, Hkv, num_splits, scale,
-        HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=D,
-        BLOCK_D=block_d, ROWS=tile_rows, BLOCK_M=block_m, STACK=stack, BLOCK_N=block_n, BLOCK_E=block_e,
-        BLOCK_W=next_power_of_2(block_e + ck - 1), A_GROUP=a_group, BAND_STACK=band_stack, PDL=pdl,
-        PRECISION=dot_precision(k.dtype), INTERLEAVE=INTERLEAVED_SPLITS and weight is None,
-        WIDE=wide_offsets(q, k, v), num_warps=warps, num_stages=stages)
-    if not one:
-        launch_merge(parts, o, n_new, programs, block_d, pdl)
+    if plan.form == "split":
+        _run_split(plan, q, k, v, lens, o, scale, weight)
+    elif plan.form == "stream" and weight is None:
+        _run_stream(plan, q, k, v, lens, o, scale)
+    else:
+        raise ValueError(f"run_decode runs a plan of form 'split', or 'stream' without a weight, not {plan.form!r}"
+                         f"{'' if weight is None else ' with a weight'}")
     return o
+
+
+def _run_split(plan: DecodePlan, q, k, v, lens, o, scale: float, weight) -> None:
+    cq, ck = plan.kernel_size
+    e = plan.band_keys
+    programs = plan.splits + (e > 0)
+    one = programs == 1
+    pdl = plan.pdl and not one
+    block_e = max(16, next_power_of_2(plan.n_new + e - 1))
+    a_group, band_stack = band_stack_rows(cq, plan.rows, plan.block_d) if plan.band == "stacked" else (1, 0)
+    parts = (None, None, None) if one else split_states(programs, plan.batch * plan.heads * plan.n_new,
+                                                        plan.head_dim, k.device)
+    launch(decode_split_kernel, (programs, plan.batch * plan.kv_heads, plan.row_tiles),
+           q, weight, k, v, lens, o, *parts, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+           n_max=plan.n_max, n_new=plan.n_new, num_heads=plan.heads, num_kv_heads=plan.kv_heads,
+           num_splits=plan.splits, scale=scale,
+           HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=plan.head_dim,
+           BLOCK_D=plan.block_d, ROWS=plan.rows, BLOCK_M=plan.block_m, STACK=plan.stack, BLOCK_N=plan.block_n,
+           BLOCK_E=block_e, BLOCK_W=next_power_of_2(block_e + ck - 1), A_GROUP=a_group, BAND_STACK=band_stack,
+           PDL=pdl, PRECISION=dot_precision(k.dtype), INTERLEAVE=plan.interleave, WIDE=wide_offsets(q, k, v),
+           num_warps=plan.num_warps, num_stages=plan.num_stages)
+    if not one:
+        _merge(parts, o, plan, programs, pdl)
+
+
+def _run_stream(plan: DecodePlan, q, k, v, lens, o, scale: float) -> None:
+    tiles = cdiv(plan.n_max, plan.block_n)
+    parts = split_states(plan.slots, plan.batch * plan.heads * plan.n_new, plan.head_dim, k.device)
+    launch(decode_stream_kernel, (plan.programs,), q, k, v, lens, *parts, *q.stride(), *k.stride(), *v.stride(),
+           n_max=plan.n_max, n_new=plan.n_new, num_heads=plan.heads, num_kv_heads=plan.kv_heads,
+           row_tiles=plan.row_tiles, tiles_per_pair=tiles, tiles_per_program=plan.tiles_per_program,
+           total_tiles=plan.units * tiles, num_slots=plan.slots, scale=scale,
+           HAS_LENS=lens is not None, D=plan.head_dim, BLOCK_D=plan.block_d, ROWS=plan.rows, BLOCK_M=plan.block_m,
+           BLOCK_N=plan.block_n, PDL=plan.pdl, PRECISION=dot_precision(k.dtype), WIDE=wide_offsets(q, k, v),
+           num_warps=plan.num_warps, num_stages=plan.num_stages)
+    _merge(parts, o, plan, plan.slots, plan.pdl)
+
+
+def _merge(parts, o, plan: DecodePlan, slots: int, pdl: bool) -> None:
+    """:func:`decode_combine_kernel <mta.decode_kernels.decode_combine_kernel>` over the ``slots`` states
+    ``parts`` of every row of ``o [B, Hq, n_new, D]``; ``pdl``: as a programmatic dependent of the kernel before."""
+    launch(decode_combine_kernel, (plan.batch * plan.heads * plan.n_new,), *parts, o, *o.stride(),
+           n_new=plan.n_new, num_heads=plan.heads, num_splits=slots, D=plan.head_dim, BLOCK_D=plan.block_d,
+           BLOCK_S=COMBINE_BLOCK_S, PDL=pdl, num_warps=1 if plan.block_d <= 64 else 2,
+           **({"launch_pdl": True} if pdl else {}))
+
+
+def in_batch_chunks(run, kv_heads: int, q, k, v, lens) -> torch.Tensor:
+    """``run(q, k, v, lens)``, or, where ``batch x kv_heads`` programs pass a grid axis
+    (:func:`mta.launch.batch_chunks`), its outputs for chunks of sequences concatenated (each chunk planned on its
+    own)."""
+    chunks = batch_chunks(k.shape[0], kv_heads)
+    if chunks is None:
+        return run(q, k, v, lens)
+    return torch.cat([run(q[a:b], k[a:b], v[a:b], None if lens is None else lens[a:b]) for a, b in chunks])
 
 
 def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | None = None,
@@ -482,7 +617,7 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
             caller's responsibility (checking them would synchronise): the kernel clamps them to
             ``[0, Nmax]`` and a query before position 0 outputs 0.
         scale: default ``D ** -0.5``.
-        num_splits: key splits per sequence; default :func:`choose_num_splits` (from the SM count, ``B * Hkv``
+        num_splits: key splits per sequence; default :func:`plan_decode`'s choice (from the SM count, ``B * Hkv``
             and ``Nmax``). Each split keeps an fp32 ``(m, l, acc)`` state; a second kernel merges them. By
             default, where ``B * Hkv`` passes the SM count unevenly, the key tiles of all sequences are instead
             dealt out evenly to the programs (:func:`stream_programs`).
@@ -500,4 +635,11 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
                                     num_splits=num_splits)
     lens = check_seqlens(cache_seqlens, B, n_max, Nq, q.device)
     scale = resolve_scale(scale, D)
-    return launch_decode(q, k_cache, v_cache, lens, Nq, scale, check_num_splits(num_splits))
+    num_splits = check_num_splits(num_splits)
+    gpu = device_facts(q.device)
+
+    def run(q, k, v, lens):
+        plan = plan_decode(k.shape[0], Hq, Hkv, Nq, n_max, D, q.dtype, num_splits=num_splits, gpu=gpu)
+        return run_decode(plan, q, k, v, lens, scale)
+
+    return in_batch_chunks(run, Hkv, q, k_cache, v_cache, lens)

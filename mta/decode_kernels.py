@@ -25,8 +25,8 @@ one tall tile: ``R_b = Qf_b K_window^T``. Shifting each ``R_b``'s columns by
 ``C[:, y] = sum_b R_b[:, y + b]`` for the ``BLOCK_N - (ck - 1)`` keys ``y`` of
 the window that have ``pk`` neighbours on both sides. Windows overlap by ``ck - 1`` keys; the halo at split edges comes
 from the cache (masked outside ``[0, len)``). Loading ``ck`` shifted key tiles
-instead moves ``ck`` times the bytes from L2, which bounded that design to about
-a third of the read's bandwidth (``notes/performance.md``). The ``E`` keys next
+instead would move ``ck`` times the bytes from L2, which bounds such a design to
+a fraction of the read's bandwidth. The ``E`` keys next
 to each query's diagonal are one extra split, the band (:func:`_band_state`),
 computed exactly from the definition: every pair of kernel row ``a`` and column
 ``b`` whose key is not in its query's future. Plain decode is the case
@@ -253,9 +253,9 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     ``(splits, B * Hkv, row tiles)``; a row tile is ``ROWS`` rows in ``BLOCK_M >= 16`` slots
     (:func:`group_rows`), MTA's stacked ``STACK`` rows (:func:`_far_tiles`). ``BAND_STACK > 0``: the band stacks
     its kernel rows (``A_GROUP`` at a time) into one product, the band's program folds nothing and the fold is
-    unrolled; 0: one product per kernel row (:data:`mta.tuning.STACKED_BAND` picks). ``WIDE``: a sequence's part of a
-    tensor spans 2**31 elements or more (:func:`mta.decode.wide_offsets`): every index is int64, so that no
-    ``index * stride`` wraps around (int32 otherwise, the same code as without the flag).
+    unrolled; 0: one product per kernel row (the ``band`` form of :class:`mta.decode.DecodePlan`). ``WIDE``: a
+    sequence's part of a tensor spans 2**31 elements or more (:func:`mta.decode.wide_offsets`): every index is
+    int64, so that no ``index * stride`` wraps around (int32 otherwise, the same code as without the flag).
     """
     if PDL:
         gdc_launch_dependents()

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import mta
 from conftest import DEVICE, ON_GPU, close_in_norm as close, rand
-from mta import conv_decode
+from mta import conv_decode, decode
 
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 KERNELS = [(1, 1), (2, 9), (6, 11), (11, 15)]
 LENGTHS = (1, 37, 300)
+# Plans made "as on" these GPUs without one (as in test_decode.py).
+H100 = decode.DeviceFacts(sms=132, family="hopper", bandwidth_per_sm=25.4e9, shared_per_sm=233472)
+H200 = decode.DeviceFacts(sms=132, family="hopper", bandwidth_per_sm=36.5e9, shared_per_sm=233472)
 
 
 def caches(B, Hq, Hkv, n_max, D, lengths, dtype):
@@ -33,14 +38,22 @@ def reference(q, k, v, weight, lengths, n):
 
 
 def run_case(cq, ck, n, dtype=torch.float32, Hq=4, Hkv=2, D=32, lengths=LENGTHS, num_splits=None,
-             noncontiguous=False):
+             noncontiguous=False, force=None):
+    """``mta.conv_decode_attention`` against the float64 rows on ragged lengths with NaN past them; ``force``: run
+    instead the plan :func:`mta.conv_decode.plan_conv_decode` makes, changed by ``force(plan)``, through
+    :func:`mta.conv_decode.run_conv_decode`."""
     lengths = [max(L, n) for L in lengths]
     q, k, v = caches(len(lengths), Hq, Hkv, max(lengths), D, lengths, dtype)
     if noncontiguous:  # [B, N, H, D] storage, as a model's projections write it
         q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     weight = rand(Hq, cq, ck, scale=0.2)
-    out = mta.conv_decode_attention(q, k, v, weight, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
-                                    num_queries=n, num_splits=num_splits)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    if force is None:
+        out = mta.conv_decode_attention(q, k, v, weight, cache_seqlens=lens, num_queries=n, num_splits=num_splits)
+    else:
+        plan = force(conv_decode.plan_conv_decode(len(lengths), Hq, Hkv, n, max(lengths), D, dtype, (cq, ck),
+                                                  num_splits=num_splits))
+        out = conv_decode.run_conv_decode(plan, q, k, v, weight, lens.to(DEVICE), D ** -0.5)
     assert out.shape == (len(lengths), Hq, n, D) and out.dtype == dtype
     assert close(out, reference(q, k, v, weight, lengths, n), TOL[dtype])
 
@@ -72,16 +85,15 @@ def test_widest_kernels(cq, ck, poisoned_outputs):
     run_case(cq, ck, 2, Hq=2, Hkv=1, D=16, lengths=(1, 20, 150), num_splits=None)
 
 
-# The band's two forms (mta.tuning.STACKED_BAND picks one per head-dim width): each kernel row's own product, or
-# the kernel rows stacked into one product, in groups of A_GROUP rows where they do not fit at once
-# (mta.decode.band_stack_rows; on the CPU: all at once for the first three cases, groups of 4 and of 1 at
+# The band's two forms (the plan's band: mta.tuning.STACKED_BAND picks one per head-dim width by default): each
+# kernel row's own product, or the kernel rows stacked into one product, in groups of A_GROUP rows where they do not
+# fit at once (mta.decode.band_stack_rows; on the CPU: all at once for the first three cases, groups of 4 and of 1 at
 # d = 256). Both against the float64 rows; GQA, several rows per program, ragged poisoned caches.
-@pytest.mark.parametrize("stacked", [False, True], ids=["rows", "stacked"])
+@pytest.mark.parametrize("band", ["by_row", "stacked"])
 @pytest.mark.parametrize("cq,ck,n,Hq,Hkv,D", [(6, 11, 1, 4, 2, 32), (11, 15, 3, 8, 2, 16), (3, 1, 2, 2, 1, 32),
                                               (6, 3, 1, 8, 1, 256), (5, 3, 4, 8, 1, 256)], ids=str)
-def test_both_band_forms(cq, ck, n, Hq, Hkv, D, stacked, monkeypatch, poisoned_outputs):
-    monkeypatch.setattr(mta.tuning, "STACKED_BAND", (64, 128, 256) if stacked else ())
-    run_case(cq, ck, n, Hq=Hq, Hkv=Hkv, D=D)
+def test_both_band_forms(cq, ck, n, Hq, Hkv, D, band, poisoned_outputs):
+    run_case(cq, ck, n, Hq=Hq, Hkv=Hkv, D=D, force=lambda plan: dataclasses.replace(plan, band=band))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else []), ids=str)
@@ -168,6 +180,53 @@ def test_a_decode_step_does_not_synchronise():
             mta.conv_decode_attention(q, k, v, weight, cache_seqlens=lengths)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+# --- the plan --------------------------------------------------------------------------------------------------
+
+
+def test_band_form_and_order_of_the_plans():
+    """MTA decode's plans keep contiguous ranges of key tiles, stack the band's kernel rows at the head-dim widths
+    of mta.tuning.STACKED_BAND (by row elsewhere), and have no band where E = 0; they always take the split form."""
+    for D, ck, band in ((16, 11, "by_row"), (128, 11, "stacked"), (128, 1, "stacked"), (256, 3, "by_row")):
+        plan = conv_decode.plan_conv_decode(2, 4, 2, 1, 300, D, torch.float16, (6, ck))
+        assert (plan.form, plan.interleave, plan.band) == ("split", False, band)
+    assert conv_decode.plan_conv_decode(2, 4, 2, 1, 300, 16, torch.float16, (1, 1)).band == "none"
+
+
+@pytest.mark.parametrize("batch, n_max, splits", [(8, 16384, 8), (1, 131072, 63), (8, 4095, None)])
+def test_mta_decode_where_memory_feeds_each_sm_fast(batch, n_max, splits):
+    """On an H200 (a Hopper GPU at 36.5 GB/s an SM), MTA decode at d = 64 takes the short key windows from 4096
+    positions and counts four programs an SM: 8 kv heads x 8 splits at B = 8 and 63 splits at B = 1 fill 97% and
+    95% of 4 x 132 (the band not counted); shorter caches keep the general tile and rule."""
+    plan = conv_decode.plan_conv_decode(batch, 8, 8, 1, n_max, 64, torch.bfloat16, (6, 11), gpu=H200)
+    tile = (plan.block_n, plan.num_warps, plan.num_stages)
+    if splits is None:
+        assert tile == mta.tuning.DECODE[64]
+    else:
+        assert tile == mta.tuning.DECODE_MTA_FAST[64] and plan.splits == splits and plan.units == batch * 8
+
+
+@pytest.mark.parametrize("n_max, counted", [(4096, True), (8192, True), (32768, False)])
+def test_mta_split_count_counts_the_band_when_splits_are_short(n_max, counted):
+    """On an H100 (two programs an SM counted: 264), 64 (batch, kv head) units at d = 64 (windows of 128 keys, 118
+    owned) take 4 splits by the wave rule; while such a split holds at most BAND_COUNTS_BELOW keys the band's program
+    is counted too, and 64 x (3 + 1) programs fill 97% of 264 where 64 x (4 + 1) would spill into a second wave."""
+    plan = conv_decode.plan_conv_decode(8, 8, 8, 1, n_max, 64, torch.bfloat16, (6, 11), gpu=H100)
+    assert (plan.units, plan.own) == (64, 118)
+    assert decode.choose_num_splits(64, n_max, 118, 264, efficiency=decode.MTA_SPLIT_EFFICIENCY) == 4
+    assert plan.splits == (3 if counted else 4)
+
+
+def test_a_plan_runs_only_on_its_shapes():
+    q, k, v, w = inputs()
+    plan = conv_decode.plan_conv_decode(2, 4, 2, 1, 20, 16, torch.float32, (6, 11))
+    with pytest.raises(ValueError, match=r"plan is for kernel_size=\(6, 11\), the inputs have kernel_size=\(6, 9\)"):
+        conv_decode.run_conv_decode(plan, q, k, v, w[:, :, :9].contiguous(), None, 0.25)
+    with pytest.raises(ValueError, match="the plan is for heads=4"):
+        conv_decode.run_conv_decode(dataclasses.replace(plan, form="rows"), q[:, :2], k, v, w[:2], None, 0.25)
+    with pytest.raises(ValueError, match="not 'stream'"):
+        conv_decode.run_conv_decode(dataclasses.replace(plan, form="stream"), q, k, v, w, None, 0.25)
 
 
 # --- input checks ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -16,6 +17,10 @@ from mta import decode
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
 LENGTHS = (1, 37, 300)
+# Plans made "as on" these GPUs without one: 132 SMs of 228 KB, memory at 25.4 and 36.5 GB/s an SM (as their
+# drivers report it, mta.tuning.memory_bandwidth_per_sm).
+H100 = decode.DeviceFacts(sms=132, family="hopper", bandwidth_per_sm=25.4e9, shared_per_sm=233472)
+H200 = decode.DeviceFacts(sms=132, family="hopper", bandwidth_per_sm=36.5e9, shared_per_sm=233472)
 
 
 def ragged_cache(B, Hkv, n_max, D, lengths, dtype):
@@ -35,7 +40,9 @@ def reference(q, k, v, lengths):
 
 
 def run_case(nq, dtype=torch.float32, Hq=4, Hkv=2, D=96, lengths=LENGTHS, num_splits=None, n_max=300,
-             noncontiguous=False):
+             noncontiguous=False, force=None):
+    """``mta.decode_attention`` against float64 on ragged lengths with NaN past them; ``force``: run instead the
+    plan :func:`mta.decode.plan_decode` makes, changed by ``force(plan)``, through :func:`mta.decode.run_decode`."""
     lengths = [max(n, nq) for n in lengths]
     B = len(lengths)
     q = rand(B, Hq, nq, D, dtype=dtype)
@@ -44,8 +51,12 @@ def run_case(nq, dtype=torch.float32, Hq=4, Hkv=2, D=96, lengths=LENGTHS, num_sp
         q = q.transpose(1, 2).contiguous().transpose(1, 2)
         k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k, v))
         assert not q.is_contiguous() and not k.is_contiguous()
-    out = mta.decode_attention(q, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
-                               num_splits=num_splits)
+    if force is None:
+        out = mta.decode_attention(q, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
+                                   num_splits=num_splits)
+    else:
+        plan = force(decode.plan_decode(B, Hq, Hkv, nq, n_max, D, dtype, num_splits=num_splits))
+        out = decode.run_decode(plan, q, k, v, torch.tensor(lengths, dtype=torch.int32, device=DEVICE), D ** -0.5)
     assert out.shape == (B, Hq, nq, D) and out.dtype == dtype
     assert close(out, reference(q, k, v, lengths), TOL[dtype])
     return out
@@ -64,13 +75,12 @@ def test_small_head_dims_padded_in_16_bits(D, dtype, poisoned_outputs):
 
 
 # 12: more splits than key tiles (300 keys, 32 a tile on CPU: 10 tiles, run as 10 splits, mta.decode.splits_run)
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "ranges"])
+@pytest.mark.parametrize("interleave", [True, False], ids=["interleaved", "ranges"])
 @pytest.mark.parametrize("num_splits", [1, 3, 12])
-def test_forced_split_counts(num_splits, interleaved, poisoned_outputs, monkeypatch):
-    """Both orders of a split's key tiles (every S-th tile, as plain decode runs them, or one range, as MTA decode
-    does) against float64, ragged lengths, NaN past them."""
-    monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
-    run_case(3, num_splits=num_splits, D=32)
+def test_forced_split_counts(num_splits, interleave, poisoned_outputs):
+    """Both orders of a split's key tiles (every S-th tile, as plain decode's plans run them, or one range, as MTA
+    decode's do) against float64, ragged lengths, NaN past them."""
+    run_case(3, num_splits=num_splits, D=32, force=lambda plan: dataclasses.replace(plan, interleave=interleave))
 
 
 def test_noncontiguous_and_multi_head_attention():
@@ -133,7 +143,8 @@ def test_device_lengths_are_clamped_to_the_cache():
     q = rand(1, 2, 1, 16)
     k, v = rand(1, 1, 40, 16), rand(1, 1, 40, 16)
     too_long = torch.tensor([45], dtype=torch.int32, device=DEVICE)
-    out = decode.launch_decode(q, k, v, too_long, 1, 0.25, 2)
+    out = decode.run_decode(decode.plan_decode(1, 2, 1, 1, 40, 16, torch.float32, num_splits=2), q, k, v, too_long,
+                            0.25)
     torch.testing.assert_close(out, mta.decode_attention(q, k, v, scale=0.25), rtol=1e-6, atol=1e-6)
 
 
@@ -185,57 +196,36 @@ def test_split_rule():
     assert mta_rule(programs=8, n_max=32768, block_n=64, sms=132) == 14
 
 
-def test_plain_decode_takes_long_tiles_where_memory_feeds_each_sm_fast(monkeypatch):
-    """The tile rule without a GPU: the driver's memory clock and bus width give the bandwidth per SM (an H100
-    SXM 25.4 GB/s, an H200 36.5 GB/s, as their drivers report); plain 16-bit decode over 16k positions or more on a Hopper GPU at 30 GB/s an SM
-    or more takes the long tiles, everything else the general table."""
+def test_bandwidth_per_sm_from_the_driver(monkeypatch):
+    """The driver's memory clock and bus width give the bandwidth per SM: an H100 SXM 25.4 GB/s, an H200 36.5 GB/s,
+    as their drivers report them (the facts of :data:`H100` and :data:`H200`)."""
     h100 = type("P", (), dict(memory_clock_rate=2_619_000, memory_bus_width=5120, multi_processor_count=132))
     h200 = type("P", (), dict(memory_clock_rate=3_201_000, memory_bus_width=6016, multi_processor_count=132))
-    for props, per_sm in ((h100, 25.4e9), (h200, 36.5e9)):
+    for props, facts in ((h100, H100), (h200, H200)):
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index, props=props: props)
         mta.tuning._bandwidth_per_sm.cache_clear()
-        assert abs(mta.tuning._bandwidth_per_sm(0) - per_sm) < 0.1e9
+        assert abs(mta.tuning._bandwidth_per_sm(0) - facts.bandwidth_per_sm) < 0.1e9
     mta.tuning._bandwidth_per_sm.cache_clear()
-    monkeypatch.setattr(decode.runtime, "INTERPRET", False)
-    monkeypatch.setattr(mta.tuning, "gpu_family", lambda device=None: "hopper")
-    for per_sm, plain, n_max, dtype, wide in ((37e9, True, 16384, torch.bfloat16, True),
-                                              (37e9, True, 16383, torch.bfloat16, False),
-                                              (37e9, False, 1 << 17, torch.bfloat16, False),
-                                              (37e9, True, 1 << 17, torch.float32, False),
-                                              (25e9, True, 1 << 17, torch.float16, False)):
-        monkeypatch.setattr(mta.tuning, "memory_bandwidth_per_sm", lambda device=None, per_sm=per_sm: per_sm)
-        for block_d, width in ((64, 64), (128, 128), (256, 256)):
+
+
+def test_plain_decode_takes_long_tiles_where_memory_feeds_each_sm_fast():
+    """The tile rule: plain 16-bit decode over 16k positions or more on a Hopper GPU at 30 GB/s an SM or more takes
+    the long tiles, MTA decode there the short windows at d = 64, everything else the general tables."""
+    for gpu, plain, n_max, dtype, wide in ((H200, True, 16384, torch.bfloat16, True),
+                                           (H200, True, 16383, torch.bfloat16, False),
+                                           (H200, False, 1 << 17, torch.bfloat16, False),
+                                           (H200, True, 1 << 17, torch.float32, False),
+                                           (H100, True, 1 << 17, torch.float16, False)):
+        for width in (64, 128, 256):
             table = (mta.tuning.DECODE_PLAIN_WIDE if wide else
                      mta.tuning.DECODE_FP32 if dtype == torch.float32 else mta.tuning.DECODE)
-            if not plain and per_sm > 30e9 and dtype != torch.float32 and width == 64:  # MTA: the short windows
+            if not plain and gpu is H200 and dtype != torch.float32 and width == 64:  # MTA: the short windows
                 table = mta.tuning.DECODE_MTA_FAST
-            assert decode.decode_tile(block_d, dtype, plain=plain, n_max=n_max) == table[width]
-    monkeypatch.setattr(mta.tuning, "gpu_family", lambda device=None: "other")
-    assert decode.decode_tile(64, torch.bfloat16, plain=True, n_max=1 << 17) == mta.tuning.DECODE[64]
-    assert decode.decode_tile(64, torch.bfloat16, n_max=1 << 17) == mta.tuning.DECODE[64]
-
-
-@pytest.mark.parametrize("batch, n_max, splits", [(8, 16384, 8), (1, 131072, 63), (8, 4095, None)])
-def test_mta_decode_where_memory_feeds_each_sm_fast(batch, n_max, splits, monkeypatch):
-    """On an H200-like GPU (a Hopper GPU at 36.5 GB/s an SM), MTA decode at d = 64 takes the short key windows from
-    4096 positions and counts four programs an SM: 8 kv heads x 8 splits at B = 8 and 63 splits at B = 1 fill
-    97% and 95% of 4 x 132 (the band not counted); shorter caches keep the general tile and rule. The launches are
-    recorded, not run."""
-    monkeypatch.setattr(decode.runtime, "INTERPRET", False)
-    monkeypatch.setattr(mta.tuning, "gpu_family", lambda device=None: "hopper")
-    monkeypatch.setattr(mta.tuning, "memory_bandwidth_per_sm", lambda device=None: 36.5e9)
-    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
-    launched = []
-    monkeypatch.setattr(decode, "launch", lambda kernel, grid, *a, **meta: launched.append((grid, meta)))
-    cache = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16).expand(batch, 8, n_max, 64)  # never read
-    decode.launch_decode(cache, cache, cache, None, 1, 0.125, None, weight=torch.zeros(8, 6, 11),
-                         kernel_size=(6, 11))
-    (grid, meta), _ = launched
-    if splits is None:
-        assert (meta["BLOCK_N"], meta["num_warps"], meta["num_stages"]) == mta.tuning.DECODE[64]
-    else:
-        assert (meta["BLOCK_N"], meta["num_warps"], meta["num_stages"]) == mta.tuning.DECODE_MTA_FAST[64]
-        assert grid == (splits + 1, batch * 8, 1)  # the far splits and the band
+            assert decode.decode_tile(width, dtype, plain=plain, n_max=n_max, gpu=gpu) == table[width]
+    other = dataclasses.replace(H200, family="other")
+    assert decode.decode_tile(64, torch.bfloat16, plain=True, n_max=1 << 17, gpu=other) == mta.tuning.DECODE[64]
+    assert decode.decode_tile(64, torch.bfloat16, n_max=1 << 17, gpu=other) == mta.tuning.DECODE[64]
+    assert decode.decode_tile(64, torch.bfloat16, gpu=decode.INTERPRETER) == mta.tuning.DECODE_INTERPRETER
 
 
 def test_even_deal_rule():
@@ -265,35 +255,28 @@ def test_even_deal_rule():
         assert max(spans) <= slots <= programs
 
 
+# Forced on the CPU's short caches (4 SMs, 1 or 3 programs each): ragged lengths with NaN past them, GQA, several
+# row tiles, runs of tiles that cross units and units that span several programs.
 @pytest.mark.parametrize("case", [dict(nq=3), dict(nq=1, Hq=2, Hkv=1, D=16, lengths=(1, 64, 65, 200, 7), n_max=200),
                                   dict(nq=5, Hq=16, Hkv=1, D=16, lengths=(9, 70, 33), n_max=70),
                                   dict(nq=2, dtype=torch.float16, Hq=6, Hkv=2, D=32, lengths=(2, 33, 64, 96, 100, 5, 128),
                                        n_max=128, noncontiguous=True)])
 @pytest.mark.parametrize("per_sm", [1, 3])
-def test_even_deal_matches_the_reference(case, per_sm, monkeypatch, poisoned_outputs):
-    """The even deal (forced on the CPU's short caches) against float64: ragged lengths with NaN past them, GQA,
-    several row tiles, runs of tiles that cross units and units that span several programs."""
-    monkeypatch.setattr(decode, "STREAM_MIN_KEYS", 0)
-    monkeypatch.setattr(decode, "STREAM_PROGRAMS_PER_SM", per_sm)
-    monkeypatch.setattr(decode, "sm_count", lambda device: decode.INTERPRETER_SMS)  # a GPU's too: 4 SMs
-    decode.stream_programs.cache_clear()
-    calls = []
-    monkeypatch.setattr(decode, "launch_stream", lambda *a, _f=decode.launch_stream: calls.append(a[-1]) or _f(*a))
-    run_case(**case)
-    assert calls and calls[0][0] > 0  # the deal ran
-    decode.stream_programs.cache_clear()
+def test_even_deal_matches_the_reference(case, per_sm, poisoned_outputs):
+    def deal(plan):
+        plan = decode.with_even_deal(plan, sms=decode.INTERPRETER_SMS, per_sm=per_sm)
+        assert plan.form == "stream" and plan.tiles_per_program > 0
+        return plan
+    run_case(**case, force=deal)
 
 
-def test_even_deal_is_bitwise_repeatable(monkeypatch):
-    monkeypatch.setattr(decode, "STREAM_MIN_KEYS", 0)
-    monkeypatch.setattr(decode, "sm_count", lambda device: decode.INTERPRETER_SMS)
-    decode.stream_programs.cache_clear()
+def test_even_deal_is_bitwise_repeatable():
     q = rand(5, 4, 2, 16)
     k, v = ragged_cache(5, 2, 100, 16, [100, 37, 2, 64, 99], torch.float32)
-    first = mta.decode_attention(q, k, v, cache_seqlens=[100, 37, 2, 64, 99])
-    assert decode.stream_programs(10, 100, 32, decode.INTERPRETER_SMS)[0] > 0
-    assert torch.equal(first, mta.decode_attention(q, k, v, cache_seqlens=[100, 37, 2, 64, 99]))
-    decode.stream_programs.cache_clear()
+    lens = torch.tensor([100, 37, 2, 64, 99], dtype=torch.int32, device=DEVICE)
+    plan = decode.with_even_deal(decode.plan_decode(5, 4, 2, 2, 100, 16, torch.float32), decode.INTERPRETER_SMS, 2)
+    first = decode.run_decode(plan, q, k, v, lens, 0.25)
+    assert torch.equal(first, decode.run_decode(plan, q, k, v, lens, 0.25))
 
 
 def test_poor_grid_rule():
@@ -314,86 +297,70 @@ def test_poor_grid_rule():
     assert decode.stream_programs(512, 8192, 128, 132, 2, 1) == (0, 0, 0)
 
 
-def test_resident_programs_from_shared_memory(monkeypatch):
+def test_resident_programs_from_shared_memory():
     """Three of Hopper's plain decode tiles fit an SM's 228 KB (72 KB + 1 KB each at d = 64 and d = 128), one of the
-    long tiles; a GPU that does not report its shared memory counts one."""
-    monkeypatch.setattr(decode.runtime, "INTERPRET", False)
-    cpu = torch.device("cpu", 0)
+    long tiles; a GPU that does not report its shared memory counts one; the interpreter counts two."""
     for shared, tile, expected in ((233472, (128, 16, 64, 3, 2), 3), (233472, (64, 16, 128, 3, 2), 3),
                                    (233472, (256, 16, 64, 3, 2), 1), (0, (128, 16, 64, 3, 2), 1)):
-        monkeypatch.setattr(decode, "_shared_memory_per_sm", lambda index, shared=shared: shared)
-        assert decode.resident_programs(*tile, cpu) == expected
+        assert decode.resident_programs(*tile, dataclasses.replace(H100, shared_per_sm=shared)) == expected
+    assert decode.resident_programs(128, 16, 64, 3, 2, decode.INTERPRETER) == decode.INTERPRETER_RESIDENT
 
 
-@pytest.mark.parametrize("batch, n_max, launched_as", [(64, 4096, ("split", 2)), (64, 8192, ("deal", None)),
-                                                       (66, 2048, ("split", 2)), (64, 1024, ("split", 1)),
-                                                       (48, 4096, ("split", 1)), (80, 4096, ("split", 1)),
-                                                       (8, 4096, ("split", 2))])
-def test_plain_decode_on_a_poor_grid_of_an_h100(batch, n_max, launched_as, monkeypatch):
-    """On an H100-like GPU (132 SMs of 228 KB, memory at 25 GB/s an SM), 64 x 8 and 66 x 8 (batch, kv head) units
-    take two splits at 2k-4k keys and the even deal at 8k; 1k keys, 48 x 8 and 80 x 8 units and B = 8 (the split
-    rule's 2) are as before.
-    The launches are recorded, not run."""
-    monkeypatch.setattr(decode.runtime, "INTERPRET", False)
-    monkeypatch.setattr(mta.tuning, "gpu_family", lambda device=None: "hopper")
-    monkeypatch.setattr(mta.tuning, "memory_bandwidth_per_sm", lambda device=None: 25.4e9)
-    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
-    monkeypatch.setattr(decode, "_shared_memory_per_sm", lambda index: 233472)
-    launched = []
-    monkeypatch.setattr(decode, "launch", lambda kernel, grid, *a, **meta: launched.append((kernel, grid)))
-    cache = torch.empty(1, 1, 1, 64, dtype=torch.bfloat16).expand(batch, 8, n_max, 64)  # never read
-    decode.launch_decode(cache[:, :, :1], cache, cache, None, 1, 0.125, None)
-    (kernel, grid), _merge = launched if len(launched) == 2 else (launched[0], None)
-    kind, splits = launched_as
-    if kind == "deal":
-        assert kernel is decode.decode_stream_kernel
-    else:
-        assert kernel is decode.decode_split_kernel and grid == (splits, batch * 8, 1)
+@pytest.mark.parametrize("batch, n_max, form, splits", [(64, 4096, "split", 2), (64, 8192, "stream", 1),
+                                                        (66, 2048, "split", 2), (64, 1024, "split", 1),
+                                                        (48, 4096, "split", 1), (80, 4096, "split", 1),
+                                                        (8, 4096, "split", 2)])
+def test_plain_decode_plans_on_an_h100(batch, n_max, form, splits):
+    """On an H100 (bf16, d = 64, 8 kv heads, one new query), 64 x 8 and 66 x 8 (batch, kv head) units take two
+    splits at 2k-4k keys and the even deal at 8k; 1k keys, 48 x 8 and 80 x 8 units take one split, B = 8 the split
+    rule's 2. The merge is a programmatic dependent launch on Hopper."""
+    plan = decode.plan_decode(batch, 8, 8, 1, n_max, 64, torch.bfloat16, gpu=H100)
+    assert (plan.form, plan.splits, plan.pdl) == (form, splits, True)
+    assert (plan.block_n, plan.num_warps, plan.num_stages) == mta.tuning.DECODE[64]
+    if form == "stream":
+        assert plan.programs <= 2 * 132 and plan.tiles_per_program * plan.programs >= plan.units * n_max // 128
 
 
-def test_two_splits_for_a_poor_grid_match_the_reference(monkeypatch, poisoned_outputs):
-    """The two-split rule run in the interpreter (4 SMs, 2 programs each: 11 units leave 3 past a full round, 22
-    leave 6): ragged lengths with NaN past them, GQA, against float64."""
-    monkeypatch.setattr(decode, "POOR_GRID_MIN_KEYS", 0)
-    monkeypatch.setattr(decode, "sm_count", lambda device: decode.INTERPRETER_SMS)  # a GPU's too
-    monkeypatch.setattr(decode, "resident_programs", lambda *args: decode.INTERPRETER_RESIDENT)
-    assert decode.two_splits_for_a_poor_grid(11, 70, decode.INTERPRETER_SMS, decode.INTERPRETER_RESIDENT)
-    grids = []
-    monkeypatch.setattr(decode, "launch", lambda kernel, grid, *a, _f=decode.launch, **meta:
-                        grids.append(grid) or _f(kernel, grid, *a, **meta))
-    run_case(1, Hq=2, Hkv=1, D=16, lengths=(70, 1, 33, 64, 2, 69, 40, 5, 70, 17, 31), n_max=70)
-    assert grids[0] == (2, 11, 1)
+def test_each_default_form_in_the_interpreter(poisoned_outputs):
+    """The interpreter's facts (4 SMs, two programs each) take every form of plain decode by default: the even deal
+    from 8k keys where 10 units fill 2.5 waves of SMs (below: two splits, 20 units fill 5), two splits from 2k keys
+    where 11 units leave 3 past a full round of 8 (22 leave 6), and the wave rule's splits otherwise. Two splits
+    run against float64."""
+    plan = functools.partial(decode.plan_decode, gpu=decode.INTERPRETER)
+    assert plan(5, 4, 2, 2, 8192, 16, torch.float32).form == "stream"
+    assert plan(5, 4, 2, 2, 8191, 16, torch.float32).splits == 2
+    assert plan(11, 2, 1, 1, 2048, 16, torch.float32).splits == 2
+    assert plan(11, 2, 1, 1, 2047, 16, torch.float32).splits == 1
+    assert plan(1, 2, 1, 1, 2048, 16, torch.float32).splits == 4
+    assert all(plan(b, 2, 1, 1, 2048, 16, torch.float32).pdl is False for b in (1, 11))
+    run_case(1, Hq=2, Hkv=1, D=16, lengths=(2048, 1, 33, 64, 2, 2047, 40, 5, 1000, 17, 31), n_max=2048,
+             force=lambda p: p if p.splits == 2 else pytest.fail(f"not two splits: {p}"))
 
 
-@pytest.mark.parametrize("n_max, counted", [(64, True), (decode.BAND_COUNTS_BELOW * decode.MAX_SPLITS * 2, False)])
-def test_mta_split_count_counts_the_band_when_splits_are_short(n_max, counted):
-    """MTA decode chooses its split count again with the band's program counted when a far split holds at most
-    BAND_COUNTS_BELOW keys; plain decode (no band) never does."""
-    w = rand(2, 2, 3)
-    seen = []
-    original = decode.choose_num_splits
-    try:
-        decode.choose_num_splits = lambda *a, **kw: seen.append(kw.get("extra", 0)) or original(*a, **kw)
-        mta.conv_decode_attention(rand(1, 2, n_max, 16), rand(1, 1, n_max, 16), rand(1, 1, n_max, 16), w,
-                                  cache_seqlens=[5])
-        mta.decode_attention(rand(1, 2, 1, 16), rand(1, 1, n_max, 16), rand(1, 1, n_max, 16), cache_seqlens=[5])
-    finally:
-        decode.choose_num_splits = original
-    assert seen == ([0, 1] if counted else [0]) + [0]
-
-
-def test_split_count_is_host_only():
-    """The split count comes from the cache size, never from device lengths: no synchronisation."""
+def test_plans_are_made_from_host_facts_only():
+    """A plan is a frozen, hashable value of shapes, dtype, the device's facts and num_splits (the cache size, never
+    the lengths on the device: no synchronisation); the same facts give the same plan, and decode_attention runs
+    the plan of its inputs' facts."""
+    plan = decode.plan_decode(1, 2, 1, 1, 64, 16, torch.float32)
+    assert plan == decode.plan_decode(1, 2, 1, 1, 64, 16, torch.float32)
+    assert hash(plan) == hash(dataclasses.replace(plan))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.splits = 3
     q = rand(1, 2, 1, 16)
     k, v = rand(1, 1, 64, 16), rand(1, 1, 64, 16)
-    seen = []
-    original = decode.choose_num_splits
-    try:
-        decode.choose_num_splits = lambda *a, **kw: seen.append(a) or original(*a, **kw)
-        mta.decode_attention(q, k, v, cache_seqlens=torch.tensor([7], dtype=torch.int32))
-    finally:
-        decode.choose_num_splits = original
-    assert seen == [(1, 64, decode.decode_tile(16, torch.float32)[0], decode.sm_count(q.device))]
+    lens = torch.tensor([7], dtype=torch.int32, device=DEVICE)
+    assert torch.equal(mta.decode_attention(q, k, v, cache_seqlens=lens), decode.run_decode(plan, q, k, v, lens, 0.25))
+
+
+def test_a_plan_runs_only_on_its_shapes():
+    q, k, v = rand(2, 4, 3, 16), rand(2, 2, 40, 16), rand(2, 2, 40, 16)
+    plan = decode.plan_decode(2, 4, 2, 3, 40, 16, torch.float32)
+    with pytest.raises(ValueError, match="the plan is for n_max=40, the inputs have n_max=39"):
+        decode.run_decode(plan, q, k[:, :, :39], v[:, :, :39], None, 0.25)
+    with pytest.raises(ValueError, match="the plan is for batch=2, n_new=3, the inputs have batch=1, n_new=2"):
+        decode.run_decode(plan, q[:1, :, :2], k[:1], v[:1], None, 0.25)
+    with pytest.raises(ValueError, match="not 'rows'"):
+        decode.run_decode(dataclasses.replace(plan, form="rows"), q, k, v, None, 0.25)
 
 
 # --- input checks ------------------------------------------------------------------------------
@@ -461,41 +428,40 @@ def test_long_caches_on_the_gpu(dtype, D):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the SM count of a GPU")
-def test_even_deal_on_the_gpu(monkeypatch):
+def test_even_deal_on_the_gpu():
     """Two kv heads' worth of units past the SM count, over a cache long enough for the even deal: ragged lengths
     with NaN past them, GQA, two new queries, bf16."""
     B = decode.sm_count(torch.device(DEVICE)) // 8 + 2
     lengths = [8200 - 37 * b for b in range(B)]
+    assert decode.plan_decode(B, 16, 8, 2, 8200, 128, torch.bfloat16).form == "stream", "the even deal is not planned"
     q = rand(B, 16, 2, 128, dtype=torch.bfloat16)
     k, v = ragged_cache(B, 8, 8200, 128, lengths, torch.bfloat16)
-    calls = []
-    monkeypatch.setattr(decode, "launch_stream", lambda *a, _f=decode.launch_stream: calls.append(a[-1]) or _f(*a))
     out = mta.decode_attention(q, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=DEVICE))
-    assert calls, "the even deal did not run"
     assert close(out, reference(q, k, v, lengths), TOL[torch.bfloat16])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch is a GPU matter")
-def test_dependent_launch_of_the_merge_changes_no_bit(monkeypatch):
+def test_dependent_launch_of_the_merge_changes_no_bit():
     """On Hopper the merge kernel is launched before the split kernel ends (it waits on the GPU for that end):
     the output is bitwise that of an ordinary launch, also under a CUDA graph replay and for MTA."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
+    from mta import conv_decode
     lengths = torch.tensor([5000, 3001], dtype=torch.int32, device=DEVICE)
     q_cache, (k, v) = rand(2, 8, 5000, 64, dtype=torch.bfloat16), ragged_cache(2, 2, 5000, 64, [5000, 3001],
                                                                                 torch.bfloat16)
     w = 0.2 * rand(8, 6, 11)
     q = q_cache[:, :, -2:]
+    plain = decode.plan_decode(2, 8, 2, 2, 5000, 64, torch.bfloat16, num_splits=16)
+    conv = conv_decode.plan_conv_decode(2, 8, 2, 2, 5000, 64, torch.bfloat16, (6, 11), num_splits=16)
+    assert plain.pdl and conv.pdl
 
-    def step():
-        return (mta.decode_attention(q, k, v, cache_seqlens=lengths, num_splits=16),
-                mta.conv_decode_attention(q_cache, k, v, w, cache_seqlens=lengths, num_queries=2, num_splits=16))
+    def step(pdl=True):
+        return (decode.run_decode(dataclasses.replace(plain, pdl=pdl), q, k, v, lengths, 0.125),
+                conv_decode.run_conv_decode(dataclasses.replace(conv, pdl=pdl), q_cache, k, v, w, lengths, 0.125))
 
-    assert decode.dependent_launch(k.device)
     dependent = step()
-    monkeypatch.setattr(decode, "dependent_launch", lambda device: False)
-    ordinary = step()
-    monkeypatch.undo()
+    ordinary = step(pdl=False)
     graph = torch.cuda.CUDAGraph()
     step()  # compiled before the capture
     with torch.cuda.graph(graph):
