@@ -19,6 +19,7 @@ from . import conv_forward, decode, tuning
 from .checks import check_weight, is_int, resolve_scale
 from .conv_decode_rows import conv_decode_rows
 from .decode import (DecodePlan, DeviceFacts, check_new_queries, check_num_splits, check_seqlens, choose_num_splits,
+                     seqlens_argument,
                      device_facts, in_batch_chunks, plan_tile, run_decode, split_plan, wide_offsets)
 from .decode_kernels import fold_queries_kernel
 from .launch import check_kernel_inputs, head_dim_block, launch
@@ -139,9 +140,9 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
         raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={conv_forward.MAX_CQ} and "
                          f"ck={conv_forward.MAX_CK} here")
     if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) checks the lengths when it runs
-        from . import ops
-        return ops.conv_decode_attention(q_cache, k_cache, v_cache, weight, cache_seqlens=cache_seqlens,
-                                         num_queries=num_queries, scale=scale, num_splits=num_splits)
+        return torch.ops.mta.conv_decode_attention(q_cache, k_cache, v_cache, weight,
+                                                   seqlens_argument(cache_seqlens, q_cache.device), num_queries,
+                                                   resolve_scale(scale, D), check_num_splits(num_splits))
     lens = check_seqlens(cache_seqlens, B, n_max, num_queries, q_cache.device, what="num_queries")
     scale = resolve_scale(scale, D)
     w = weight.detach().float().contiguous()

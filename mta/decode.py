@@ -630,9 +630,8 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
                                                    names=("q", "k_cache", "v_cache"))
     check_new_queries(Nq, n_max, "Nq (new queries)")
     if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) checks the lengths when it runs
-        from . import ops
-        return ops.decode_attention(q, k_cache, v_cache, cache_seqlens=cache_seqlens, scale=scale,
-                                    num_splits=num_splits)
+        return torch.ops.mta.decode_attention(q, k_cache, v_cache, seqlens_argument(cache_seqlens, q.device),
+                                              resolve_scale(scale, D), check_num_splits(num_splits))
     lens = check_seqlens(cache_seqlens, B, n_max, Nq, q.device)
     scale = resolve_scale(scale, D)
     num_splits = check_num_splits(num_splits)
@@ -643,3 +642,20 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
         return run_decode(plan, q, k, v, lens, scale)
 
     return in_batch_chunks(run, Hkv, q, k_cache, v_cache, lens)
+
+
+def seqlens_argument(cache_seqlens, device: torch.device) -> torch.Tensor | None:
+    """``cache_seqlens`` as the decode ops take it: a tensor (its device checked), or None."""
+    # A custom op takes tensors, not lists: a list becomes a CPU int64 tensor, checked on the host inside the op
+    # (int64, so that a huge length is named there rather than overflowing an int32 conversion here). A tensor's
+    # device is checked here, before the dispatcher picks the op's implementation from its inputs' devices.
+    if isinstance(cache_seqlens, (list, tuple)):
+        if not is_int_list(cache_seqlens):
+            raise TypeError("cache_seqlens must be a list of ints or an int tensor")
+        return torch.tensor(cache_seqlens, dtype=torch.int64)
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        raise TypeError(f"cache_seqlens must be an int tensor, a list of ints or None, got "
+                        f"{type(cache_seqlens).__name__}")
+    if cache_seqlens is not None:
+        check_seqlens_device(cache_seqlens, device)
+    return cache_seqlens

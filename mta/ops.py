@@ -33,7 +33,7 @@ import torch
 from . import conv as _conv
 from . import flash as _flash
 from .checks import check_causal, check_weight, is_int, is_int_list, resolve_scale
-from .decode import check_num_splits, check_seqlens_device
+from .decode import check_num_splits, seqlens_argument
 from .differentiable_once import MESSAGE
 from .launch import batch_chunks, check_kernel_inputs, concat_chunks
 from .conv_decode import conv_decode_attention as _conv_decode_attention
@@ -252,22 +252,6 @@ for _op in (_decode_attention_op, _conv_decode_attention_op):
     _op.register_autograd(_no_backward, setup_context=_not_differentiable)
 
 
-def _seqlens(cache_seqlens, device: torch.device) -> Optional[torch.Tensor]:
-    # A custom op takes tensors, not lists: a list becomes a CPU int64 tensor, checked on the host inside the op
-    # (int64, so that a huge length is named there rather than overflowing an int32 conversion here). A tensor's
-    # device is checked here, before the dispatcher picks the op's implementation from its inputs' devices.
-    if isinstance(cache_seqlens, (list, tuple)):
-        if not is_int_list(cache_seqlens):
-            raise TypeError("cache_seqlens must be a list of ints or an int tensor")
-        return torch.tensor(cache_seqlens, dtype=torch.int64)
-    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
-        raise TypeError(f"cache_seqlens must be an int tensor, a list of ints or None, got "
-                        f"{type(cache_seqlens).__name__}")
-    if cache_seqlens is not None:
-        check_seqlens_device(cache_seqlens, device)
-    return cache_seqlens
-
-
 def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | None = None,
                      num_splits: int | None = None) -> torch.Tensor:
     """:func:`mta.decode_attention` through the ``mta::decode_attention`` op.
@@ -279,7 +263,7 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
     """
     check_kernel_inputs(q, k_cache, v_cache, per_kv_head=True, names=("q", "k_cache", "v_cache"))
     num_splits = check_num_splits(num_splits)
-    return torch.ops.mta.decode_attention(q, k_cache, v_cache, _seqlens(cache_seqlens, q.device),
+    return torch.ops.mta.decode_attention(q, k_cache, v_cache, seqlens_argument(cache_seqlens, q.device),
                                           resolve_scale(scale, q.shape[-1]), num_splits)
 
 
@@ -299,7 +283,7 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
         raise TypeError(f"num_queries must be an int, got {type(num_queries).__name__}")
     num_queries = int(num_queries)
     return torch.ops.mta.conv_decode_attention(q_cache, k_cache, v_cache, weight,
-                                               _seqlens(cache_seqlens, q_cache.device), num_queries,
+                                               seqlens_argument(cache_seqlens, q_cache.device), num_queries,
                                                resolve_scale(scale, q_cache.shape[-1]), num_splits)
 
 

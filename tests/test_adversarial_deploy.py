@@ -64,7 +64,7 @@ def test_the_unfused_fallbacks_compute_in_fp32_under_autocast(monkeypatch):
     too."""
     monkeypatch.setattr(mta.conv, "launch_conv_forward", refused)
     chunked_by_default(monkeypatch)
-    monkeypatch.setattr(mta.conv_decode, "launch_decode", refused)
+    monkeypatch.setattr(mta.conv_decode, "run_decode", refused)
     q, k, v = (x.requires_grad_() for x in rand_qkv(1, 2, 1, 12, 12, 16))
     weight = rand(2, 3, 5, scale=0.3).requires_grad_()
     do = rand(1, 2, 12, 16)

@@ -52,12 +52,11 @@ def _wide_case() -> None:
     heads_kv = k, v
     positions = ((1, 3, L, D), (0, D, 2 ** 29, 1))              # position 4 starts 2**31 elements in
     qc, k, v = view(*positions, 2 * L * D), view(*positions, 3 * D), view(*positions, 6 * D)
-    from mta import decode  # plain decode's even deal, forced: 3 units on 2 SMs, runs of one 4-key tile
-    decode.STREAM_MIN_KEYS, decode.sm_count = 0, lambda device: 2
-    decode.stream_programs.cache_clear()
-    assert decode.stream_programs(3, L, 4, 2)[0] > 0
+    from mta import decode  # plain decode's even deal, forced by its plan: 3 units on 2 SMs
+    plan = decode.with_even_deal(decode.plan_decode(1, 3, 3, 2, L, D, torch.float16), sms=2, per_sm=2)
+    assert plan.form == "stream" and plan.tiles_per_program > 0
     for keys, values in (heads_kv, (k, v)):  # kv head 2, then position 4, past 2**31 elements
-        out = decode.launch_decode(q, keys, values, None, 2, D ** -0.5, None)
+        out = decode.run_decode(plan, q, keys, values, None, D ** -0.5)
         torch.testing.assert_close(out.double().cpu(), decode_reference(q, keys, values, [L]), **TOL16)
     w = 0.3 * torch.randn(3, 3, 5, generator=rnd)
     for n_new in (1, 2):
