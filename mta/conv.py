@@ -284,7 +284,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, pla
     w = weight.detach().float().contiguous()
     two_phase = plan.backward == "two_phase"
     # Two phases: the shifted queries and dO.v on the masked diagonals made on the side stream, beside the pre-passes.
-    side = conv_two_phase.side_stream(q.device) if two_phase and not in_dry_run() else None
+    side = conv_two_phase.side_stream(q.device) if two_phase else None  # None on the dry run's meta tensors
     qs = conv_two_phase.shifted_queries_beside(q, cq, side) if two_phase else None
     qs_made = conv_two_phase.event_on(side)
     if near:

@@ -260,7 +260,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     dry = in_dry_run()
 
     kf_cat = kf.permute(0, 1, 3, 2, 4).reshape(B * Hq, N, cq * D)  # a view: kf is laid out keys-major
-    side = side_stream(q.device) if not dry else None
+    side = side_stream(q.device)  # None on the dry run's meta tensors
     # What conv.py queued beside: the shifted queries, which the first U GEMM waits for, and the near part's G,
     # which the first dQ fold waits for (the dK folds, on the side stream, come after it there).
     qs, qs_made, g_made = (beside_work if beside_work is not None
