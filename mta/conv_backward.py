@@ -23,7 +23,7 @@ causal, with nothing subtracted:
   masked convolution it reaches the scores ``S[r, r - e]``, ``0 <= e <= E'`` only (the entries it would put on
   future scores are exactly the ones the pre-convolution mask removes), as
   ``G[r, e] = sum_a sum_delta DC[r + (cq-1) - a, delta] W[a, a - e + delta + pk - (cq-1)]``
-  (the transpose of :func:`mta.conv_forward._diagonal_scores`); :func:`conv_near_kernel` makes ``G`` and the
+  (the transpose of :func:`mta.conv_forward.diagonal_scores_kernel`); :func:`conv_near_kernel` makes ``G`` and the
   kernel's gradient from these diagonals, and the folds add ``scale * sum_e G[r, e] k[r - e]`` to ``dq[r]`` and
   ``scale * sum_e G[c + e, e] q[c + e]`` to ``dk[c]``.
 
@@ -35,18 +35,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .conv_forward import _finish_scores, _folded_keys, _shifted_queries
+from .conv_tiles import by_row, finish_scores, folded_keys, score_gradient, shifted_queries
 from .kernel_parts import LOG2E, key_tile_bounds, program_coordinates, query_tile_bounds, split_product
 from .launch import NO_SPECIALIZE
 
 #: fp32 accumulator registers per thread a tiled backward program may use (``[owned, (QA + QB) * BLOCK_D]``):
-#: on an H100 the fastest tiles sit at this bound (``notes/h100_sweep_conv_backward.txt``).
+#: the fastest tiles on Hopper sit at this bound.
 ACC_REGISTERS = 192
 #: Most warps a tiled backward program gets when its accumulator is wide (two warpgroups).
 MAX_WARPS = 8
 #: Registers per thread for the accumulator plus one streamed ``[streamed, (QA + QB) * BLOCK_D]`` tile (the
-#: operand of the score product): over it, the streamed rows halve. On an H100 the tiles over it ran faster with
-#: fewer streamed rows and those at or under it slower (``notes/conv_backward.md``, "11 x 11").
+#: operand of the score product): over it, the streamed rows halve. On Hopper, tiles over it run faster with fewer
+#: streamed rows, and tiles at or under it slower.
 TILE_REGISTERS = 256
 #: Shared memory for the held 16-bit block and the streamed tiles, in bytes (an H100 has 227 KiB per block).
 SHARED_BYTES = 200 * 1024
@@ -72,27 +72,22 @@ def _dq_key_tiles(gq_hi, gq_lo, q_hi, q_lo, do, lse2, delta, kf_base, v_base, st
                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Key tiles ``[start, stop)`` into ``Gq`` (``gq_hi``: shifts ``[0, QA)``, ``gq_lo``: ``[QA, QA + QB)``).
 
-    Per tile: ``C`` as the forward's held-query path makes it (one or two products against the folded keys,
-    the masked diagonals put in), ``P``, ``dP``, ``dC``; on the diagonal tiles ``dC`` keeps only the far
-    entries ``i - j >= E`` (the near ones go through :func:`conv_near_kernel`); then ``Gq += dC_far Kf``
-    with the same folded-key tiles, transposed."""
+    Per tile: the folded scores as the forward's held-query path makes them (one or two products against the
+    folded keys), the tile body of :mod:`mta.conv_tiles` (``MASKED``: the key tail, ``DIAGONAL``: the tiles near
+    the diagonal), then ``Gq += dC_far Kf`` with the same folded-key tiles, transposed."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         offs_k = start_n + offs_n
-        kf_hi = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, 0, QA, CQ, D, BLOCK_D)
+        kf_hi = folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, 0, QA, CQ, D, BLOCK_D)
         c = tl.dot(q_hi, kf_hi, input_precision=PRECISION)
         if QB > 0:
-            kf_lo = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
+            kf_lo = folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
             c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
-        c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
-        if MASKED:
-            c = tl.where((offs_k < n)[None, :], c, float("-inf"))
+        c = finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, MASKED, False, E, E_PAD)
         p = tl.math.exp2(c - lse2[:, None])
         vt = tl.load(v_base + offs_k[None, :] * stride_vn + offs_d[:, None] * stride_vd,
                      mask=(offs_d < D)[:, None] & (offs_k < n)[None, :], other=0.0)
-        dc = p * (tl.dot(do, vt, input_precision=PRECISION) - delta[:, None])
-        if DIAGONAL:
-            dc = tl.where(offs_m[:, None] - offs_k[None, :] >= E, dc, 0.0)
+        dc = score_gradient(p, do, vt, delta, offs_m, offs_k, DIAGONAL, False, E, PRECISION)
         dc = dc.to(kf_hi.dtype)
         gq_hi = tl.dot(dc, tl.trans(kf_hi), gq_hi, input_precision=PRECISION)
         if QB > 0:
@@ -122,9 +117,9 @@ def conv_dq_kernel(Q, KF, V, DO, LSE, DELTA, CD, GQ,
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < n
     q_base = Q + b * stride_qb + h * stride_qh
-    q_hi = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, 0, QA, CQ, D, BLOCK_D)
+    q_hi = shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, 0, QA, CQ, D, BLOCK_D)
     if QB > 0:
-        q_lo = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
+        q_lo = shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
     else:
         q_lo = q_hi
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
@@ -159,108 +154,55 @@ def conv_dq_kernel(Q, KF, V, DO, LSE, DELTA, CD, GQ,
 @triton.jit
 def _dkdv_query_tiles(dv, u_hi, u_lo, kf_hi, kf_lo, vt, q_base, do_base, lse_base, delta_base, cd_base,
                       stride_qm, stride_qd, stride_dom, stride_dod, offs_k, offs_d, start, stop, n, qk_scale,
-                      DIAGONAL: tl.constexpr, MASK_KEYS: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr,
-                      E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+                      DIAGONAL: tl.constexpr, MASK_KEYS: tl.constexpr, CQ: tl.constexpr, QA: tl.constexpr,
+                      QB: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, D: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
                       KEYS_AS_ROWS: tl.constexpr):
     """Query tiles ``[start, stop)`` of one query head into ``dv`` and ``U`` (``u_hi``, ``u_lo``: shifts as in
     :func:`_dq_key_tiles`), against the program's held folded keys ``kf_hi``, ``kf_lo`` and values ``vt``.
 
-    ``C`` is made as the forward makes it (the same shifted-query tiles, the same products). ``DIAGONAL``:
-    rows within ``E`` of the keys (masked diagonals put in, causal mask; ``dC`` kept only where
-    ``i - j >= E``). ``MASK_KEYS``: keys past ``n`` get P = 0 (not causal; causally they are in the
-    future of every row). Rows past ``n`` read lse = +inf, so P = 0. ``KEYS_AS_ROWS``: the same walk with
-    the scores made transposed (:func:`_dkdv_query_tiles_keys_as_rows`)."""
+    The folded scores are made as the forward makes them (the same shifted-query tiles, the same products), then
+    the tile body of :mod:`mta.conv_tiles`. ``DIAGONAL``: rows within ``E`` of the keys. ``MASK_KEYS``: keys past
+    ``n`` get P = 0 (not causal; causally they are in the future of every row). Rows past ``n`` read
+    lse = +inf, so P = 0. ``KEYS_AS_ROWS``: the scores made transposed, keys as rows
+    (``C^T = Kf Q_shift^T``, as Triton's fused-attention tutorial makes its dK/dV): ``P^T`` and ``dC^T`` leave
+    their products as the left operands of ``dV += P^T dO`` and ``U += dC^T Q_shift``, and the held operands are
+    transposed once, before the walk."""
     if KEYS_AS_ROWS:
-        dv, u_hi, u_lo = _dkdv_query_tiles_keys_as_rows(
-            dv, u_hi, u_lo, tl.trans(kf_hi), tl.trans(kf_lo), tl.trans(vt), q_base, do_base, lse_base, delta_base,
-            cd_base, stride_qm, stride_qd, stride_dom, stride_dod, offs_k, offs_d, start, stop, n, qk_scale, DIAGONAL,
-            MASK_KEYS, CQ, QA, QB, E, E_PAD, D, BLOCK_D, BLOCK_M, PRECISION)
+        kf_hi = tl.trans(kf_hi)
+        kf_lo = tl.trans(kf_lo)
+        v = tl.trans(vt)
     else:
-        d_ok = offs_d < D
-        for start_m in range(start, stop, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            row_ok = offs_m < n
-            q_hi = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, 0, QA, CQ, D, BLOCK_D)
-            c = tl.dot(q_hi, kf_hi, input_precision=PRECISION)
-            if QB > 0:
-                q_lo = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
-                c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
-            c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
-            if MASK_KEYS:
-                c = tl.where((offs_k < n)[None, :], c, float("-inf"))
-            lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
-            p = tl.math.exp2(c - lse2[:, None])
-            do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-            dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, input_precision=PRECISION)
-            delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
-            dc = p * (tl.dot(do, vt, input_precision=PRECISION) - delta[:, None])
-            if DIAGONAL:
-                dc = tl.where(offs_m[:, None] - offs_k[None, :] >= E, dc, 0.0)
-            dct = tl.trans(dc.to(q_hi.dtype))
-            u_hi = tl.dot(dct, q_hi, u_hi, input_precision=PRECISION)
-            if QB > 0:
-                u_lo = tl.dot(dct, q_lo, u_lo, input_precision=PRECISION)
-    return dv, u_hi, u_lo
-
-
-@triton.jit
-def _put_diagonals_keys_as_rows(ct, cd_base, offs_m, offs_k, n, E: tl.constexpr, E_PAD: tl.constexpr):
-    """:func:`mta.conv_forward._put_diagonals` for a tile of scores held transposed, ``ct [keys, rows]``."""
-    row_ok = offs_m < n
-    for d in tl.static_range(E):
-        cd_d = tl.load(cd_base + offs_m * E_PAD + d, mask=row_ok, other=0.0)
-        ct = tl.where(offs_m[None, :] - offs_k[:, None] == d, cd_d[None, :], ct)
-    return ct
-
-
-@triton.jit
-def finish_scores_keys_as_rows(ct, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL: tl.constexpr,
-                               MASK_KEYS: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr):
-    """:func:`mta.conv_forward._finish_scores` for scores held transposed, ``ct [keys, rows]``, and ``MASK_KEYS``:
-    keys past ``n`` get ``-inf``."""
-    if DIAGONAL:
-        ct = _put_diagonals_keys_as_rows(ct, cd_base, offs_m, offs_k, n, E, E_PAD) * qk_scale
-        ct = tl.where(offs_m[None, :] - offs_k[:, None] >= 0, ct, float("-inf"))
-    else:
-        ct = ct * qk_scale
-    if MASK_KEYS:
-        ct = tl.where((offs_k < n)[:, None], ct, float("-inf"))
-    return ct
-
-
-@triton.jit
-def _dkdv_query_tiles_keys_as_rows(dv, u_hi, u_lo, kft_hi, kft_lo, v, q_base, do_base, lse_base, delta_base,
-                                   cd_base, stride_qm, stride_qd, stride_dom, stride_dod, offs_k, offs_d, start,
-                                   stop, n, qk_scale, DIAGONAL: tl.constexpr, MASK_KEYS: tl.constexpr,
-                                   CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr, E: tl.constexpr,
-                                   E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                                   BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
-    """:func:`_dkdv_query_tiles` with the scores made transposed, keys as rows (``C^T = Kf Q_shift^T``, as
-    Triton's fused-attention tutorial makes its dK/dV): ``P^T`` and ``dC^T`` leave their products as the left
-    operands of ``dV += P^T dO`` and ``U += dC^T Q_shift``, and the streamed query and dO tiles are read
-    transposed instead. ``kft_hi``, ``kft_lo`` ``[BLOCK_N, QA * BLOCK_D]``, ``v [BLOCK_N, BLOCK_D]``."""
+        v = vt
     d_ok = offs_d < D
     for start_m in range(start, stop, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n
-        q_hi = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, 0, QA, CQ, D, BLOCK_D)
-        ct = tl.dot(kft_hi, tl.trans(q_hi), input_precision=PRECISION)
+        q_hi = shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, 0, QA, CQ, D, BLOCK_D)
+        if KEYS_AS_ROWS:
+            c = tl.dot(kf_hi, tl.trans(q_hi), input_precision=PRECISION)
+        else:
+            c = tl.dot(q_hi, kf_hi, input_precision=PRECISION)
         if QB > 0:
-            q_lo = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
-            ct = tl.dot(kft_lo, tl.trans(q_lo), ct, input_precision=PRECISION)
-        ct = finish_scores_keys_as_rows(ct, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, MASK_KEYS, E, E_PAD)
+            q_lo = shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
+            if KEYS_AS_ROWS:
+                c = tl.dot(kf_lo, tl.trans(q_lo), c, input_precision=PRECISION)
+            else:
+                c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
+        c = finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, MASK_KEYS, KEYS_AS_ROWS, E, E_PAD)
         lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
-        pt = tl.math.exp2(ct - lse2[None, :])
+        p = tl.math.exp2(c - by_row(lse2, KEYS_AS_ROWS))
         do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                      mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+        if KEYS_AS_ROWS:  # p is P^T
+            dv = tl.dot(p.to(do.dtype), do, dv, input_precision=PRECISION)
+        else:
+            dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, input_precision=PRECISION)
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
-        dct = pt * (tl.dot(v, tl.trans(do), input_precision=PRECISION) - delta[None, :])
-        if DIAGONAL:
-            dct = tl.where(offs_m[None, :] - offs_k[:, None] >= E, dct, 0.0)
-        dct = dct.to(q_hi.dtype)
+        dc = score_gradient(p, do, v, delta, offs_m, offs_k, DIAGONAL, KEYS_AS_ROWS, E, PRECISION)
+        dct = dc.to(q_hi.dtype)
+        if not KEYS_AS_ROWS:
+            dct = tl.trans(dct)
         u_hi = tl.dot(dct, q_hi, u_hi, input_precision=PRECISION)
         if QB > 0:
             u_lo = tl.dot(dct, q_lo, u_lo, input_precision=PRECISION)
@@ -282,7 +224,7 @@ def conv_dkdv_kernel(Q, KF, V, DO, LSE, DELTA, CD, U, DV,
     """``dV`` and ``U[b, h, a, j] = sum_i dC_far[i, j] q[i - (cq-1) + a]`` (fp32, contiguous
     ``[B, Hq, CQ, n, D]``, per query head) for ``BLOCK_N`` keys of one kv head; the program loops over the
     ``group_size`` query heads that read it (``dV`` sums over them). ``KEYS_AS_ROWS``: the score tiles are made
-    transposed (:func:`_dkdv_query_tiles_keys_as_rows`; on an H100 it pays at 128 owned keys over 8 warps).
+    transposed (:func:`_dkdv_query_tiles`; it pays on Hopper with 128 owned keys over 8 warps).
 
     Grid: ``(cdiv(n, BLOCK_N), B * Hkv)``, heaviest (first) key tiles first (:mod:`mta.launch_order`).
     """
@@ -303,9 +245,9 @@ def conv_dkdv_kernel(Q, KF, V, DO, LSE, DELTA, CD, U, DV,
         h = kv_h * group_size + g
         bh = b * num_kv_heads * group_size + h
         kf_base = KF + b * stride_kfb + h * stride_kfh
-        kf_hi = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, 0, QA, CQ, D, BLOCK_D)
+        kf_hi = folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, 0, QA, CQ, D, BLOCK_D)
         if QB > 0:
-            kf_lo = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
+            kf_lo = folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
         else:
             kf_lo = kf_hi
         q_base = Q + b * stride_qb + h * stride_qh
@@ -358,7 +300,7 @@ def conv_near_kernel(CD, PV, PQ, LSE, DELTA, W, G, DWP, n, num_heads, scale,
 
     * ``G[b, h, r, e] = sum_a sum_delta DC[r + (cq-1) - a, delta] W[a, a - e + delta + pk - (cq-1)]`` (fp32,
       contiguous ``[B, Hq, n, EP_PAD]``): the gradient of the past score ``S[r, r - e]``, ``e <= E'``, over
-      ``scale``; one small product per kernel row, the transpose of :func:`mta.conv_forward._diagonal_scores`.
+      ``scale``; one small product per kernel row, the transpose of :func:`mta.conv_forward.diagonal_scores_kernel`.
     * ``DWP[tile, b, h, a, b'] = sum_{i in tile} sum_delta DC[i, delta] PQ[i - (cq-1) + a, e]`` with
       ``e = delta - (cq-1) + a + pk - b'``: the kernel's gradient from these diagonals, over ``scale``, where
       ``PQ[r, e] = q_r . k_{r-e}`` are the past scores (0 past ``E'``, so future scores never enter).

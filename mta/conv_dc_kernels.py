@@ -4,8 +4,8 @@ Notation of :mod:`mta.conv_backward`. Where the ``cq`` shifted query tiles do no
 one-pass kernels of :mod:`mta.conv_backward` make ``C`` against a held ``[rows, cq' d]`` block in narrow tiles, far
 below the forward's rate. Here a program owns a key tile of a chunk of keys and a kv head, and walks the query
 tiles of each query head of its group in the forward's 128 x 128 tiles, the score product's depth streamed
-through the copy engine as the forward streams it (:func:`mta.conv_forward._folded_scores`, its operands swapped:
-keys as rows, ``C^T = Kf Q_shift^T``, as Triton's fused-attention tutorial makes its dK/dV). ``P^T`` then is the
+through the copy engine as the forward streams it, its operands swapped (keys as rows,
+``C^T = Kf Q_shift^T``, as Triton's fused-attention tutorial makes its dK/dV). ``P^T`` then is the
 left operand of ``dV += P^T dO`` as it comes out of its product, ``dV`` is summed over the group in registers, and
 ``dC_far`` is stored, rows-major (its tile transposed back), to a 16-bit scratch of one chunk (the one-pass kernels
 round ``dC`` to the inputs' dtype for their products too): the dQ side then reads rows of it shifted by whole
@@ -18,8 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .conv_backward import finish_scores_keys_as_rows
-from .conv_forward import _shifted_query_tile
+from .conv_tiles import finish_scores, score_gradient, shifted_query_tile
 from .kernel_parts import LOG2E, program_coordinates, query_tile_bounds
 from .launch import NO_SPECIALIZE
 
@@ -46,7 +45,7 @@ def _folded_scores_keys_as_rows(q_base, kf_base, stride_qm, stride_qd, stride_kf
             kf_a = KFD.load([b, h, a, j0, d0]).reshape(BLOCK_N, WIDTH)
         else:
             dd = d0 + offs_w
-            q_a = _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, dd, n, a, CQ, D)
+            q_a = shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, dd, n, a, CQ, D)
             kf_a = tl.load(kf_base + a * stride_kfa + offs_k[:, None] * stride_kfn + dd[None, :] * stride_kfd,
                            mask=(offs_k < n)[:, None] & (dd < D)[None, :], other=0.0)
         ct = tl.dot(kf_a, tl.trans(q_a), ct, input_precision=PRECISION)
@@ -61,8 +60,9 @@ def _dc_query_tiles(dv, v, DCD, dcs_base, stride_sm, c0, row0, q_base, kf_base, 
                     E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, WIDTH: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Query tiles ``[start, stop)`` of one query head against the key tile at ``j0``: ``dv += P^T dO`` and
-    ``dC_far`` stored to the chunk's scratch (rows from ``row0``, keys from ``c0``). ``DIAGONAL``: the masked
-    diagonals put in, the causal mask, and ``dC`` kept only where ``i - j >= E``; ``MASK_KEYS``: keys past ``n``."""
+    ``dC_far`` stored to the chunk's scratch (rows from ``row0``, keys from ``c0``): the tile body of
+    :mod:`mta.conv_tiles`. ``DIAGONAL``: the masked diagonals put in, the causal mask, and
+    ``dC`` kept only where ``i - j >= E``; ``MASK_KEYS``: keys past ``n``."""
     k_ok = offs_k < n
     d_ok = offs_d < D
     for i0 in tl.range(start, stop, BLOCK_M, flatten=TMA):
@@ -71,7 +71,7 @@ def _dc_query_tiles(dv, v, DCD, dcs_base, stride_sm, c0, row0, q_base, kf_base, 
         ct = _folded_scores_keys_as_rows(q_base, kf_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd,
                                          QD, KFD, b, h, i0, j0, offs_m, offs_k, n, TMA, CQ, D, BLOCK_D, WIDTH,
                                          BLOCK_M, BLOCK_N, PRECISION)
-        ct = finish_scores_keys_as_rows(ct, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, MASK_KEYS, E, E_PAD)
+        ct = finish_scores(ct, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, MASK_KEYS, True, E, E_PAD)
         lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E  # rows past n: P = 0
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
         if TMA:
@@ -81,9 +81,7 @@ def _dc_query_tiles(dv, v, DCD, dcs_base, stride_sm, c0, row0, q_base, kf_base, 
                          mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         pt = tl.math.exp2(ct - lse2[None, :])
         dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
-        dct = pt * (tl.dot(v, tl.trans(do), input_precision=PRECISION) - delta[None, :])
-        if DIAGONAL:
-            dct = tl.where(offs_m[None, :] - offs_k[:, None] >= E, dct, 0.0)
+        dct = score_gradient(pt, do, v, delta, offs_m, offs_k, DIAGONAL, True, E, PRECISION)
         dct = dct.to(do.dtype)
         if TMA:  # the descriptor's bounds clip the rows past n
             DCD.store([bh, i0 - row0, j0 - c0], tl.trans(dct).reshape(1, BLOCK_M, BLOCK_N))
@@ -177,5 +175,5 @@ def shifted_queries_kernel(Q, QS, stride_qb, stride_qh, stride_qm, stride_qd, n,
     q_base = Q + b * stride_qb + h * stride_qh
     out = QS + pid_bh * n * CQ * D + offs_r[:, None] * (CQ * D) + offs_d[None, :]
     for a in tl.static_range(CQ):
-        tl.store(out + a * D, _shifted_query_tile(q_base, stride_qm, stride_qd, offs_r, offs_d, n, a, CQ, D),
+        tl.store(out + a * D, shifted_query_tile(q_base, stride_qm, stride_qd, offs_r, offs_d, n, a, CQ, D),
                  mask=ok)

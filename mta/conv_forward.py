@@ -43,6 +43,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .conv_tiles import finish_scores, folded_keys, shifted_queries, shifted_query_tile
 from .kernel_parts import (LOG2E, finish_rows, key_tile_bounds, online_softmax_step, program_coordinates,
                            split_product)
 from .launch import NO_SPECIALIZE
@@ -124,43 +125,6 @@ def _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, VD, b, kv_h, start_
 
 
 @triton.jit
-def _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, offs_d, n, a, CQ: tl.constexpr, D: tl.constexpr):
-    """``q[i - (cq-1) + a]`` for the tile's rows ``i``; rows outside ``[0, n)`` load 0."""
-    rows = offs_m - (CQ - 1) + a
-    return tl.load(q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                   mask=((rows >= 0) & (rows < n))[:, None] & (offs_d < D)[None, :], other=0.0)
-
-
-@triton.jit
-def _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, A0: tl.constexpr, NA: tl.constexpr,
-                     CQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """``[BLOCK_M, NA * BLOCK_D]``: column ``a' * BLOCK_D + d`` holds ``q[i - (cq-1) + A0 + a', d]``.
-
-    ``NA`` query shifts side by side, so one product of depth ``NA * BLOCK_D``
-    against the matching folded keys sums ``NA`` terms of the convolution.
-    Rows outside ``[0, n)`` (the zero padding) and shifts ``a >= cq`` load 0.
-    """
-    cols = tl.arange(0, NA * BLOCK_D)
-    a = A0 + cols // BLOCK_D
-    d = cols % BLOCK_D
-    rows = offs_m[:, None] - (CQ - 1) + a[None, :]
-    ok = (rows >= 0) & (rows < n) & ((a < CQ) & (d < D))[None, :]
-    return tl.load(q_base + rows * stride_qm + d[None, :] * stride_qd, mask=ok, other=0.0)
-
-
-@triton.jit
-def _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, A0: tl.constexpr, NA: tl.constexpr,
-                 CQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """``[NA * BLOCK_D, BLOCK_N]``: row ``a' * BLOCK_D + d`` holds ``Kf_{A0 + a'}[j, d]``, the match of :func:`_shifted_queries`."""
-    rows = tl.arange(0, NA * BLOCK_D)
-    a = A0 + rows // BLOCK_D
-    d = rows % BLOCK_D
-    ok = ((a < CQ) & (d < D))[:, None] & (offs_k < n)[None, :]
-    return tl.load(kf_base + a[:, None] * stride_kfa + d[:, None] * stride_kfd + offs_k[None, :] * stride_kfn,
-                   mask=ok, other=0.0)
-
-
-@triton.jit
 def _folded_scores(q_hi, q_lo, q_base, kf_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd,
                    QD, KFD, b, h, i0, start_n, offs_m, offs_k, n, RESIDENT: tl.constexpr, TMA: tl.constexpr,
                    CQ: tl.constexpr, QA: tl.constexpr, QB: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -176,17 +140,17 @@ def _folded_scores(q_hi, q_lo, q_base, kf_base, stride_qm, stride_qd, stride_kfa
     or past ``n`` zero-filled) and ``KFD`` (folded keys ``[start_n, start_n + BLOCK_N)``).
     """
     if RESIDENT:
-        kf_hi = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, 0, QA, CQ, D, BLOCK_D)
+        kf_hi = folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, 0, QA, CQ, D, BLOCK_D)
         c = tl.dot(q_hi, kf_hi, input_precision=PRECISION)
         if QB > 0:
-            kf_lo = _folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
+            kf_lo = folded_keys(kf_base, stride_kfa, stride_kfn, stride_kfd, offs_k, n, QA, QB, CQ, D, BLOCK_D)
             c = tl.dot(q_lo, kf_lo, c, input_precision=PRECISION)
     else:
         PARTS: tl.constexpr = BLOCK_D // WIDTH
         offs_w = tl.arange(0, WIDTH)
         c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         # A run-time loop over (shift, part of the head dim): half-width stages are
-        # lighter on shared memory and registers (no spills at d = 128, 2% faster).
+        # lighter on shared memory and registers (no spills at d = 128).
         for s in range(PARTS * CQ):
             a = s // PARTS
             d0 = (s % PARTS) * WIDTH
@@ -195,23 +159,11 @@ def _folded_scores(q_hi, q_lo, q_base, kf_base, stride_qm, stride_qd, stride_kfa
                 kf_t = KFD.load([b, h, a, start_n, d0]).reshape(BLOCK_N, WIDTH).T
             else:
                 dd = d0 + offs_w
-                q_a = _shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, dd, n, a, CQ, D)
+                q_a = shifted_query_tile(q_base, stride_qm, stride_qd, offs_m, dd, n, a, CQ, D)
                 kf_t = tl.load(kf_base + a * stride_kfa + offs_k[None, :] * stride_kfn + dd[:, None] * stride_kfd,
                                mask=(dd < D)[:, None] & (offs_k < n)[None, :], other=0.0)
             c = tl.dot(q_a, kf_t, c, input_precision=PRECISION)
     return c
-
-
-@triton.jit
-def _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL: tl.constexpr, E: tl.constexpr,
-                   E_PAD: tl.constexpr):
-    """Folded scores ``c`` to convolved scores in base-2 units; near the diagonal, the exactly convolved
-    scores put in (from ``cd_base``, rows of ``E_PAD``) and the causal mask, applied after the scaling (a
-    ``scale <= 0`` would turn a ``-inf`` put in before it into ``+inf`` or NaN)."""
-    if DIAGONAL:
-        c = _put_diagonals(c, cd_base, offs_m, offs_k, n, E, E_PAD) * qk_scale
-        return tl.where(offs_m[:, None] - offs_k[None, :] >= 0, c, float("-inf"))
-    return c * qk_scale
 
 
 @triton.jit
@@ -232,7 +184,7 @@ def _folded_tiles(acc, m, l, q_hi, q_lo, q_base, kf_base, v_base, stride_qm, str
         c = _folded_scores(q_hi, q_lo, q_base, kf_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd,
                            QD, KFD, b, h, i0, start_n, offs_m, offs_k, n, RESIDENT, TMA, CQ, QA, QB, D, BLOCK_D,
                            WIDTH, BLOCK_M, BLOCK_N, PRECISION)
-        c = _finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, E, E_PAD)
+        c = finish_scores(c, cd_base, offs_m, offs_k, n, qk_scale, DIAGONAL, False, False, E, E_PAD)
         acc, m, l = _attend_tile(acc, m, l, c, v_base, stride_vn, stride_vd, VD, b, kv_h, start_n, offs_k, offs_d,
                                  n, MASKED or DIAGONAL, TMA, D, PRECISION)
     return acc, m, l
@@ -260,22 +212,6 @@ def _diagonal_scores(p_base, w_base, stride_pr, offs_m, n, CQ: tl.constexpr, CK:
         w_a = tl.load(w_base + a * CK + b, mask=(b >= 0) & (b < CK) & (delta < E), other=0.0)
         cd = tl.dot(p_a, w_a, cd, input_precision="ieee")
     return cd
-
-
-@triton.jit
-def _put_diagonals(c, cd_base, offs_m, offs_k, n, E: tl.constexpr, E_PAD: tl.constexpr):
-    """``c`` with ``CD[i, i - j]`` on the ``E`` diagonals ``0 <= i - j < E`` (the causal mask after the
-    convolution is :func:`_finish_scores`'s). ``CD`` rows are ``E_PAD`` wide.
-
-    One column of ``CD`` per diagonal, loaded as a vector over the tile's rows: it
-    lands in the rows' own registers, where a 2D gather would be reshuffled through
-    shared memory."""
-    delta = offs_m[:, None] - offs_k[None, :]
-    row_ok = offs_m < n
-    for d in tl.static_range(E):
-        cd_d = tl.load(cd_base + offs_m * E_PAD + d, mask=row_ok, other=0.0)
-        c = tl.where(delta == d, cd_d[:, None], c)
-    return c
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -468,9 +404,9 @@ def conv_forward_kernel(Q, KF, V, CD, O, LSE, QD, KFD, VD,
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     qk_scale = scale * LOG2E  # the convolution is linear: convolve in base-2 units
     if RESIDENT:  # the cq shifted query tiles, side by side, loaded once
-        q_hi = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, 0, QA, CQ, D, BLOCK_D)
+        q_hi = shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, 0, QA, CQ, D, BLOCK_D)
         if QB > 0:
-            q_lo = _shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
+            q_lo = shifted_queries(q_base, stride_qm, stride_qd, offs_m, n, QA, QB, CQ, D, BLOCK_D)
         else:
             q_lo = q_hi
     else:
