@@ -39,19 +39,6 @@ from .conv_tiles import by_row, finish_scores, folded_keys, score_gradient, shif
 from .kernel_parts import LOG2E, key_tile_bounds, program_coordinates, query_tile_bounds, split_product
 from .launch import NO_SPECIALIZE
 
-#: fp32 accumulator registers per thread a tiled backward program may use (``[owned, (QA + QB) * BLOCK_D]``):
-#: the fastest tiles on Hopper sit at this bound.
-ACC_REGISTERS = 192
-#: Most warps a tiled backward program gets when its accumulator is wide (two warpgroups).
-MAX_WARPS = 8
-#: Registers per thread for the accumulator plus one streamed ``[streamed, (QA + QB) * BLOCK_D]`` tile (the
-#: operand of the score product): over it, the streamed rows halve. On Hopper, tiles over it run faster with fewer
-#: streamed rows, and tiles at or under it slower.
-TILE_REGISTERS = 256
-#: Shared memory for the held 16-bit block and the streamed tiles, in bytes (an H100 has 227 KiB per block).
-SHARED_BYTES = 200 * 1024
-
-
 @triton.jit
 def _store_shifts(base, stride_a, stride_n, acc, offs_n, n, A0: tl.constexpr, NA: tl.constexpr,
                   CQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
