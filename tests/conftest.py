@@ -105,8 +105,8 @@ def poisoned_outputs(monkeypatch):
 
 
 def record_hopper_tiles(monkeypatch, module) -> list:
-    """Make ``module.launch_tiled`` record the tile each launch would take on an H100 (the Hopper tables, nothing
-    timed, nothing launched); returns the list it appends to."""
+    """Make ``module.launch_tiled`` and ``module.tiled_launch`` record the tile each launch would take on an H100
+    (the Hopper tables, nothing timed, nothing launched); returns the list they append to."""
     from mta import tuning
     monkeypatch.setattr(tuning, "gpu_family", lambda device=None: "hopper")
     monkeypatch.setattr(tuning, "AUTOTUNE", False)
@@ -115,7 +115,10 @@ def record_hopper_tiles(monkeypatch, module) -> list:
     def launch_tiled(name, kernel, grid, args, meta, *, dtype, config=None, fit=None, **kw):
         tile = config or tuning.config_for(name, meta["BLOCK_D"], dtype, meta["CAUSAL"], n=kw.get("n"))
         launched.append(tile if config or fit is None else fit(tile))
+        return lambda: None
     monkeypatch.setattr(module, "launch_tiled", launch_tiled)
+    if hasattr(module, "tiled_launch"):
+        monkeypatch.setattr(module, "tiled_launch", launch_tiled)
     return launched
 
 

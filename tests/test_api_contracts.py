@@ -183,7 +183,7 @@ def test_bitwise_deterministic_noncausal_and_half(causal, dtype):
         assert torch.equal(a, b), name
 
 
-# The causal mask goes on after the scaling (mta.conv_forward._finish_scores): a -inf put in before it would turn
+# The causal mask goes on after the scaling (mta.conv_tiles.finish_scores): a -inf put in before it would turn
 # into +inf for scale < 0 and NaN for scale = 0.
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("scale", [-0.3, 0.0])
