@@ -19,6 +19,7 @@ import inspect
 import math
 import os
 import threading
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -373,6 +374,6 @@ def compile_ahead(name: str, launches, *args) -> None:
         for built in launchers:
             built.result()
     except Exception as error:  # noqa: BLE001 - only a head start: the real call compiles (and reports) for itself
-        DRY_RUN_ERRORS.append((name, repr(error)))
+        DRY_RUN_ERRORS.append((name, "".join(traceback.format_exception(error))))
     finally:
         _DRY_RUN.reset(token)
