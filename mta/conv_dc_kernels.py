@@ -4,9 +4,9 @@ Notation of :mod:`mta.conv_backward`. Where the ``cq`` shifted query tiles do no
 one-pass kernels of :mod:`mta.conv_backward` make ``C`` against a held ``[rows, cq' d]`` block in narrow tiles, far
 below the forward's rate. Here a program owns a key tile of a chunk of keys and a kv head, and walks the query
 tiles of each query head of its group in the forward's 128 x 128 tiles, the score product's depth streamed
-through the copy engine as the forward streams it, its operands swapped (keys as rows,
-``C^T = Kf Q_shift^T``, as Triton's fused-attention tutorial makes its dK/dV). ``P^T`` then is the
-left operand of ``dV += P^T dO`` as it comes out of its product, ``dV`` is summed over the group in registers, and
+through the copy engine as the forward streams it, its operands swapped (keys as rows, ``C^T = Kf Q_shift^T``, as
+Triton's fused-attention tutorial makes its dK/dV). ``P^T`` then is the left operand of ``dV += P^T dO`` as it
+comes out of its product, ``dV`` is summed over the group in registers, and
 ``dC_far`` is stored, rows-major (its tile transposed back), to a 16-bit scratch of one chunk (the one-pass kernels
 round ``dC`` to the inputs' dtype for their products too): the dQ side then reads rows of it shifted by whole
 rows (:mod:`mta.conv_dq_kernels`), and ``U = dC_far^T Q_shift`` is a plain GEMM over the chunk, whose right
@@ -61,8 +61,8 @@ def _dc_query_tiles(dv, v, DCD, dcs_base, stride_sm, c0, row0, q_base, kf_base, 
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Query tiles ``[start, stop)`` of one query head against the key tile at ``j0``: ``dv += P^T dO`` and
     ``dC_far`` stored to the chunk's scratch (rows from ``row0``, keys from ``c0``): the tile body of
-    :mod:`mta.conv_tiles`. ``DIAGONAL``: the masked diagonals put in, the causal mask, and
-    ``dC`` kept only where ``i - j >= E``; ``MASK_KEYS``: keys past ``n``."""
+    :mod:`mta.conv_tiles`. ``DIAGONAL``: the masked diagonals put in, the causal mask, and ``dC`` kept only where
+    ``i - j >= E``; ``MASK_KEYS``: keys past ``n``."""
     k_ok = offs_k < n
     d_ok = offs_d < D
     for i0 in tl.range(start, stop, BLOCK_M, flatten=TMA):
