@@ -162,17 +162,20 @@ def conv_prepasses(q, k, weight, causal: bool, plan: ConvPlan | None = None) -> 
     return kf, cd
 
 
-def _hold_or_stream(config: dict, q: torch.Tensor, cq: int, causal: bool) -> dict:
-    """``config`` where its rows' ``cq`` shifted query tiles fit on chip (:func:`mta.conv_forward.holds_queries`),
-    its pipeline made shallower, then its key tiles shorter, until the program fits in shared memory
-    (:func:`mta.conv_forward.held_shared_bytes`: the table's tiles are sized for ``cq`` of 4 or more, where
-    d = 128 streams); else the table's streamed tile."""
+def _hold_or_stream(config: dict, q: torch.Tensor, cq: int, causal: bool, hold: bool = True) -> dict:
+    """``config`` where its rows' ``cq`` shifted query tiles fit on chip (:func:`mta.conv_forward.holds_queries`)
+    and ``hold`` (:attr:`mta.conv_plan.ConvPlan.hold_queries`), its pipeline made shallower, then its key tiles
+    shorter, until the program fits in shared memory (:func:`mta.conv_forward.held_shared_bytes`: the table's tiles
+    are sized for ``cq`` of 4 or more, where d = 128 streams); else the table's streamed tile. ``RESIDENT`` is
+    added: whether the kernel holds the queries on that tile."""
     block_d = shifted_head_dim_block(q.shape[-1], q.dtype)
-    if not holds_queries(config["BLOCK_M"], cq, block_d, q.element_size()):
-        return tuning.config_for("conv_forward_streamed", block_d, q.dtype, causal)
+    if not (hold and holds_queries(config["BLOCK_M"], cq, block_d, q.element_size())):
+        config = tuning.config_for("conv_forward_streamed", block_d, q.dtype, causal)
+        return {**config, "RESIDENT": hold and holds_queries(config["BLOCK_M"], cq, block_d, q.element_size())}
+    config = {**config, "RESIDENT": True}
     if runtime.INTERPRET:
         return config
-    config, limit = dict(config), shared_memory_limit(q.device)
+    limit = shared_memory_limit(q.device)
     while (held_shared_bytes(config, cq, block_d, q.element_size()) > limit
            and (config["num_stages"] > 2 or config["BLOCK_N"] > 16)):
         if config["num_stages"] > 2:
@@ -182,37 +185,38 @@ def _hold_or_stream(config: dict, q: torch.Tensor, cq: int, causal: bool) -> dic
     return config
 
 
-def conv_forward_config(q: torch.Tensor, cq: int, causal: bool) -> dict:
+def conv_forward_config(q: torch.Tensor, cq: int, causal: bool, hold: bool = True) -> dict:
     """The table's tile for the fused kernel on ``q [B, Hq, N, D]``: the held-query tile where its ``cq`` shifted
-    query tiles fit on chip, else the streamed tile (what :func:`launch_conv_forward` launches)."""
+    query tiles fit on chip (and ``hold``), else the streamed tile (what :func:`launch_conv_forward` launches)."""
     config = tuning.config_for("conv_forward", shifted_head_dim_block(q.shape[-1], q.dtype), q.dtype, causal)
-    return _hold_or_stream(config, q, cq, causal)
+    return _hold_or_stream(config, q, cq, causal, hold)
 
 
-def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool, scale: float):
+def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool, scale: float, plan: ConvPlan):
     """Launch the fused kernel on the pre-passes' ``kf, cd`` (:func:`conv_prepasses`) for a ``(cq, ck)`` kernel:
     ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32)."""
     o = empty_contiguous(q)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
-    conv_forward_launch(q, v, kf, cd, o, lse, kernel_size, causal, scale)()
+    conv_forward_launch(q, v, kf, cd, o, lse, kernel_size, causal, scale, plan)()
     return o, lse
 
 
-def conv_forward_launch(q, v, kf, cd, o, lse, kernel_size: tuple[int, int], causal: bool, scale: float) -> Launch:
+def conv_forward_launch(q, v, kf, cd, o, lse, kernel_size: tuple[int, int], causal: bool, scale: float,
+                        plan: ConvPlan) -> Launch:
     """The fused kernel's :class:`mta.launch.Launch` writing ``o`` and ``lse``, its tile from the table fitted on chip
     (held or streamed queries, :func:`_hold_or_stream`) and the TMA boxes fitted to it."""
     B, Hq, N, D = q.shape
     cq, ck = kernel_size
     e, _ = diagonal_reach(cq, ck)
-    qd, kfd, vd = stream_descriptors(q, v, kf)
+    qd, kfd, vd = stream_descriptors(q, v, kf, plan.copy_engine)
     return tiled_launch(
         "conv_forward", conv_forward_kernel, lambda tile: (cdiv(N, tile["BLOCK_M"]), B * Hq),
         (q, kf, v, cd, o, lse, qd, kfd, vd, *q.stride(), *v.stride(), *kf.stride(), *o.stride(),
          N, N, Hq, Hq // v.shape[1], scale, size_bucket(N)),
         dict(CAUSAL=causal, CQ=cq, CK=ck, E=e, E_PAD=_pad16(e), D=D, BLOCK_D=shifted_head_dim_block(D, q.dtype),
              PRECISION=dot_precision(q.dtype, split_fp32=False)),
-        dtype=q.dtype, fit=lambda tile: _hold_or_stream(tile, q, cq, causal), pre_hook=fit_stream_descriptors,
-        key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
+        dtype=q.dtype, fit=lambda tile: _hold_or_stream(tile, q, cq, causal, plan.hold_queries),
+        pre_hook=fit_stream_descriptors, key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
 
 
 def conv_attention_forward(q, k, v, weight, causal: bool, scale: float, plan: ConvPlan | None = None):
@@ -225,7 +229,7 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float, plan: Co
     q, k, v = within_int32_indexing(q, k, v, rows_per_head=weight.shape[1])
     kf, cd = conv_prepasses(q, k, weight, causal, plan)
     try:
-        return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), causal, scale)
+        return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), causal, scale, plan)
     except OutOfResources:  # a tile this GPU's shared memory cannot hold: the same outputs, unfused
         return conv_attention_forward_chunked(q, k, v, weight, causal, scale)
 

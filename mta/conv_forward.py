@@ -54,12 +54,7 @@ MAX_CQ = 32
 MAX_CK = 33
 #: Largest ``BLOCK_M x cq x BLOCK_D`` tile of shifted queries held for a whole key walk, in bytes.
 #: Beyond it the kernel reloads each shifted query tile for every key tile (slower, any size).
-#: Read at every launch, so a test can lower it to exercise that path.
 RESIDENT_BYTES = 96 * 1024
-#: Stream the pieces of the reloaded path through the copy engine (TMA tensor descriptors) where it can:
-#: a Hopper or newer GPU (or the interpreter, which emulates it), fp16/bf16, 16-byte aligned rows.
-#: Read at every launch, so a test can turn it off.
-USE_TMA = True
 
 
 def query_shift_groups(cq: int) -> tuple[int, int]:
@@ -102,8 +97,8 @@ def _resident(args: dict) -> bool:
 #: Meta-parameters derived at launch from the chosen tile (``triton.heuristics``).
 HEURISTICS = {"QA": lambda args: query_shift_groups(args["CQ"])[0],
               "QB": lambda args: query_shift_groups(args["CQ"])[1],
-              "RESIDENT": _resident,
-              "TMA": lambda args: args["QD"] is not None and not _resident(args),
+              "RESIDENT": lambda args: args.get("RESIDENT", _resident(args)),  # the launcher's where it gives one
+              "TMA": lambda args: args["QD"] is not None and not args["RESIDENT"],
               "WIDTH": lambda args: stream_width(args["BLOCK_D"])}
 
 

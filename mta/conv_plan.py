@@ -49,6 +49,10 @@ class ConvPlan:
     """How one ``conv_attention`` call runs.
 
     Attributes:
+        hold_queries: the forward holds its rows' shifted query tiles for the whole key walk where they fit in
+            :data:`mta.conv_forward.RESIDENT_BYTES` (else, and where False, it reloads them per key tile).
+        copy_engine: reloaded tiles come through Hopper's copy engine where it can read them
+            (:func:`mta.tma.stream_descriptors`), else by pointer loads.
         fold_by_product: the key fold by band-matrix products on the tensor cores
             (:func:`mta.conv_forward.fold_keys_product_kernel`), else by shifted loads (``fold_keys_kernel``).
         past_by_product: past scores by one product per row tile (``past_scores_product_kernel``) where the band
@@ -69,6 +73,8 @@ class ConvPlan:
     fold_by_product: bool
     past_by_product: bool
     backward: str
+    hold_queries: bool = True
+    copy_engine: bool = True
     keys_as_rows_tile: tuple[int, int, int, int] | None = None
     chunk: int | None = None
     gq_bytes: int = GQ_BYTES

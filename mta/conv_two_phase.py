@@ -212,11 +212,12 @@ def _chunks(n: int, size: int) -> list[tuple[int, int]]:
     return [(start, min(start + size, n)) for start in range(0, n, size)]
 
 
-def _descriptors(q, v, kf, do, tile: dict, block_d: int) -> tuple:
+def _descriptors(q, v, kf, do, tile: dict, block_d: int, copy_engine: bool) -> tuple:
     """``(QD, KFD, DOD)``: TMA descriptors for the phase-1 kernel (as the forward's streamed path, and ``dO``'s like
-    ``q``'s), boxes fitted to ``tile``; all None where the copy engine does not apply to any of them."""
-    qd, kfd, _ = stream_descriptors(q, v, kf)
-    dod = stream_descriptors(do, v, kf)[0] if qd is not None else None
+    ``q``'s), boxes fitted to ``tile``; all None where the copy engine does not apply to any of them, or is not
+    wanted (:attr:`mta.conv_plan.ConvPlan.copy_engine`)."""
+    qd, kfd, _ = stream_descriptors(q, v, kf, copy_engine)
+    dod = stream_descriptors(do, v, kf, copy_engine)[0] if qd is not None else None
     if dod is None:
         return None, None, None
     qd.block_shape = [1, 1, tile["BLOCK_M"], tile["WIDTH"]]
@@ -254,7 +255,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     constexprs = {name: meta[name] for name in ("CAUSAL", "CQ", "CK", "E", "E_PAD", "D", "BLOCK_D", "PRECISION")}
     size = chunk_size(B * Hq, N, tile, 2 * pk, plan.chunk)
     scratch = torch.empty((B * Hq, N, size), device=q.device, dtype=q.dtype)  # a chunk's rows x its keys
-    descriptors = _descriptors(q, v, kf, do, tile, block_d)
+    descriptors = _descriptors(q, v, kf, do, tile, block_d, plan.copy_engine)
     e_past = ck + cq - 3
     fold_meta = dict(NEAR=near, CQ=cq, EP=e_past, EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D, BLOCK_D=block_d)
     dry = in_dry_run()

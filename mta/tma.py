@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import conv_forward, runtime
+from . import runtime
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -18,14 +18,14 @@ def tma_ready(t: torch.Tensor) -> bool:
             and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1]))
 
 
-def stream_descriptors(q, v, kf):
+def stream_descriptors(q, v, kf, copy_engine: bool = True):
     """``(QD, KFD, VD)``: TMA descriptors over ``q [B, Hq, N, D]``, ``kf [B, Hq, cq, N, D]`` and
     ``v [B, Hkv, N, D]`` for the kernel's reloaded (streamed) path, their boxes fitted to the tile at launch
     (:func:`mta.conv_forward.fit_stream_descriptors`); ``(None, None, None)`` where the copy engine does not
-    apply: a GPU before Hopper, fp32, or rows not 16-byte aligned."""
+    apply (a GPU before Hopper, fp32, rows not 16-byte aligned) or is not wanted (``copy_engine`` False)."""
     gpu = None if q.device.type == "meta" else q.device  # meta: compile_ahead's dry run, on the current GPU
     on_hopper = runtime.INTERPRET or torch.cuda.get_device_capability(gpu)[0] >= 9
-    if not (conv_forward.USE_TMA and TensorDescriptor is not None and on_hopper
+    if not (copy_engine and TensorDescriptor is not None and on_hopper
             and q.dtype in (torch.float16, torch.bfloat16) and all(tma_ready(t) for t in (q, v, kf))):
         return None, None, None
     return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1] * t.dim()) for t in (q, kf, v))

@@ -42,15 +42,16 @@ def _seed(request):
 
 
 def planned_conv_attention(**fields):
-    """``conv_attention(q, k, v, weight, causal=True)`` run by the default plan for its inputs
+    """``conv_attention(q, k, v, weight, causal=True, return_lse=False)`` run by the default plan for its inputs
     (:func:`mta.conv.plan_of`) with ``fields`` replaced: how tests force a path."""
     import dataclasses
 
     from mta.conv import ConvAttention, plan_of
 
-    def conv_attention(q, k, v, weight, causal=True):
+    def conv_attention(q, k, v, weight, causal=True, return_lse=False):
         plan = dataclasses.replace(plan_of(q, weight, causal), **fields)
-        return ConvAttention.apply(q, k, v, weight, causal, q.shape[-1] ** -0.5, plan)[0]
+        o, lse = ConvAttention.apply(q, k, v, weight, causal, q.shape[-1] ** -0.5, plan)
+        return (o, lse) if return_lse else o
     return conv_attention
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mta
-from conftest import DEVICE, ON_GPU, rand, rand_qkv
+from conftest import DEVICE, ON_GPU, planned_conv_attention, rand, rand_qkv
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -37,10 +37,10 @@ def poisoned_outputs(monkeypatch):
 LSE_ATOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
-def run_case(N, cq, ck, causal, dtype, Hq=2, Hkv=1, D=32, B=1):
+def run_case(N, cq, ck, causal, dtype, Hq=2, Hkv=1, D=32, B=1, fn=mta.conv_attention):
     q, k, v = rand_qkv(B, Hq, Hkv, N, N, D, dtype=dtype)
     weight = rand(Hq, cq, ck, scale=0.2)  # fp32 weight, as a model keeps it
-    out, lse = mta.conv_attention(q, k, v, weight, causal=causal, return_lse=True)
+    out, lse = fn(q, k, v, weight, causal=causal, return_lse=True)
     ref, ref_lse = mta.conv_attention_reference(*(x.cpu().double() for x in (q, k, v, weight)),
                                                 causal=causal, return_lse=True)
     assert out.dtype == dtype and out.shape == q.shape
@@ -226,18 +226,15 @@ STREAMED = [(torch.float32, False), (torch.float16, False), (torch.float16, True
 @pytest.mark.parametrize("dtype,tma", STREAMED, ids=lambda x: str(x))
 @pytest.mark.parametrize("D", [16, 32, 96])  # one product per shift (16); two half-width ones, padded (96)
 @pytest.mark.parametrize("causal", [True, False])
-def test_streamed_queries_path_matches(causal, D, dtype, tma, monkeypatch, poisoned_outputs):
-    """With no room to hold the shifted queries, the kernel reloads them per key tile, through pointers or
-    (16-bit inputs) the copy engine's descriptors: same result."""
-    monkeypatch.setattr(mta.conv_forward, "RESIDENT_BYTES", 0)
-    monkeypatch.setattr(mta.conv_forward, "USE_TMA", tma)
-    run_case(45, 3, 5, causal, dtype, D=D)
+def test_streamed_queries_path_matches(causal, D, dtype, tma, poisoned_outputs):
+    """Planned not to hold the shifted queries, the kernel reloads them per key tile, through pointers or (16-bit
+    inputs) the copy engine's descriptors: same result."""
+    run_case(45, 3, 5, causal, dtype, D=D, fn=planned_conv_attention(hold_queries=False, copy_engine=tma))
 
 
 @pytest.mark.parametrize("N", [1, 70])
-def test_streamed_through_descriptors_gqa_and_strided_inputs(N, monkeypatch, poisoned_outputs):
+def test_streamed_through_descriptors_gqa_and_strided_inputs(N, poisoned_outputs):
     """The descriptors read GQA values and q, k, v laid out ``[B, N, H, D]`` (transposed views, not copies)."""
-    monkeypatch.setattr(mta.conv_forward, "RESIDENT_BYTES", 0)
     B, Hq, Hkv, D, dtype = 2, 4, 2, 32, torch.float16
     q = rand(B, N, Hq, D, dtype=dtype).transpose(1, 2)
     k, v = (rand(B, N, Hkv, D, dtype=dtype).transpose(1, 2) for _ in range(2))
@@ -245,14 +242,15 @@ def test_streamed_through_descriptors_gqa_and_strided_inputs(N, monkeypatch, poi
     assert mta.conv.stream_descriptors(q, v, mta.conv.fold_keys(k, weight, Hq))[0] is not None or \
         torch.cuda.get_device_capability()[0] < 9
     ref, ref_lse = mta.conv_attention_reference(*(x.cpu().double() for x in (q, k, v, weight)), return_lse=True)
-    out, lse = mta.conv_attention(q, k, v, weight, return_lse=True)
+    out, lse = planned_conv_attention(hold_queries=False)(q, k, v, weight, return_lse=True)
     check(out, ref, TOL[dtype])
     # At N = 1 the output is v[0] whatever the score: the lse checks the score itself.
     assert torch.allclose(lse.cpu().double(), ref_lse, rtol=1e-4, atol=2e-3)
 
 
-def test_stream_descriptors_only_where_the_copy_engine_can_read(monkeypatch):
-    """fp32, rows that are not a multiple of 16 bytes, an unaligned start, or USE_TMA off: pointer loads."""
+def test_stream_descriptors_only_where_the_copy_engine_can_read():
+    """fp32, rows that are not a multiple of 16 bytes, an unaligned start, or a plan without the copy engine:
+    pointer loads."""
     if ON_GPU and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("no copy engine before Hopper")
     q, k, v = rand_qkv(1, 2, 1, 9, 9, 24, dtype=torch.float16)
@@ -270,8 +268,7 @@ def test_stream_descriptors_only_where_the_copy_engine_can_read(monkeypatch):
     assert q_off.data_ptr() % 16 == 2 and all(s * 2 % 16 == 0 for s in q_off.stride()[:-1])
     assert all(d is not None for d in descriptors(q_off.clone(), k, v))  # the same strides, aligned
     assert descriptors(q_off, k, v) == (None, None, None)
-    monkeypatch.setattr(mta.conv_forward, "USE_TMA", False)
-    assert descriptors(q, k, v) == (None, None, None)
+    assert mta.conv.stream_descriptors(q, v, mta.conv.fold_keys(k, w, 2), copy_engine=False) == (None, None, None)
 
 
 @pytest.mark.parametrize("N", [1, 23, 70])

@@ -94,11 +94,12 @@ def flash_launch(q, k, v) -> tuple[Launch, torch.Tensor]:
 def conv_launch(q, k, v, weight) -> tuple[Launch, torch.Tensor]:
     """The causal MTA forward kernel's launch alone (:func:`mta.conv.conv_forward_launch`), its pre-passes run once
     here, and its output."""
-    from mta.conv import conv_forward_launch, conv_prepasses
+    from mta.conv import conv_forward_launch, conv_prepasses, plan_of
 
-    kf, cd = conv_prepasses(q, k, weight, causal=True)
+    plan = plan_of(q, weight, True)
+    kf, cd = conv_prepasses(q, k, weight, True, plan)
     o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
-    return conv_forward_launch(q, v, kf, cd, o, lse, tuple(weight.shape[1:]), True, q.shape[-1] ** -0.5), o
+    return conv_forward_launch(q, v, kf, cd, o, lse, tuple(weight.shape[1:]), True, q.shape[-1] ** -0.5, plan), o
 
 
 def writing(made: Launch, kernel, out: torch.Tensor):
