@@ -13,7 +13,6 @@ import torch
 
 import mta
 from mta import conv_two_phase
-from mta.conv import plan_of
 from conftest import ON_GPU, close_in_norm, planned_conv_attention, rand, rand_qkv, rel_err
 
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -274,14 +273,6 @@ def test_chunk_from_the_scratch_budget():
     assert conv_two_phase.chunk_size(4096, 65536, tile, 10) == 128
 
 
-def test_dq_far_kernel_rule():
-    """The plan takes the dq kernel for 128-wide head-dim tiles only (where it is faster than the GEMMs)."""
-    def plan(head_dim):
-        return mta.conv_plan.plan_conv(torch.bfloat16, head_dim, (6, 11), True, "hopper")
-    assert plan(128).dq_far_kernel and plan(96).dq_far_kernel
-    assert not plan(64).dq_far_kernel and not plan(256).dq_far_kernel
-
-
 def test_shifted_queries_side_by_side():
     q = rand(2, 3, 7, 4)
     qs = conv_two_phase.shifted_queries_side_by_side(q, 3).view(2, 3, 7, 3, 4)
@@ -290,21 +281,3 @@ def test_shifted_queries_side_by_side():
             r = i - 2 + a
             expected = q[:, :, r] if r >= 0 else torch.zeros_like(q[:, :, 0])
             assert torch.equal(qs[:, :, i, a], expected), (a, i)
-
-
-def test_one_pass_in_the_interpreter():
-    """The plan takes two phases for bf16 on Hopper GPUs only (the interpreter has neither)."""
-    assert plan_of(rand(1, 2, 64, 128, dtype=torch.float16), rand(2, 6, 11), True).backward == "one_pass"
-
-
-@pytest.mark.parametrize("head_dim,cq,dtype,family,two", [
-    (128, 6, torch.bfloat16, "hopper", True), (96, 4, torch.bfloat16, "hopper", True),
-    (128, 3, torch.bfloat16, "hopper", True), (64, 6, torch.bfloat16, "hopper", True),
-    (64, 11, torch.bfloat16, "hopper", True), (256, 6, torch.bfloat16, "hopper", True),
-    (64, 2, torch.bfloat16, "hopper", False), (128, 1, torch.bfloat16, "hopper", False),
-    (128, 6, torch.float16, "hopper", False), (128, 6, torch.float32, "hopper", False),
-    (128, 6, torch.bfloat16, "other", False)], ids=str)
-def test_the_rule_takes_two_phases_from_three_query_shifts(head_dim, cq, dtype, family, two):
-    """bf16 on Hopper with cq >= 3: faster from 3 x 3 on (d = 64 to 256), slower at 1 x 1 and 2 x 9."""
-    plan = mta.conv_plan.plan_conv(dtype, head_dim, (cq, 11), True, family)
-    assert (plan.backward == "two_phase") is two
