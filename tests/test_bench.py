@@ -311,6 +311,23 @@ def test_a_pass_that_fails_ends_the_measuring_of_that_implementation():
     assert m["status"] == "oom" and m["a_ms"] is m["b_ms"] is None and m["error"] and ran == ["a", "a"]
 
 
+def test_wall_time_per_call_is_recorded_beside_the_gpu_time():
+    """With a wall timer, each pass also records its wall time per call under ``<stem>_wall_ms``, timed after the
+    GPU time with the same reset before each call."""
+    passes = (harness.Pass("fwd", "fwd_ms", memory_key="fwd_bytes"), harness.Pass("decode", "ms"))
+    walls, resets = [], []
+
+    def wall(fn, before_each=None):
+        walls.append(before_each)
+        fn()
+        return 2.5
+    tools = harness.Tools(timer=lambda fn, before_each=None: fn() or 1.5, memory=lambda fn: fn() or 7, wall=wall)
+    reset = lambda: resets.append(1)  # noqa: E731
+    m = harness.measure({"fwd": (lambda: None, reset), "decode": (lambda: None, None)}, passes, tools)
+    assert (m["fwd_ms"], m["fwd_wall_ms"], m["fwd_bytes"], m["ms"], m["wall_ms"]) == (1.5, 2.5, 7, 1.5, 2.5)
+    assert walls == [reset, None] and [p.wall_key for p in passes] == ["fwd_wall_ms", "wall_ms"]
+
+
 # --- a whole run on the CPU: JSON, PNG, exit status -------------------------------------------
 
 

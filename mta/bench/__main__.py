@@ -18,7 +18,7 @@ from .flash import FlashBenchmark
 from .harness import REPO_ROOT, Tools, run_benchmark
 from .launch_order import LaunchOrderBenchmark
 from .startup import StartupBenchmark
-from .timing import peak_extra_memory_bytes, time_ms
+from .timing import peak_extra_memory_bytes, time_ms, wall_ms
 
 BENCHMARKS = (FlashBenchmark, ConvBenchmark, LaunchOrderBenchmark, StartupBenchmark, DecodeBenchmark)
 #: Exit status when no CUDA device is present: the benchmarks only produce real GPU numbers.
@@ -76,6 +76,7 @@ def main(argv=None) -> int:
     bench = args.bench(**{kw["dest"]: getattr(args, kw["dest"]) for kw in args.bench.options.values()})
     warmup, rep = getattr(args, "warmup", 10), getattr(args, "rep", 30)
     tools = Tools(timer=functools.partial(time_ms, warmup=warmup, rep=rep), memory=peak_extra_memory_bytes,
+                  wall=functools.partial(wall_ms, warmup=warmup, rep=rep),
                   device=torch.device("cuda", torch.cuda.current_device()), warn=tqdm.write)
     return run_benchmark(bench, tools, out=repo_path(args.out), quick=args.quick, warmup=warmup, rep=rep,
                          resume=args.resume)

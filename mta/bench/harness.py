@@ -30,23 +30,32 @@ RESUME_KEYS = ("gpu", "torch", "triton", "git_commit", "mta_source_sha256")
 
 @dataclass(frozen=True)
 class Pass:
-    """A measured pass and the record keys of its time, peak extra memory (None: not measured) and error."""
+    """A measured pass and the record keys of its time, peak extra memory (None: not measured) and error; its wall
+    time per call goes under :attr:`wall_key`."""
 
     name: str
     time_key: str
     memory_key: Optional[str] = None
     error_key: str = "error"
 
+    @property
+    def wall_key(self) -> str:
+        """``fwd_ms`` -> ``fwd_wall_ms``: the key of the pass's wall time per call in a back-to-back loop."""
+        stem = self.time_key.removesuffix("ms").rstrip("_")
+        return f"{stem}_wall_ms" if stem else "wall_ms"
+
 
 @dataclass
 class Tools:
-    """``timer(call, before_each=reset) -> ms`` and ``memory(call) -> bytes`` (tests pass fakes), the device, and
-    ``warn(line)``, which prints without breaking the progress bar."""
+    """``timer(call, before_each=reset) -> ms`` (the GPU's time), ``memory(call) -> bytes`` and
+    ``wall(call, before_each=reset) -> ms`` (the wall time per call in a back-to-back loop; None: not measured;
+    tests pass fakes), the device, and ``warn(line)``, which prints without breaking the progress bar."""
 
     timer: Callable[..., float]
     memory: Optional[Callable[[Callable], int]] = None
     device: object = "cuda"
     warn: Callable[[str], None] = print
+    wall: Optional[Callable[..., float]] = None
 
 
 class Benchmark:
@@ -117,7 +126,8 @@ def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Option
     "oom" or "error" and the error with the warnings raised along (SDPA says there why a backend refused). A pass
     in ``skipped`` (``{name: reason}``) has the reason as its error; the status is then "skipped" if nothing failed.
     """
-    keys = [k for p in passes for k in (p.time_key, p.memory_key, p.error_key) if k]
+    keys = [k for p in passes for k in (p.time_key, p.wall_key if tools.wall else None, p.memory_key, p.error_key)
+            if k]
     m, skipped = {**dict.fromkeys(keys), "status": "ok"}, skipped or {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -130,6 +140,9 @@ def measure(calls: dict, passes: tuple[Pass, ...], tools: Tools, skipped: Option
             seen = len(caught)  # an earlier pass's warnings say nothing about this one
             try:
                 m[p.time_key] = tools.timer(call, before_each=reset)
+                if tools.wall is not None:
+                    clear()
+                    m[p.wall_key] = tools.wall(call, before_each=reset)
                 if p.memory_key:
                     clear()
                     m[p.memory_key] = int(tools.memory(call))

@@ -120,13 +120,22 @@ def impl_grid(records: list[dict], column_keys: tuple[str, ...], column_title: C
     return fig
 
 
+def wall_rows(records: list[dict], rows: list[tuple]) -> list[tuple]:
+    """The rows of wall time per call in a back-to-back loop (GPU time is the spin-timed rows above them), where the
+    run measured them."""
+    return [row for row in rows if any(r.get(row[0]) is not None for r in records)]
+
+
 def plot_flash(source: Union[str, Path, dict], dtype: str = "bfloat16"):
-    """TFLOPS against sequence length: rows forward, backward; columns (head dim, causal)."""
+    """TFLOPS (GPU time) against sequence length: rows forward, backward, then the wall times per call where measured;
+    columns (head dim, causal)."""
     data = load_results(source)
     records = select(data["results"], dtype=dtype)
     if not records:
         raise ValueError(f"no flash results for dtype {dtype!r}")
     rows = [("fwd_tflops", "forward", "TFLOPS", 1.0), ("bwd_tflops", "backward", "TFLOPS", 1.0)]
+    rows += wall_rows(records, [("fwd_wall_ms", "forward wall time", "wall ms per call", 1.0),
+                                ("fwd_bwd_wall_ms", "fwd+bwd wall time", "wall ms per call", 1.0)])
     fig = impl_grid(records, ("head_dim", "causal"), lambda d, c: f"d={d}, {'causal' if c else 'non-causal'}", rows,
                     "mta", "mta check failed", log=False)
     cfg = data["config"]
@@ -145,6 +154,8 @@ def plot_conv(source: Union[str, Path, dict]):
             ("peak_extra_bytes", "peak extra memory", "peak extra memory (MiB)", MIB),
             ("fwd_bwd_ms", "fwd+bwd time", "fwd+bwd time (ms)", 1.0),
             ("fwd_bwd_peak_extra_bytes", "fwd+bwd memory", "fwd+bwd peak memory (MiB)", MIB)]
+    rows += wall_rows(records, [("fwd_wall_ms", "forward wall time", "wall ms per call", 1.0),
+                                ("fwd_bwd_wall_ms", "fwd+bwd wall time", "wall ms per call", 1.0)])
     plain = {impl: {"label": f"{IMPL_STYLES[impl]['label']} (no conv)", "linestyle": ":"}
              for impl in ("sdpa_flash", "sdpa_cudnn")}
     fig = impl_grid(records, ("batch", "heads", "kv_heads", "head_dim", "cq", "ck"), lambda b, h, hkv, d, cq, ck:
@@ -161,6 +172,7 @@ def plot_decode(source: Union[str, Path, dict]):
     implementation, the plain read dashed; mta_decode's failed checks crossed out."""
     data = load_results(source)
     rows = [("us", "time", "time per step (us)", 1.0), ("tbps", "bandwidth", "TB/s (K, V bytes / time)", 1.0)]
+    rows += wall_rows(data["results"], [("wall_ms", "wall time", "wall time per step (us)", 1e3)])
     fig = impl_grid(data["results"], ("batch", "heads", "kv_heads", "head_dim"),
                     lambda b, h, hkv, d: f"B={b} Hq={h} Hkv={hkv} D={d}", rows, "mta_decode",
                     "mta.decode_attention check failed", log=True, restyle=DECODE_STYLES)

@@ -1,4 +1,5 @@
-"""GPU timing with CUDA events (the median of per-call event pairs), and peak extra memory of a call.
+"""GPU timing with CUDA events (the median of per-call event pairs), wall time per call in a back-to-back loop, and
+peak extra memory of a call.
 
 Before each timed call, untimed: a 256 MB write evicts the inputs from L2 (50 MB on an H100), so each call reads
 them from HBM as a training step would; then the GPU spins (``torch.cuda._sleep``) for twice the call's host launch
@@ -21,8 +22,12 @@ LAUNCH_LEAD_CYCLES = 2_000_000
 LAUNCH_PROBES = 6
 CALIBRATION_CYCLES = 10_000_000  # spun and timed to convert milliseconds to cycles (about 5 ms)
 #: How a benchmark's JSON config describes this timing.
-TIMING = ("median over rep of per-call CUDA event times; 256 MB L2 flush and a GPU spin (launch_lead: so launch "
-          "overhead is not timed) before each call")
+GPU_TIMING = ("median over rep of per-call CUDA event times; 256 MB L2 flush and a GPU spin (launch_lead: so launch "
+              "overhead is not timed) before each call")
+#: What the ``*_wall_ms`` keys are (runs without them predate it: their configs say :data:`GPU_TIMING` alone).
+WALL_TIMING = ("; *_wall_ms: wall time per call of rep calls back to back, no synchronisation between them, launch "
+               "overhead included")
+TIMING = GPU_TIMING + WALL_TIMING
 LAUNCH_LEAD = "max(2e6 cycles, 2 x measured launch time)"
 
 _flush_buffers: dict[torch.device, torch.Tensor] = {}
@@ -105,6 +110,28 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
             before_each: Optional[Callable[[], None]] = None) -> float:
     """Median time of ``fn`` in milliseconds; see :func:`time_samples_ms`."""
     return statistics.median(time_samples_ms(fn, warmup=warmup, rep=rep, before_each=before_each))
+
+
+def wall_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
+            before_each: Optional[Callable[[], None]] = None) -> float:
+    """Wall time per call of ``fn`` in milliseconds as a user's loop sees it: ``rep`` calls queued back to back
+    (``before_each`` included), no synchronisation between them, from the first call's start until the GPU has
+    finished the last, over ``rep``. Host work and launch overhead count wherever they exceed the GPU's work."""
+    device = require_cuda("wall timing")
+    if rep < 1 or warmup < 0:
+        raise ValueError(f"need rep >= 1 and warmup >= 0, got rep={rep}, warmup={warmup}")
+    for _ in range(warmup):
+        if before_each is not None:
+            before_each()
+        fn()
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(rep):
+        if before_each is not None:
+            before_each()
+        fn()
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) * 1e3 / rep
 
 
 def peak_extra_memory_bytes(fn: Callable[[], object]) -> int:
