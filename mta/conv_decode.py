@@ -44,6 +44,7 @@ def fold_queries(q_cache, weight, lens, n_new: int) -> torch.Tensor:
     return qf
 
 
+@functools.lru_cache(maxsize=1024)  # one plan per call signature: a decode step asks at every layer and token
 def plan_conv_decode(batch: int, heads: int, kv_heads: int, n_new: int, n_max: int, head_dim: int,
                      dtype: torch.dtype, kernel_size: tuple[int, int], num_splits: int | None = None,
                      gpu: DeviceFacts | None = None) -> DecodePlan:

@@ -208,6 +208,7 @@ def with_even_deal(plan: DecodePlan, sms: int, per_sm: int) -> DecodePlan:
     return dataclasses.replace(plan, form="stream", tiles_per_program=per_program, programs=programs, slots=slots)
 
 
+@functools.lru_cache(maxsize=1024)  # one plan per call signature: a decode step asks at every layer and token
 def plan_decode(batch: int, heads: int, kv_heads: int, n_new: int, n_max: int, head_dim: int, dtype: torch.dtype,
                 num_splits: int | None = None, gpu: DeviceFacts | None = None) -> DecodePlan:
     """The plan of :func:`decode_attention` for ``q [batch, heads, n_new, head_dim]`` against caches
