@@ -77,18 +77,30 @@ def launch_lead_cycles(fn: Callable[[], object], device: torch.device,
     return max(LAUNCH_LEAD_CYCLES, round(2 * sorted(launch_ms)[-2] * spin_cycles_per_ms(device)))
 
 
+def calls(fn: Callable[[], object], n: int, before_each: Optional[Callable[[], None]] = None) -> None:
+    """``n`` calls of ``fn``, each after ``before_each`` (where given)."""
+    for _ in range(n):
+        if before_each is not None:
+            before_each()
+        fn()
+
+
+def warmed_up(fn: Callable[[], object], warmup: int, rep: int,
+              before_each: Optional[Callable[[], None]] = None) -> torch.device:
+    """The CUDA device, after ``warmup`` untimed calls of ``fn`` have finished (``rep``, ``warmup`` checked)."""
+    device = require_cuda()
+    if rep < 1 or warmup < 0:
+        raise ValueError(f"need rep >= 1 and warmup >= 0, got rep={rep}, warmup={warmup}")
+    calls(fn, warmup, before_each)
+    torch.cuda.synchronize(device)
+    return device
+
+
 def time_samples_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
                     before_each: Optional[Callable[[], None]] = None) -> list[float]:
     """Milliseconds of ``rep`` calls of ``fn`` (which should only launch GPU work) after ``warmup`` untimed ones;
     ``before_each`` runs before every call, untimed (e.g. to drop accumulated gradients)."""
-    device = require_cuda()
-    if rep < 1 or warmup < 0:
-        raise ValueError(f"need rep >= 1 and warmup >= 0, got rep={rep}, warmup={warmup}")
-    for _ in range(warmup):
-        if before_each is not None:
-            before_each()
-        fn()
-    torch.cuda.synchronize(device)
+    device = warmed_up(fn, warmup, rep, before_each)
     lead = launch_lead_cycles(fn, device, before_each)
     if device not in _flush_buffers:
         _flush_buffers[device] = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
@@ -117,19 +129,9 @@ def wall_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
     """Wall time per call of ``fn`` in milliseconds as a user's loop sees it: ``rep`` calls queued back to back
     (``before_each`` included), no synchronisation between them, from the first call's start until the GPU has
     finished the last, over ``rep``. Host work and launch overhead count wherever they exceed the GPU's work."""
-    device = require_cuda("wall timing")
-    if rep < 1 or warmup < 0:
-        raise ValueError(f"need rep >= 1 and warmup >= 0, got rep={rep}, warmup={warmup}")
-    for _ in range(warmup):
-        if before_each is not None:
-            before_each()
-        fn()
-    torch.cuda.synchronize(device)
+    device = warmed_up(fn, warmup, rep, before_each)
     start = time.perf_counter()
-    for _ in range(rep):
-        if before_each is not None:
-            before_each()
-        fn()
+    calls(fn, rep, before_each)
     torch.cuda.synchronize(device)
     return (time.perf_counter() - start) * 1e3 / rep
 
