@@ -32,7 +32,7 @@ import torch
 
 from . import conv as _conv
 from . import flash as _flash
-from .checks import check_causal, check_weight, is_int, is_int_list, resolve_scale
+from .checks import check_causal, check_weight, is_int, resolve_scale
 from .decode import check_num_splits, seqlens_argument
 from .differentiable_once import MESSAGE
 from .launch import batch_chunks, check_kernel_inputs, concat_chunks
