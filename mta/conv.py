@@ -25,7 +25,7 @@ from .conv_forward import (MAX_CK, MAX_CQ, query_shift_groups, conv_forward_kern
 from .conv_plan import ConvPlan, fit_backward_tile, plan_conv, post_pass_tile
 from .flash_backward import rowsum_do_o_kernel
 from .launch import (Launch, batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
-                     dot_precision, empty_contiguous, head_dim_block, in_dry_run, launch, launch_tiled, next_power_of_2, tiled_launch,
+                     dot_precision, empty_contiguous, head_dim_block, launch, launch_tiled, next_power_of_2, tiled_launch,
                      shared_memory_limit, shifted_head_dim_block, wants_gradients, within_int32_indexing)
 from .tma import stream_descriptors
 from .tuning import size_bucket
@@ -257,14 +257,10 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
         parts = [conv_attention_backward(*(t[a:b] for t in (do, q, k, v, o, lse)), weight, causal, scale, plan)
                  for a, b in chunks]
-        if in_dry_run():
-            return parts[0]
         dq, dk, dv = (torch.cat(x) for x in list(zip(*parts))[:3])
         return dq, dk, dv, functools.reduce(torch.add, (p[3] for p in parts))  # summed in batch order
     do, q, k, v, o = within_int32_indexing(do, q, k, v, o, rows_per_head=weight.shape[1])
     if plan.backward == "chunked":
-        if in_dry_run():  # nothing of Triton's to compile
-            return None, None, None, None
         return conv_attention_backward_chunked(do, q, k, v, weight, causal, scale)
     try:
         return _fused_backward(do, q, k, v, o, lse, weight, causal, scale, plan)
@@ -288,7 +284,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, pla
     w = weight.detach().float().contiguous()
     two_phase = plan.backward == "two_phase"
     # Two phases: the shifted queries and dO.v on the masked diagonals made on the side stream, beside the pre-passes.
-    side = conv_two_phase.side_stream(q.device) if two_phase else None  # None on the dry run's meta tensors
+    side = conv_two_phase.side_stream(q.device) if two_phase else None
     qs = conv_two_phase.shifted_queries_beside(q, cq, side) if two_phase else None
     qs_made = conv_two_phase.event_on(side)
     if near:
@@ -335,8 +331,6 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, pla
                                                                                  conv_two_phase.event_on(side)))
     else:
         dq, dk, dv = _one_pass_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta, dw_parts, plan)
-    if in_dry_run():
-        return dq, dk, dv, None
     # Fixed-order reductions over the per-program partials: deterministic.
     dweight = torch.cat(dw_parts).sum(dim=(0, 1)) * scale
     return dq, dk, dv, dweight

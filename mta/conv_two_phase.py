@@ -41,7 +41,7 @@ from .tma import descriptor, stream_descriptors
 from .conv_backward import conv_dk_fold_kernel, conv_dk_fold_product_kernel, conv_dq_fold_kernel
 from .conv_dc_kernels import conv_dc_kernel, shifted_queries_kernel
 from .conv_dq_kernels import conv_dq_far_kernel
-from .launch import cdiv, empty_contiguous, in_dry_run, launch, next_power_of_2
+from .launch import cdiv, empty_contiguous, launch, next_power_of_2
 
 #: ``(rows, warps)`` of the dK fold's pointer-kernel programs on a GPU up to 128-wide head dims: 8 rows on one
 #: warp, the fastest on Hopper at d = 64 and 128 (elsewhere :func:`mta.conv_plan.post_pass_tile`'s).
@@ -258,10 +258,9 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     descriptors = _descriptors(q, v, kf, do, tile, block_d, plan.copy_engine)
     e_past = ck + cq - 3
     fold_meta = dict(NEAR=near, CQ=cq, EP=e_past, EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D, BLOCK_D=block_d)
-    dry = in_dry_run()
 
     kf_cat = kf.permute(0, 1, 3, 2, 4).reshape(B * Hq, N, cq * D)  # a view: kf is laid out keys-major
-    side = side_stream(q.device)  # None on the dry run's meta tensors
+    side = side_stream(q.device)
     # What conv.py queued beside: the shifted queries, which the first U GEMM waits for, and the near part's G,
     # which the first dQ fold waits for (the dK folds, on the side stream, come after it there).
     qs, qs_made, g_made = (beside_work if beside_work is not None
@@ -307,11 +306,6 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
                *descriptors, dcd, *q.stride(), *v.stride(), *kf.stride(), *do.stride(), *dv.stride(),
                dcs.stride(0), dcs.stride(1), N, N, c0, row0, Hkv, Hq // Hkv, scale, tuning.size_bucket(N),
                **constexprs, **tile)
-        if dry:  # one launch of each kernel compiles it (the dq kernel's both variants)
-            if far_kernel:
-                dq_far_part(dcs, c0, c1, row0, (False, True)[:1 + (len(chunks) > 1)])
-            break
-
         # dK side: U = dC_far^T Qshift for the chunk's keys, written once; key c's fold reads U rows c - pk ..
         # c + pk, so the keys within pk of the chunk's end wait for the next chunk.
         qs_made = wait_for(qs_made, q.device)
@@ -348,27 +342,4 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     if side is not None:  # dk and the far dW partials, made beside, are read after this
         torch.cuda.current_stream(q.device).wait_stream(side)
     del kf, kf_cat, qs, prev, scratch
-    if dry:
-        # The folds compile here too (their first chunk's launch), on buffers of the chunks' shapes.
-        _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, scale, plan)
-        return empty_contiguous(q), dk, dv
     return dq if dq is not None else dq_sum.to(q.dtype), dk, dv
-
-
-def _dry_run_folds(q, k, g, w, dq_sum, dk, size, near, fold_meta, dq_rows, dq_warps, scale, plan):
-    """Inside :func:`mta.launch.compile_ahead`'s dry run: the folds' launches of :func:`two_phase_sides` on meta
-    buffers of a chunk's shape (the GEMMs that make them do not run there): the dK fold with and without a
-    previous chunk, the dQ fold with and without the near part."""
-    B, Hq, N, D = q.shape
-    Hkv = k.shape[1]
-    cq, ck = w.shape[1:]
-    buf = torch.empty((B * Hq, size, cq * D), device=q.device, dtype=q.dtype)  # cuBLAS's output dtype
-    for first in (True, False) if N > size else (True,):  # one chunk: only the first chunk's variants
-        if not plan.dq_far_kernel:
-            launch(conv_dq_fold_kernel, (1, B * Hq), buf, g, k, dq_sum, dq_sum, buf.stride(0), D, cq * D,
-                   *k.stride(), *dq_sum.stride(), n=N, cur0=0, cur1=1, f0=0, f1=1, num_heads=Hq,
-                   group_size=Hq // Hkv, scale=scale, ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps,
-                   **{**fold_meta, "NEAR": near and first})
-        dwf = torch.empty((1, B, Hq, cq, ck), device=q.device, dtype=torch.float32)
-        fold_dk(buf, None if first else buf, 0, 0, 0, 1, g, q, k, w, dk, dwf, scale, near, fold_meta["BLOCK_D"],
-                plan.dk_fold_by_product)

@@ -7,6 +7,7 @@ this module checks inputs, launches them and ties them together with
 
 from __future__ import annotations
 
+import inspect
 from typing import Optional
 
 import torch
@@ -138,6 +139,12 @@ class KernelFunction(torch.autograd.Function):
     """What the fused attention Functions share for ``torch.func``: ``vmap`` (:func:`vmap_as_batch`) and a ``jvp``
     that says forward mode is not supported. Their ``setup_context`` is apart from ``forward``, as the transforms
     need."""
+
+    def __init_subclass__(cls, **kwargs):
+        # With setup_context apart, every apply binds its arguments to forward's signature (inspect.signature):
+        # kept on the function, inspect finds it at once instead of rebuilding it per call.
+        super().__init_subclass__(**kwargs)
+        cls.forward.__signature__ = inspect.signature(cls.forward)
 
     @classmethod
     def vmap(cls, info, in_dims, *args):

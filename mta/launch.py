@@ -47,11 +47,8 @@ NO_SPECIALIZE = ["n_q", "n_k", "N_BUCKET"]
 
 
 def check_kernel_device(**tensors: torch.Tensor) -> None:
-    """Each named tensor is where the Triton kernels run: the GPU, or the CPU in interpreter mode
-    (or the meta device, inside :func:`compile_ahead`'s dry run)."""
+    """Each named tensor is where the Triton kernels run: the GPU, or the CPU in interpreter mode."""
     for name, x in tensors.items():
-        if x.device.type == "meta" and in_dry_run():
-            continue
         if runtime.INTERPRET and x.device.type != "cpu":
             raise ValueError(f"Triton runs in interpreter mode (TRITON_INTERPRET=1): {name} must be on the cpu, "
                              f"got {x.device}")
@@ -147,8 +144,8 @@ def fits_on_chip(config: dict, block_d: int, elem_bytes: int, shared_bytes: int)
 
 
 def shared_memory_limit(device: torch.device) -> int:
-    """Bytes of shared memory one program may use on ``device`` (a meta tensor's: the current GPU's)."""
-    return _shared_memory_limit(torch.cuda.current_device() if device.type == "meta" else device.index)
+    """Bytes of shared memory one program may use on ``device``."""
+    return _shared_memory_limit(torch.cuda.current_device() if device.index is None else device.index)
 
 
 @functools.cache
@@ -237,15 +234,13 @@ DRY_RUN_ERRORS: list = []
 
 
 def in_dry_run() -> bool:
-    """Inside :func:`compile_ahead`'s dry run (tensors on the meta device, launches only compile). Launchers skip
-    the torch arithmetic after their last kernel there: its first use on meta tensors costs a second."""
+    """Inside :func:`compile_ahead`'s dry run, where :func:`launch` only compiles."""
     return _DRY_RUN.get()
 
 
 def empty_contiguous(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A new contiguous tensor of ``x``'s shape, on its device (``dtype``: default ``x``'s). Launchers use it, not
-    ``torch.empty_like``: on the meta tensors of :func:`compile_ahead`'s dry run, ``empty_like`` runs torch's
-    Python reference, whose first use imports sympy (seconds of a first call); a factory does not."""
+    """A new contiguous tensor of ``x``'s shape, on its device (``dtype``: default ``x``'s), whatever ``x``'s
+    strides (``torch.empty_like`` keeps them)."""
     return torch.empty(x.shape, dtype=x.dtype if dtype is None else dtype, device=x.device)
 
 
@@ -345,14 +340,15 @@ def compile_ahead(name: str, launches, *args) -> None:
     process for each ``name`` and signature of ``args`` (:func:`_signature`).
 
     Without it a first call compiles its kernels one after the other (seconds each: Triton's passes, ptxas,
-    then a C compiler for the launcher), and the MTA forward and backward launch eleven. Here ``launches`` runs
-    once as a dry run, on meta tensors of the same sizes, strides and dtypes: each :func:`launch` queues its
-    compile (Triton's ``AsyncCompileMode``) in a thread pool, where LLVM and ptxas run without the GIL, and the
-    launchers are built there too. The real launches that follow find their kernels compiled: they specialize
-    the same way (a meta tensor's address is 0, 16-byte aligned like any fresh allocation; an unaligned view
-    just compiles again). Nothing happens in Triton's interpreter, with ``MTA_AUTOTUNE=1`` (the autotuner
-    compiles its candidates itself), with ``MTA_COMPILE_AHEAD=0``, or while ``torch.compile`` traces; if the
-    dry run fails, the real call compiles, and reports errors, as it would without it.
+    then a C compiler for the launcher), and the MTA forward and backward launch eleven. Here ``launches(*args)``
+    runs once as a dry run on the call's own tensors, in which each :func:`launch` queues its kernel's compile
+    (Triton's ``AsyncCompileMode``) in a thread pool, where LLVM and ptxas run without the GIL, and builds its
+    launcher there too; every other operation (allocations, cuBLAS products, reductions) runs as usual, on
+    buffers no kernel has written, and its results are dropped. The real launches that follow find their kernels
+    compiled: they specialize on the same tensors. The launchers write only buffers they allocate, so the dry
+    run leaves the inputs as they were. Nothing happens in Triton's interpreter, with ``MTA_AUTOTUNE=1`` (the
+    autotuner compiles its candidates itself), with ``MTA_COMPILE_AHEAD=0``, or while ``torch.compile`` traces;
+    if the dry run fails, the real call compiles, and reports errors, as it would without it.
     """
     if (torch.compiler.is_compiling() or not COMPILE_AHEAD or runtime.INTERPRET or tuning.AUTOTUNE
             or AsyncCompileMode is None or in_dry_run()):
@@ -361,14 +357,12 @@ def compile_ahead(name: str, launches, *args) -> None:
     key = (name, device, *map(_signature, args))
     if key in _COMPILED_AHEAD:
         return
-    ghosts = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-              if isinstance(x, torch.Tensor) else x for x in args]
     pool = _compile_pool(os.getpid())
     _COMPILED_AHEAD.add(key)
     token = _DRY_RUN.set(True)
     try:
         with on_device_of(args), AsyncCompileMode(pool) as mode, torch.no_grad():  # compiled for args' GPU
-            launches(*ghosts)
+            launches(*args)
             # Queued after every compile, so a thread that takes one of these finds its compile already started.
             launchers = [pool.submit(_build_launcher, compiling) for compiling in mode.raw_futures]
         for built in launchers:

@@ -23,8 +23,7 @@ def stream_descriptors(q, v, kf, copy_engine: bool = True):
     ``v [B, Hkv, N, D]`` for the kernel's reloaded (streamed) path, their boxes fitted to the tile at launch
     (:func:`mta.conv_forward.fit_stream_descriptors`); ``(None, None, None)`` where the copy engine does not
     apply (a GPU before Hopper, fp32, rows not 16-byte aligned) or is not wanted (``copy_engine`` False)."""
-    gpu = None if q.device.type == "meta" else q.device  # meta: compile_ahead's dry run, on the current GPU
-    on_hopper = runtime.INTERPRET or torch.cuda.get_device_capability(gpu)[0] >= 9
+    on_hopper = runtime.INTERPRET or torch.cuda.get_device_capability(q.device)[0] >= 9
     if not (copy_engine and TensorDescriptor is not None and on_hopper
             and q.dtype in (torch.float16, torch.bfloat16) and all(tma_ready(t) for t in (q, v, kf))):
         return None, None, None

@@ -38,11 +38,11 @@ def test_conv_attention_takes_the_chunks_where_the_fused_backward_does_not_fit(d
     calls = []
     chunked = mta.conv.conv_attention_backward_chunked
     chunked_by_default(monkeypatch)
-    monkeypatch.setattr(mta.conv, "conv_attention_backward_chunked", lambda *a: calls.append(1) or chunked(*a))
+    monkeypatch.setattr(mta.conv, "conv_attention_backward_chunked", lambda *a: calls.append(not mta.launch.in_dry_run()) or chunked(*a))
     q, k, v = rand_qkv(2, 4, 2, 30, 30, 16, dtype=dtype)
     weight, do = rand(4, 5, 7, scale=0.2), rand(2, 4, 30, 16, dtype=dtype)
     out = grads(mta.conv_attention, q, k, v, weight, do)
-    assert calls == [1]
+    assert calls.count(True) == 1  # on a GPU, compile_ahead's dry run calls it too
     for name, x, y, like in zip(NAMES, out, reference_grads(q, k, v, weight, do, True), (q, k, v, weight)):
         assert x.dtype == like.dtype, name
         check(name, x, y, TOL[dtype])
