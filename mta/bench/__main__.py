@@ -17,10 +17,11 @@ from .decode import DecodeBenchmark
 from .flash import FlashBenchmark
 from .harness import REPO_ROOT, Tools, run_benchmark
 from .launch_order import LaunchOrderBenchmark
+from .model import ModelBenchmark
 from .startup import StartupBenchmark
 from .timing import peak_extra_memory_bytes, time_ms, wall_ms
 
-BENCHMARKS = (FlashBenchmark, ConvBenchmark, LaunchOrderBenchmark, StartupBenchmark, DecodeBenchmark)
+BENCHMARKS = (FlashBenchmark, ConvBenchmark, LaunchOrderBenchmark, StartupBenchmark, DecodeBenchmark, ModelBenchmark)
 #: Exit status when no CUDA device is present: the benchmarks only produce real GPU numbers.
 EXIT_NO_CUDA = 2
 

@@ -251,6 +251,67 @@ def plot_startup(source: Union[str, Path, dict]):
                        f"Hkv={shape['kv_heads']} N={shape['seq_len']}", data, bottom=0.04)
 
 
+#: The model benchmark's variants.
+MODEL_STYLES = {
+    "mta": {"label": "MTA model (mta kernels)", "color": "C3"},
+    "plain_ours": {"label": "plain model, mta kernels", "color": "C1"},
+    "plain_sdpa": {"label": "plain model, SDPA", "color": "C0"},
+}
+
+
+def plot_model(source: Union[str, Path, dict]):
+    """Tokens/s of the model benchmark as bars: a panel per training shape (top row) and per generation batch
+    (bottom row), a group of bars per mode, a bar per variant (none where the run failed, marked "x")."""
+    import matplotlib.pyplot as plt
+
+    data = load_results(source)
+    results = data["results"]
+    panels = []  # (task, where, title) a row per task present
+    for task, keys in (("training", ("batch", "seq_len")), ("generation", ("batch",))):
+        found = sorted({tuple(r[k] for k in keys) for r in results if r["task"] == task}, key=lambda x: x[::-1])
+        if found:
+            panels.append([(task, dict(zip(keys, f)), f"{task}, " + " ".join(f"{'B' if k == 'batch' else 'N'}={v}"
+                                                                              for k, v in zip(keys, f)))
+                           for f in found])
+    if not panels:
+        raise ValueError("no model results")
+    columns = max(len(row) for row in panels)
+    fig, axes = plt.subplots(len(panels), columns, squeeze=False, figsize=(3.6 * columns, 3.2 * len(panels)))
+    variants = [v for v in MODEL_STYLES if any(r["variant"] == v for r in results)]
+    width = 0.8 / max(len(variants), 1)
+    for row, row_panels in enumerate(panels):
+        for col in range(columns):
+            ax = axes[row][col]
+            if col >= len(row_panels):
+                ax.set_visible(False)
+                continue
+            task, where, title = row_panels[col]
+            records = select(results, task=task, **where)
+            modes = list(dict.fromkeys(r["mode"] for r in records))
+            for i, variant in enumerate(variants):
+                for x, mode in enumerate(modes):
+                    found = select(records, variant=variant, mode=mode)
+                    rate = found[0].get("tokens_per_s") if found else None
+                    at = x + (i - (len(variants) - 1) / 2) * width
+                    if rate:
+                        ax.bar(at, rate, width=width, **MODEL_STYLES[variant])
+                        ax.annotate(f"{rate:,.0f}", (at, rate), ha="center", va="bottom", fontsize=6, rotation=90)
+                    elif found:
+                        ax.annotate("x", (at, 0), ha="center", va="bottom", color="red")
+            ax.set_xticks(range(len(modes)), [m.replace("_", "-") for m in modes])
+            ax.set_ylim(0, 1.25 * max((r.get("tokens_per_s") or 0 for r in records), default=1) or 1)
+            ax.grid(alpha=0.3, axis="y")
+            ax.set_title(title, fontsize=9)
+            if col == 0:
+                ax.set_ylabel("tokens/s")
+    handles, labels = _unique_legend(axes)
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, -0.02), frameon=False)
+    model = data["config"]["model"]
+    return titled(fig, f"A {model['layers']}-layer decoder (dim {model['dim']}) in tokens/s: training step "
+                       "(tokens / step time) and generation (new tokens / decode time)", data,
+                  bottom=0.06 / len(panels) * 2)
+
+
 def _points(records: list[dict], key: str, scale: float = 1.0, positive: bool = False,
             only_failed_checks: bool = False) -> list[tuple[int, float]]:
     """``(seq_len, value * scale)`` sorted, without missing values, with ``positive`` those a log axis cannot

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 from .conv import HEADLINE_AT
 from .harness import REPO_ROOT, Column, measured, ratio, shape_rows
+from .model import model_tables
 
 FIGURES = "figures"
 OUT = "docs/performance.md"
@@ -21,12 +22,13 @@ HELP = "render docs/performance.md from the committed figures/bench_*.json (no G
 FLASH_N = 8192
 DECODE_N = 65536
 #: The benchmarks in the order the page shows them (a JSON's ``config["benchmark"]``, else its subcommand).
-KINDS = ("flash", "conv", "order", "decode", "startup")
+KINDS = ("flash", "conv", "order", "decode", "startup", "model")
 TITLES = {"flash": "mta.flash_attention against SDPA",
           "conv": "mta.conv_attention (MTA) against flash attention and the reference",
           "order": "causal tiles launched heaviest first",
           "decode": "one decode step against a KV cache",
-          "startup": "the first call in a fresh process"}
+          "startup": "the first call in a fresh process",
+          "model": "a whole model in tokens/s: MTA against plain attention"}
 #: What a file's provenance does not say about it.
 FILE_NOTES = {
     "bench_conv.json": "This run predates the two-phase backward (`mta.conv_two_phase`): its backward is the one-pass "
@@ -66,6 +68,11 @@ medians of repeated calls, each call after an L2 flush and behind a GPU spin tha
   launch and reduction, so a kernel can pass it), every cache position valid. Checked against fp32 references.
 - `python -m mta.bench startup`: seconds a user waits on the first call of each public kernel function in a fresh
   Python process, with an empty and with a warm Triton cache.
+- `python -m mta.bench model`: tokens/s of a 12-layer decoder with MTA (6 x 11) in every fourth layer against the
+  same model with plain attention through `mta`'s kernels and through SDPA: a training step (forward, backward,
+  AdamW, bf16 autocast) eager and under `torch.compile(mode="reduce-overhead")`, and greedy generation eager and
+  CUDA-graphed. Wall time of steps back to back, as a training or generation loop sees it; no check of its own
+  (the layers are those the other benchmarks check). The ratios the project targets are recorded, pass or missed.
 
 `--quick` runs a reduced set of shapes, `--out` writes elsewhere, `--resume` goes on from an interrupted run; after
 a run, `python -m mta.bench report` brings this page up to date.
@@ -236,7 +243,7 @@ def startup_tables(data: dict) -> list[Table]:
 
 TABLES: dict[str, Callable[[dict], list[Table]]] = {
     "flash": flash_tables, "conv": conv_tables, "order": order_tables, "decode": decode_tables,
-    "startup": startup_tables}
+    "startup": startup_tables, "model": model_tables}
 
 
 def main(out: Path = REPO_ROOT / OUT, figures: Path = REPO_ROOT / FIGURES, check: bool = False) -> int:
