@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - older Triton compiles at each launch
 
 from . import runtime, tuning
 from .checks import check_qkv
+from .compiled_launches import launch_again
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -297,14 +298,18 @@ _INTERPRETER_TURNS = threading.RLock()
 
 def launch(kernel, grid, *args, **meta):
     """``kernel[grid](*args, **meta)`` (``grid`` a tuple, or a function of the tile for an autotuned kernel) on the
-    device of its first tensor argument (:func:`on_device_of`), one thread at a time in Triton's interpreter; inside
-    :func:`compile_ahead`'s dry run, only its compile, queued."""
+    device of its first tensor argument (:func:`on_device_of`), a launch signature seen before without Triton's
+    argument binding (:func:`mta.compiled_launches.launch_again`); one thread at a time in Triton's interpreter;
+    inside :func:`compile_ahead`'s dry run, only its compile, queued."""
     if isinstance(grid, tuple) and max(grid[1:], default=0) > MAX_GRID_AXIS_1:  # the launchers chunk batches
         raise RuntimeError(f"grid {grid} is over CUDA's {MAX_GRID_AXIS_1} programs on its second or third axis")
     if in_dry_run():
         return kernel.warmup(*args, grid=grid, **meta)
-    with on_device_of(args), (_INTERPRETER_TURNS if runtime.INTERPRET else contextlib.nullcontext()):
-        return kernel[grid](*args, **meta)
+    if runtime.INTERPRET:
+        with _INTERPRETER_TURNS:
+            return kernel[grid](*args, **meta)
+    with on_device_of(args):
+        return launch_again(kernel, grid, args, meta)
 
 
 @functools.cache

@@ -1,0 +1,83 @@
+"""Launching a kernel again the way it was launched before, without Triton's argument binding.
+
+``kernel[grid](*args, **meta)`` binds every argument, works out what Triton specializes on (each pointer's
+16-byte alignment, each int's value being 1 or a multiple of 16, the constexprs), hashes that to find the
+compiled kernel, then launches it: tens of microseconds of Python per launch, more than many of the kernels
+take on the GPU. A training step or a decode loop launches the same kernels on tensors of the same shapes call
+after call, so :func:`launch_again` keeps, per launch signature, the compiled kernel Triton returned and the
+constant tail of its argument list, and launches it directly the next time.
+
+The signature holds everything the compile can depend on: the kernel, the grid, the current GPU, every
+argument but a tensor's address (a tensor's dtype and alignment, an int's or float's type and value, a TMA
+descriptor's shapes, strides and box) and every keyword. A call whose signature matches is the same compile,
+launched on new addresses.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+import triton
+
+try:  # Triton >= 3.4: TMA descriptors made on the host
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+
+#: Launch signatures kept (the oldest dropped first): a model has a few dozen; a loop over ever new shapes only
+#: pays the signature's cost on top of Triton's own launch.
+MAX_SIGNATURES = 4096
+_SCALARS = (int, float, bool, str, type(None))
+
+_made: OrderedDict = OrderedDict()
+
+
+def signature(kernel, grid: tuple, args: tuple, meta: dict, device: int):
+    """What a launch's compile depends on, hashable; None where an argument is of a kind not listed in the module
+    docstring (such a launch always goes through Triton's binding)."""
+    parts = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            parts.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif type(a) in _SCALARS:
+            parts.append((type(a), a))
+        elif TensorDescriptor is not None and isinstance(a, TensorDescriptor):
+            parts.append((a.base.dtype, a.base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides),
+                          tuple(a.block_shape), getattr(a, "padding", None)))
+        else:
+            return None
+    return kernel, grid, device, tuple(parts), tuple(meta.items())
+
+
+def launch_again(kernel, grid: tuple, args: tuple, meta: dict):
+    """``kernel[grid](*args, **meta)`` on the current GPU: from the kept compiled kernel where this signature was
+    launched before, else through Triton, keeping what it returns. Returns Triton's compiled kernel."""
+    if not isinstance(kernel, triton.runtime.jit.JITFunction):  # an autotuner picks its own compile per call
+        return kernel[grid](*args, **meta)
+    key = signature(kernel, grid, args, meta, torch.cuda.current_device())
+    try:
+        made = _made.get(key) if key is not None else None
+    except TypeError:  # an unhashable keyword
+        key = made = None
+    if made is not None:
+        run, tail = made
+        run(*args, *tail)
+        return None
+    compiled = kernel[grid](*args, **meta)
+    if key is not None and compiled is not None:
+        _made[key] = (compiled[grid], _tail(kernel, len(args), meta))
+        if len(_made) > MAX_SIGNATURES:
+            _made.popitem(last=False)
+    return compiled
+
+
+def _tail(kernel, positional: int, meta: dict) -> tuple:
+    """The kernel's parameters after the ``positional`` ones, in order: the keywords given, else the defaults
+    (what Triton's binding passes the compiled kernel, constexprs included)."""
+    return tuple(meta[p.name] if p.name in meta else p.default for p in kernel.params[positional:])
+
+
+def forget() -> None:
+    """Drop every kept launch (for tests)."""
+    _made.clear()
