@@ -5,6 +5,7 @@ no CUDA device is present, before any kernel is defined.
 """
 
 from . import runtime  # noqa: F401  (must come before any Triton kernel)
+from .captured_step import CapturedStep, capture_step
 from .conv import conv_attention
 from .conv_decode import conv_decode_attention
 from .decode import decode_attention
@@ -25,11 +26,13 @@ from . import ops  # noqa: E402  (the kernels as torch.library custom ops, for t
 
 __all__ = [
     "AttentionState",
+    "CapturedStep",
     "KVCache",
     "MultiTokenAttention",
     "attention_state",
     "blocked_attention",
     "blocked_softmax",
+    "capture_step",
     "conv_attention",
     "conv_attention_reference",
     "conv_decode_attention",

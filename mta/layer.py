@@ -10,6 +10,8 @@ layer computes exactly causal attention and training moves it away from there, a
 Generation: :meth:`MultiTokenAttention.new_cache` makes a :class:`mta.KVCache`; :meth:`~MultiTokenAttention.prefill`
 runs the fused forward on the prompt and fills the cache; :meth:`~MultiTokenAttention.step` appends a few new
 tokens per sequence and runs the decode kernels. ``layer(x, cache=cache)`` does whichever of the two applies.
+A step never waits for the device, so a model's decode step can be captured in a CUDA graph
+(:func:`mta.capture_step`) or compiled whole.
 """
 
 from __future__ import annotations
@@ -166,6 +168,7 @@ class MultiTokenAttention(nn.Module):
                              f"of dim {cache.q.shape[3]}, this layer's {self.num_heads} heads of dim {self.head_dim}")
         if cache.k.device != x.device:
             raise ValueError(f"x is on {x.device} but the cache is on {cache.k.device}")
+        cache.check_lengths()
 
     def _project(self, x: torch.Tensor, positions: Optional[torch.Tensor]):
         """``x [B, n, dim]`` -> ``q [B, n, H, D]``, ``k, v [B, n, Hkv, D]`` in one dtype, RoPE applied at
@@ -240,8 +243,9 @@ class MultiTokenAttention(nn.Module):
 
         ``lengths`` ``[B]`` (ints): a right-padded batch's real lengths (default: all ``N``); a causal layer's
         rows before a sequence's end never see the padding (zeroed first: it may hold anything, NaN included), and
-        decoding continues at each sequence's length. Returns ``[B, N, dim]`` (rows at or past a sequence's length
-        are padding).
+        decoding continues at each sequence's length. Given on the host (a list, a CPU tensor) they are checked;
+        a tensor on the cache's device is not read (that would synchronise): its values are clamped to
+        ``1 .. N``. Returns ``[B, N, dim]`` (rows at or past a sequence's length are padding).
         """
         self._check_input(x)
         self._check_cache(x, cache)
@@ -250,10 +254,14 @@ class MultiTokenAttention(nn.Module):
         N = x.shape[1]
         if lengths is not None:
             lengths = cache.prompt_lengths(lengths, N)
-            pad = torch.arange(N) >= lengths[:, None]  # on the host, as the lengths
-            if pad.any():  # zeroed: a row's later keys get probability 0 in the kernels, but 0 * NaN (or inf) in
-                # P @ V is NaN, so non-finite padding would reach the rows before a sequence's end
-                x = x.masked_fill(pad.to(x.device, non_blocking=True)[..., None], 0.0)
+            # Zeroed: a row's later keys get probability 0 in the kernels, but 0 * NaN (or inf) in P @ V is NaN,
+            # so non-finite padding would reach the rows before a sequence's end.
+            if isinstance(lengths, list):  # on the host: the mask only where some sequence is padded
+                if min(lengths) < N:
+                    pad = torch.arange(N) >= torch.tensor(lengths)[:, None]
+                    x = x.masked_fill(pad.to(x.device, non_blocking=True)[..., None], 0.0)
+            else:
+                x = x.masked_fill((torch.arange(N, device=x.device) >= lengths[:, None])[..., None], 0.0)
         q, k, v = self._project(x, torch.arange(N, device=x.device))
         # Attend in the cache's dtype, as the decode steps will; the cache is filled once that has worked.
         qc, kc, vc = (t.to(cache.k.dtype).transpose(1, 2) for t in (q, k, v))
@@ -268,26 +276,33 @@ class MultiTokenAttention(nn.Module):
         (:func:`mta.conv_decode_attention` for MTA, :func:`mta.decode_attention` for plain attention).
 
         Exactly the rows of :meth:`forward` on each whole sequence so far. Returns ``[B, n, dim]``.
+
+        Nothing here waits for the device: positions are computed and tokens written on the device, and the
+        bound check reads the cache's host-side bound (:meth:`mta.KVCache.check_room`). So a step can be captured
+        in a CUDA graph and replayed token after token (:func:`mta.capture_step` does it for a whole model and
+        keeps the checks, before each replay), or compiled with ``torch.compile(fullgraph=True,
+        mode="reduce-overhead")``. Inside a capture or a compiled step nothing is checked on the host: a write
+        past the cache's end is clamped to it (nothing outside the cache is written), and the cache's host bound
+        becomes unknown until the next eager call reads it back.
         """
         self._check_input(x)
         self._check_cache(x, cache)
         n = x.shape[1]
         if not 1 <= n <= MAX_NEW_QUERIES:  # before the cache advances: a refused step leaves it as it was
             raise ValueError(f"a step decodes 1 to {MAX_NEW_QUERIES} new tokens per sequence, got {n}")
-        positions = cache.positions(n).to(x.device)
+        cache.check_room(n)
+        positions = cache.positions(n)
         q, k, v = self._project(x, positions)
-        lengths_before = cache.lengths.clone()
-        cache.append(q, k, v)
-        try:
-            qc, kc, vc = cache.views()
-            lengths = cache.lengths.to(torch.int32)
-            if self.is_mta:
-                o = ops.conv_decode_attention(qc, kc, vc, self.conv_weight, cache_seqlens=lengths, num_queries=n)
-            else:
-                o = ops.decode_attention(q.to(kc.dtype).transpose(1, 2), kc, vc, cache_seqlens=lengths)
-        except BaseException:  # a failed step leaves the cache as it was (what it wrote lies past the lengths)
-            cache.lengths.copy_(lengths_before)
-            raise
+        # Written past the lengths, which advance once the attention has worked: a failed step leaves the cache as
+        # it was.
+        cache.write(q, k, v, positions)
+        lengths = cache.lengths + n
+        qc, kc, vc = cache.views()
+        if self.is_mta:
+            o = ops.conv_decode_attention(qc, kc, vc, self.conv_weight, cache_seqlens=lengths, num_queries=n)
+        else:
+            o = ops.decode_attention(q.to(kc.dtype).transpose(1, 2), kc, vc, cache_seqlens=lengths)
+        cache.advance(n)
         return self._merge_heads(o.to(q.dtype))
 
 

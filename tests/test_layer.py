@@ -165,12 +165,12 @@ def test_compile_fullgraph_no_graph_breaks():
 
 
 def test_a_compiled_layer_generates_the_rows_of_its_forward():
-    """``torch.compile(layer)`` (not fullgraph: the cache's lengths are data) prefills and steps through the same
-    rows as the whole forward; a cache is compared by identity, so it can be hashed and looked up."""
+    """``torch.compile(layer, fullgraph=True)`` prefills and steps through the same rows as the whole forward; a
+    cache is compared by identity, so it can be hashed and looked up."""
     layer = make_layer(heads=2, kernel_size=(3, 5))
     x = rand(2, 9, 32)
     want = layer(x)
-    model = torch.compile(layer, backend="aot_eager")
+    model = torch.compile(layer, backend="aot_eager", fullgraph=True)
     cache = layer.new_cache(2, 12)
     with torch.no_grad():
         got = torch.cat([model(x[:, :6], cache=cache), *(model(x[:, t:t + 1], cache=cache) for t in range(6, 9))], 1)
