@@ -66,7 +66,7 @@ def launch_again(kernel, grid: tuple, args: tuple, meta: dict):
         return None
     compiled = kernel[grid](*args, **meta)
     if key is not None and compiled is not None:
-        _made[key] = (compiled[grid], _tail(kernel, len(args), meta))
+        _made[key] = (compiled[grid + (1,) * (3 - len(grid))], _tail(kernel, len(args), meta))  # x, y, z
         if len(_made) > MAX_SIGNATURES:
             _made.popitem(last=False)
     return compiled

@@ -50,11 +50,11 @@ def kernel(monkeypatch):
 
 def test_a_repeated_signature_runs_the_kept_kernel_with_the_new_tensors(kernel):
     x, y = torch.zeros(64), torch.ones(64)
-    compiled_launches.launch_again(kernel, (4, 1, 1), (x, 64, 0.5), {"BLOCK": 16, "num_warps": 4})
-    compiled_launches.launch_again(kernel, (4, 1, 1), (y, 64, 0.5), {"BLOCK": 16, "num_warps": 4})
+    compiled_launches.launch_again(kernel, (4,), (x, 64, 0.5), {"BLOCK": 16, "num_warps": 4})
+    compiled_launches.launch_again(kernel, (4,), (y, 64, 0.5), {"BLOCK": 16, "num_warps": 4})
     assert len(kernel.binds) == 1
     (grid, args), = kernel.runs
-    assert grid == (4, 1, 1) and args[0] is y and args[1:] == (64, 0.5, 16, False)  # BLOCK given, HALF's default
+    assert grid == (4, 1, 1) and args[0] is y  # a compiled kernel's launch takes all three grid axes and args[1:] == (64, 0.5, 16, False)  # BLOCK given, HALF's default
 
 
 @pytest.mark.parametrize("change", ["int", "int to bool", "float", "dtype", "alignment", "keyword", "grid"])

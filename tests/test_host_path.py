@@ -68,10 +68,11 @@ def test_no_host_device_synchronisation_inside_a_call(case):
     fn, make = CASES[case]
     args = make()
     fn(*args)  # the first call compiles
+    fresh = make()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        fn(*make())
+        fn(*fresh)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
