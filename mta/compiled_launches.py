@@ -5,7 +5,9 @@
 compiled kernel, then launches it: tens of microseconds of Python per launch, more than many of the kernels
 take on the GPU. A training step or a decode loop launches the same kernels on tensors of the same shapes call
 after call, so :func:`launch_again` keeps, per launch signature, the compiled kernel Triton returned and the
-constant tail of its argument list, and launches it directly the next time.
+constant tail of its argument list, and launches it directly the next time. A launcher that makes its launch
+once per call signature (:class:`mta.launch.LaunchPlan`) keeps its compiled kernels itself
+(:func:`run_kept`) and skips even the signature.
 
 The signature holds everything the compile can depend on: the kernel, the grid, the current GPU, every
 argument but a tensor's address (a tensor's dtype and alignment, an int's or float's type and value, a TMA
@@ -69,6 +71,21 @@ def launch_again(kernel, grid: tuple, args: tuple, meta: dict):
         _made[key] = (compiled[grid + (1,) * (3 - len(grid))], _tail(kernel, len(args), meta))  # x, y, z
         if len(_made) > MAX_SIGNATURES:
             _made.popitem(last=False)
+    return compiled
+
+
+def run_kept(kept: dict, kernel, grid: tuple, tensors: tuple, fixed: tuple, meta: dict, device: int):
+    """``kernel[grid](*tensors, *fixed, **meta)`` on the current GPU ``device``, for a launch whose arguments but
+    its leading ``tensors`` (None for an optional one) were fixed once: from ``kept`` (a plan's own dict: the
+    compiled kernel per GPU and alignment of the tensors) where launched so before, else through Triton."""
+    key = (device, *[None if t is None else t.data_ptr() % 16 == 0 for t in tensors])
+    made = kept.get(key)
+    if made is not None:
+        run, rest = made
+        return run(*tensors, *rest)
+    compiled = kernel[grid](*tensors, *fixed, **meta)
+    if compiled is not None:
+        kept[key] = (compiled[grid + (1,) * (3 - len(grid))], fixed + _tail(kernel, len(tensors) + len(fixed), meta))
     return compiled
 
 

@@ -15,7 +15,7 @@ from triton.runtime.errors import OutOfResources
 from . import conv_two_phase, runtime, tuning
 from .checks import check_causal, check_weight, resolve_scale
 from .differentiable_once import differentiable_once
-from .flash import KernelFunction, wrapped_by_functorch
+from .flash import KernelFunction, needs_autograd, wrapped_by_functorch
 from .conv_chunked import conv_attention_backward_chunked, conv_attention_forward_chunked
 from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_kernel, conv_dq_kernel,
                             conv_near_kernel)
@@ -474,6 +474,9 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
         o, lse = torch.ops.mta.conv_attention(q, k, v, weight, causal, scale)
         return (o, lse) if return_lse else o
     plan = plan_of(q, weight, causal)
-    compile_conv_ahead(q, k, v, weight, causal, scale, plan)
-    o, lse = ConvAttention.apply(q, k, v, weight, causal, scale, plan)
+    if needs_autograd(q, k, v, weight):
+        compile_conv_ahead(q, k, v, weight, causal, scale, plan)
+        o, lse = ConvAttention.apply(q, k, v, weight, causal, scale, plan)
+    else:  # inference: the kernels alone, without autograd's bookkeeping
+        o, lse = conv_attention_forward(q, k, v, weight, causal, scale, plan)
     return (o, lse) if return_lse else o

@@ -16,8 +16,8 @@ import torch
 from . import runtime, tuning
 from .checks import check_count, is_int_list, resolve_scale
 from .decode_kernels import decode_combine_kernel, decode_split_kernel, decode_stream_kernel
-from .launch import (INT32_INDEX_LIMIT, batch_chunks, cdiv, check_kernel_inputs, dot_precision, head_dim_block,
-                     index_span, launch, next_power_of_2)
+from .launch import (INT32_INDEX_LIMIT, Launch, LaunchPlans, batch_chunks, cdiv, check_kernel_inputs, dot_precision,
+                     head_dim_block, index_span, next_power_of_2)
 
 #: Most new queries per call (rows of a decode tile: query heads of a group x new queries).
 MAX_NEW_QUERIES = 16
@@ -547,6 +547,21 @@ def run_decode(plan: DecodePlan, q, k, v, lens, scale: float, weight=None) -> to
 
 
 def _run_split(plan: DecodePlan, q, k, v, lens, o, scale: float, weight) -> None:
+    programs = plan.splits + (plan.band_keys > 0)
+    one = programs == 1
+    parts = (None, None, None) if one else split_states(programs, plan.batch * plan.heads * plan.n_new,
+                                                        plan.head_dim, k.device)
+    signature = ("split", plan, q.stride(), k.stride(), v.stride(), q.dtype, k.device, scale, weight is None,
+                 None if lens is None else lens.dtype)
+    split, merge = LAUNCHES.get(signature, lambda: _split_launches(plan, q, weight, k, v, lens, o, parts, scale))
+    split(q, weight, k, v, lens, o, *parts)
+    if merge is not None:
+        merge(*parts, o)
+
+
+def _split_launches(plan: DecodePlan, q, weight, k, v, lens, o, parts, scale: float):
+    """The :class:`mta.launch.LaunchPlan` s of a ``"split"`` plan: the split kernel, and the merge (None where one
+    program writes each row)."""
     cq, ck = plan.kernel_size
     e = plan.band_keys
     programs = plan.splits + (e > 0)
@@ -554,41 +569,55 @@ def _run_split(plan: DecodePlan, q, k, v, lens, o, scale: float, weight) -> None
     pdl = plan.pdl and not one
     block_e = max(16, next_power_of_2(plan.n_new + e - 1))
     a_group, band_stack = band_stack_rows(cq, plan.rows, plan.block_d) if plan.band == "stacked" else (1, 0)
-    parts = (None, None, None) if one else split_states(programs, plan.batch * plan.heads * plan.n_new,
-                                                        plan.head_dim, k.device)
-    launch(decode_split_kernel, (programs, plan.batch * plan.kv_heads, plan.row_tiles),
-           q, weight, k, v, lens, o, *parts, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-           n_max=plan.n_max, n_new=plan.n_new, num_heads=plan.heads, num_kv_heads=plan.kv_heads,
-           num_splits=plan.splits, scale=scale,
-           HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e, D=plan.head_dim,
-           BLOCK_D=plan.block_d, ROWS=plan.rows, BLOCK_M=plan.block_m, STACK=plan.stack, BLOCK_N=plan.block_n,
-           BLOCK_E=block_e, BLOCK_W=next_power_of_2(block_e + ck - 1), A_GROUP=a_group, BAND_STACK=band_stack,
-           PDL=pdl, PRECISION=dot_precision(k.dtype), INTERLEAVE=plan.interleave, WIDE=wide_offsets(q, k, v),
-           num_warps=plan.num_warps, num_stages=plan.num_stages)
-    if not one:
-        _merge(parts, o, plan, programs, pdl)
+    split = Launch(decode_split_kernel, (programs, plan.batch * plan.kv_heads, plan.row_tiles),
+                   (q, weight, k, v, lens, o, *parts, *q.stride(), *k.stride(), *v.stride(), *o.stride()),
+                   dict(n_max=plan.n_max, n_new=plan.n_new, num_heads=plan.heads, num_kv_heads=plan.kv_heads,
+                        num_splits=plan.splits, scale=scale,
+                        HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e,
+                        D=plan.head_dim, BLOCK_D=plan.block_d, ROWS=plan.rows, BLOCK_M=plan.block_m,
+                        STACK=plan.stack, BLOCK_N=plan.block_n, BLOCK_E=block_e,
+                        BLOCK_W=next_power_of_2(block_e + ck - 1), A_GROUP=a_group, BAND_STACK=band_stack, PDL=pdl,
+                        PRECISION=dot_precision(k.dtype), INTERLEAVE=plan.interleave, WIDE=wide_offsets(q, k, v),
+                        num_warps=plan.num_warps, num_stages=plan.num_stages)).plan(9)
+    return split, None if one else _merge_launch(parts, o, plan, programs, pdl)
 
 
 def _run_stream(plan: DecodePlan, q, k, v, lens, o, scale: float) -> None:
-    tiles = cdiv(plan.n_max, plan.block_n)
     parts = split_states(plan.slots, plan.batch * plan.heads * plan.n_new, plan.head_dim, k.device)
-    launch(decode_stream_kernel, (plan.programs,), q, k, v, lens, *parts, *q.stride(), *k.stride(), *v.stride(),
-           n_max=plan.n_max, n_new=plan.n_new, num_heads=plan.heads, num_kv_heads=plan.kv_heads,
-           row_tiles=plan.row_tiles, tiles_per_pair=tiles, tiles_per_program=plan.tiles_per_program,
-           total_tiles=plan.units * tiles, num_slots=plan.slots, scale=scale,
-           HAS_LENS=lens is not None, D=plan.head_dim, BLOCK_D=plan.block_d, ROWS=plan.rows, BLOCK_M=plan.block_m,
-           BLOCK_N=plan.block_n, PDL=plan.pdl, PRECISION=dot_precision(k.dtype), WIDE=wide_offsets(q, k, v),
-           num_warps=plan.num_warps, num_stages=plan.num_stages)
-    _merge(parts, o, plan, plan.slots, plan.pdl)
+    signature = ("stream", plan, q.stride(), k.stride(), v.stride(), q.dtype, k.device, scale, None if lens is None else lens.dtype)
+    stream, merge = LAUNCHES.get(signature, lambda: _stream_launches(plan, q, k, v, lens, o, parts, scale))
+    stream(q, k, v, lens, *parts)
+    merge(*parts, o)
 
 
-def _merge(parts, o, plan: DecodePlan, slots: int, pdl: bool) -> None:
+def _stream_launches(plan: DecodePlan, q, k, v, lens, o, parts, scale: float):
+    """The :class:`mta.launch.LaunchPlan` s of a ``"stream"`` plan: the even deal of key tiles, then the merge."""
+    tiles = cdiv(plan.n_max, plan.block_n)
+    stream = Launch(decode_stream_kernel, (plan.programs,),
+                    (q, k, v, lens, *parts, *q.stride(), *k.stride(), *v.stride()),
+                    dict(n_max=plan.n_max, n_new=plan.n_new, num_heads=plan.heads, num_kv_heads=plan.kv_heads,
+                         row_tiles=plan.row_tiles, tiles_per_pair=tiles, tiles_per_program=plan.tiles_per_program,
+                         total_tiles=plan.units * tiles, num_slots=plan.slots, scale=scale,
+                         HAS_LENS=lens is not None, D=plan.head_dim, BLOCK_D=plan.block_d, ROWS=plan.rows,
+                         BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PDL=plan.pdl, PRECISION=dot_precision(k.dtype),
+                         WIDE=wide_offsets(q, k, v), num_warps=plan.num_warps, num_stages=plan.num_stages)).plan(7)
+    return stream, _merge_launch(parts, o, plan, plan.slots, plan.pdl)
+
+
+def _merge_launch(parts, o, plan: DecodePlan, slots: int, pdl: bool):
     """:func:`decode_combine_kernel <mta.decode_kernels.decode_combine_kernel>` over the ``slots`` states
-    ``parts`` of every row of ``o [B, Hq, n_new, D]``; ``pdl``: as a programmatic dependent of the kernel before."""
-    launch(decode_combine_kernel, (plan.batch * plan.heads * plan.n_new,), *parts, o, *o.stride(),
-           n_new=plan.n_new, num_heads=plan.heads, num_splits=slots, D=plan.head_dim, BLOCK_D=plan.block_d,
-           BLOCK_S=COMBINE_BLOCK_S, PDL=pdl, num_warps=1 if plan.block_d <= 64 else 2,
-           **({"launch_pdl": True} if pdl else {}))
+    ``parts`` of every row of ``o [B, Hq, n_new, D]``, as a :class:`mta.launch.LaunchPlan` on ``(*parts, o)``;
+    ``pdl``: as a programmatic dependent of the kernel before."""
+    return Launch(decode_combine_kernel, (plan.batch * plan.heads * plan.n_new,), (*parts, o, *o.stride()),
+                  dict(n_new=plan.n_new, num_heads=plan.heads, num_splits=slots, D=plan.head_dim,
+                       BLOCK_D=plan.block_d, BLOCK_S=COMBINE_BLOCK_S, PDL=pdl,
+                       num_warps=1 if plan.block_d <= 64 else 2,
+                       **({"launch_pdl": True} if pdl else {}))).plan(4)
+
+
+#: The decode kernels' launches per call signature: the plan, the inputs' strides and dtype, the device, the
+#: scale and which optional inputs are given (everything but the tensors' addresses).
+LAUNCHES = LaunchPlans()
 
 
 def in_batch_chunks(run, kv_heads: int, q, k, v, lens) -> torch.Tensor:

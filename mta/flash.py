@@ -16,8 +16,8 @@ from .checks import check_causal, resolve_scale
 from .differentiable_once import FORWARD_MODE_MESSAGE, differentiable_once
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
-from .launch import (Launch, batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks, dot_precision,
-                     empty_contiguous, head_dim_block, launch, launch_tiled, tiled_launch, wants_gradients,
+from .launch import (Launch, LaunchPlans, batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks, dot_precision,
+                     empty_contiguous, head_dim_block, tiled_launch, wants_gradients,
                      within_int32_indexing)
 from .tuning import size_bucket
 
@@ -30,8 +30,14 @@ def flash_forward(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, to
     o = empty_contiguous(q)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if q.shape[2] > 0:
-        flash_forward_launch(q, k, v, o, lse, causal, scale)()
+        signature = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal, scale)
+        FORWARD_PLANS.get(signature, lambda: flash_forward_launch(q, k, v, o, lse, causal, scale).plan(5))(
+            q, k, v, o, lse)
     return o, lse
+
+
+#: The forward's launch per call signature (everything it depends on but the addresses of q, k, v, o and lse).
+FORWARD_PLANS = LaunchPlans()
 
 
 def flash_forward_launch(q, k, v, o, lse, causal: bool, scale: float) -> Launch:
@@ -52,29 +58,44 @@ def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
         return concat_chunks(chunks, flash_backward, (do, q, k, v, o, lse), causal, scale)
     compile_ahead("flash_backward", lambda *x: flash_backward(*x, scale), do, q, k, v, o, lse, causal)
     do, q, k, v, o = within_int32_indexing(do, q, k, v, o)
-    B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
-    block_d = head_dim_block(D)
-    precision = dot_precision(q.dtype)
-    dq = empty_contiguous(q)
-    dk = empty_contiguous(k)
-    dv = empty_contiguous(v)
-    if Nq == 0 or Nk == 0:
+    dq, dk, dv = empty_contiguous(q), empty_contiguous(k), empty_contiguous(v)
+    if q.shape[2] == 0 or k.shape[2] == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     delta = empty_contiguous(lse)
-    rowsum_block = 64
-    launch(rowsum_do_o_kernel, (cdiv(Nq, rowsum_block), B * Hq),
-        o, do, delta, *o.stride(), *do.stride(), Nq, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
-    bucket = size_bucket(max(Nq, Nk))
-    meta = dict(CAUSAL=causal, D=D, BLOCK_D=block_d, PRECISION=precision)
-    launch_tiled("flash_dkdv", flash_dkdv_kernel, lambda tile: (cdiv(Nk, tile["BLOCK_N"]), B * Hkv),
-                 (q, k, v, do, lse, delta, dk, dv,
-                  *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-                  Nq, Nk, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype)
-    launch_tiled("flash_dq", flash_dq_kernel, lambda tile: (cdiv(Nq, tile["BLOCK_M"]), B * Hq),
-                 (q, k, v, do, lse, delta, dq,
-                  *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-                  Nq, Nk, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype)
+    signature = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), o.stride(), q.dtype, q.device,
+                 causal, scale)
+    rowsum, dkdv, dq_side = BACKWARD_PLANS.get(signature, lambda: backward_launches(do, q, k, v, o, lse, delta, dq,
+                                                                                   dk, dv, causal, scale))
+    rowsum(o, do, delta)
+    dkdv(q, k, v, do, lse, delta, dk, dv)
+    dq_side(q, k, v, do, lse, delta, dq)
     return dq, dk, dv
+
+
+def backward_launches(do, q, k, v, o, lse, delta, dq, dk, dv, causal: bool, scale: float):
+    """The backward's three :class:`mta.launch.LaunchPlan` s: the ``D`` pre-pass (``delta = rowsum(do * o)``), the
+    dK/dV kernel and the dQ kernel, on the tensors they take first."""
+    B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
+    block_d = head_dim_block(D)
+    rowsum_block = 64
+    rowsum = Launch(rowsum_do_o_kernel, (cdiv(Nq, rowsum_block), B * Hq),
+                    (o, do, delta, *o.stride(), *do.stride(), Nq, Hq),
+                    dict(D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)).plan(3)
+    bucket = size_bucket(max(Nq, Nk))
+    meta = dict(CAUSAL=causal, D=D, BLOCK_D=block_d, PRECISION=dot_precision(q.dtype))
+    dkdv = tiled_launch("flash_dkdv", flash_dkdv_kernel, lambda tile: (cdiv(Nk, tile["BLOCK_N"]), B * Hkv),
+                        (q, k, v, do, lse, delta, dk, dv,
+                         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+                         Nq, Nk, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype).plan(8)
+    dq_side = tiled_launch("flash_dq", flash_dq_kernel, lambda tile: (cdiv(Nq, tile["BLOCK_M"]), B * Hq),
+                           (q, k, v, do, lse, delta, dq,
+                            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+                            Nq, Nk, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype).plan(7)
+    return rowsum, dkdv, dq_side
+
+
+#: The backward's launches per call signature (everything they depend on but the tensors' addresses).
+BACKWARD_PLANS = LaunchPlans()
 
 
 def compile_flash_ahead(q, k, v, causal: bool, scale: float) -> None:
@@ -85,6 +106,12 @@ def compile_flash_ahead(q, k, v, causal: bool, scale: float) -> None:
             o, lse = flash_forward(q, k, v, causal, scale)
             flash_backward(empty_contiguous(o), q, k, v, o, lse, causal, scale)
         compile_ahead("flash_forward_backward", forward_backward, q, k, v, causal)
+
+
+def needs_autograd(*inputs: torch.Tensor) -> bool:
+    """A call that must go through its ``autograd.Function``: a gradient will be asked of it, or ``torch.func``'s
+    transforms wrap its inputs (their rules live on the Function)."""
+    return wants_gradients(*inputs) or torch._C._are_functorch_transforms_active()
 
 
 def wrapped_by_functorch(do: torch.Tensor) -> bool:
@@ -201,6 +228,9 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) keeps the launchers out of the graph
         o, lse = torch.ops.mta.flash_attention(q, k, v, causal, scale)
         return (o, lse) if return_lse else o
-    compile_flash_ahead(q, k, v, causal, scale)
-    o, lse = FlashAttention.apply(q, k, v, causal, scale)
+    if needs_autograd(q, k, v):
+        compile_flash_ahead(q, k, v, causal, scale)
+        o, lse = FlashAttention.apply(q, k, v, causal, scale)
+    else:  # inference: the kernel alone, without autograd's bookkeeping
+        o, lse = flash_forward(q, k, v, causal, scale)
     return (o, lse) if return_lse else o

@@ -21,7 +21,8 @@ import os
 import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -33,7 +34,7 @@ except ImportError:  # pragma: no cover - older Triton compiles at each launch
 
 from . import runtime, tuning
 from .checks import check_qkv
-from .compiled_launches import launch_again
+from .compiled_launches import launch_again, run_kept
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -193,6 +194,56 @@ class Launch:
     def __call__(self):
         return launch(self.kernel, self.grid, *self.args, **self.meta)
 
+    def plan(self, tensors: int) -> LaunchPlan:
+        """This launch as a :class:`LaunchPlan` whose first ``tensors`` arguments change from call to call."""
+        if isinstance(self.grid, tuple) and max(self.grid[1:], default=0) > MAX_GRID_AXIS_1:
+            raise RuntimeError(f"grid {self.grid} is over CUDA's {MAX_GRID_AXIS_1} programs on its second or third "
+                               "axis")
+        return LaunchPlan(self.kernel, self.grid, self.args[tensors:], self.meta)
+
+
+@dataclass(frozen=True, eq=False)
+class LaunchPlan:
+    """A launch made once per call signature: ``kernel[grid](*tensors, *fixed, **meta)``, where only the leading
+    ``tensors`` (None for an optional one) change from call to call. Calling it with them launches; on a GPU,
+    after the first call, without Triton's argument binding (:func:`mta.compiled_launches.run_kept`). Made from
+    a :class:`Launch` by :meth:`Launch.plan`, kept by :class:`LaunchPlans`."""
+
+    kernel: object
+    grid: tuple
+    fixed: tuple
+    meta: dict
+    kept: dict = field(default_factory=dict, repr=False)
+
+    def __call__(self, *tensors):
+        if not (runtime.INTERPRET or in_dry_run()) and isinstance(self.kernel, triton.runtime.jit.JITFunction):
+            device = torch.cuda.current_device()
+            if tensors[0].device.index == device:  # else launch's device guard
+                return run_kept(self.kept, self.kernel, self.grid, tensors, self.fixed, self.meta, device)
+        return launch(self.kernel, self.grid, *tensors, *self.fixed, **self.meta)
+
+    def on(self, *tensors) -> "Launch":
+        """The :class:`Launch` of this plan on ``tensors``."""
+        return Launch(self.kernel, self.grid, (*tensors, *self.fixed), self.meta)
+
+
+class LaunchPlans:
+    """:class:`LaunchPlan` s by call signature (any hashable key: shapes, strides, dtypes, device, flags), at most
+    ``size`` of them (the oldest dropped first)."""
+
+    def __init__(self, size: int = 1024):
+        self.size = size
+        self._plans: OrderedDict = OrderedDict()
+
+    def get(self, key, make) -> LaunchPlan:
+        """The plan kept for ``key``, else ``make()``'s, kept."""
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = make()
+            if len(self._plans) > self.size:
+                self._plans.popitem(last=False)
+        return plan
+
 
 def tiled_launch(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dtype: torch.dtype, fit=None,
                  pre_hook=None, key=("N_BUCKET", "BLOCK_D", "CAUSAL"), n: int | None = None) -> Launch:
@@ -230,6 +281,7 @@ def launch_tiled(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dty
 COMPILE_AHEAD = os.environ.get("MTA_COMPILE_AHEAD", "1") != "0"
 _DRY_RUN = contextvars.ContextVar("mta_dry_run", default=False)
 _COMPILED_AHEAD: set = set()
+_SEEN_EXACTLY: set = set()
 #: ``(name, error)`` of each dry run that failed (the calls then compiled as they went): for tests.
 DRY_RUN_ERRORS: list = []
 
@@ -358,6 +410,13 @@ def compile_ahead(name: str, launches, *args) -> None:
     if (torch.compiler.is_compiling() or not COMPILE_AHEAD or runtime.INTERPRET or tuning.AUTOTUNE
             or AsyncCompileMode is None or in_dry_run()):
         return
+    # Every call asks: the exact shapes, strides and dtypes seen before answer at once.
+    exact = (name, *((x.shape, x.stride(), x.dtype, x.device) if isinstance(x, torch.Tensor) else x for x in args))
+    if exact in _SEEN_EXACTLY:
+        return
+    if len(_SEEN_EXACTLY) > 4096:
+        _SEEN_EXACTLY.clear()
+    _SEEN_EXACTLY.add(exact)
     device = next((x.device for x in args if isinstance(x, torch.Tensor)), None)  # Triton caches per GPU
     key = (name, device, *map(_signature, args))
     if key in _COMPILED_AHEAD:

@@ -1,7 +1,8 @@
 """``mta.MultiTokenAttention``: an attention layer whose scores go through MTA's key-query convolution.
 
 ``x [B, N, dim]`` -> projections -> heads ``[B, H, N, D]`` -> RoPE (optional) -> causal MTA (the fused kernels
-of :func:`mta.conv_attention`, through the ``mta::conv_attention`` op of :mod:`mta.ops`) -> ``o_proj``.
+of :func:`mta.conv_attention`; under ``torch.compile``, the ``mta::conv_attention`` op of :mod:`mta.ops`) ->
+``o_proj``.
 With ``kernel_size=(1, 1)`` it is a plain causal attention layer (:func:`mta.flash_attention`), with no kernel.
 
 The kernel ``conv_weight [H, cq, ck]`` (fp32) starts as the identity (a 1 on the current query and key), so a new
@@ -21,10 +22,13 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import ops
+from . import ops  # noqa: F401  (registers the custom ops the functions below call while torch.compile traces)
+from .conv import conv_attention
+from .conv_decode import conv_decode_attention
+from .flash import flash_attention
 from .checks import check_count, is_int
 from .conv_forward import MAX_CK, MAX_CQ
-from .decode import MAX_NEW_QUERIES
+from .decode import MAX_NEW_QUERIES, decode_attention
 from .kv_cache import KVCache
 from .rope import apply_rope, check_theta
 from .reference import conv_attention_probabilities, expand_kv
@@ -187,8 +191,8 @@ class MultiTokenAttention(nn.Module):
     def _attend(self, q, k, v) -> torch.Tensor:
         """Causal attention on ``[B, H, N, D]`` heads through the custom ops: ``[B, H, N, D]``."""
         if self.is_mta:
-            return ops.conv_attention(q, k, v, self.conv_weight, causal=True)
-        return ops.flash_attention(q, k, v, causal=True)
+            return conv_attention(q, k, v, self.conv_weight, causal=True)
+        return flash_attention(q, k, v, causal=True)
 
     def _merge_heads(self, o: torch.Tensor) -> torch.Tensor:
         B, _, n, _ = o.shape
@@ -299,9 +303,9 @@ class MultiTokenAttention(nn.Module):
         lengths = cache.lengths + n
         qc, kc, vc = cache.views()
         if self.is_mta:
-            o = ops.conv_decode_attention(qc, kc, vc, self.conv_weight, cache_seqlens=lengths, num_queries=n)
+            o = conv_decode_attention(qc, kc, vc, self.conv_weight, cache_seqlens=lengths, num_queries=n)
         else:
-            o = ops.decode_attention(q.to(kc.dtype).transpose(1, 2), kc, vc, cache_seqlens=lengths)
+            o = decode_attention(q.to(kc.dtype).transpose(1, 2), kc, vc, cache_seqlens=lengths)
         cache.advance(n)
         return self._merge_heads(o.to(q.dtype))
 

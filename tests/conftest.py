@@ -109,17 +109,28 @@ def record_hopper_tiles(monkeypatch, module) -> list:
     """Make ``module.launch_tiled`` and ``module.tiled_launch`` record the tile each launch would take on an H100
     (the Hopper tables, nothing timed, nothing launched); returns the list they append to."""
     from mta import tuning
+    from mta.launch import LaunchPlans
     monkeypatch.setattr(tuning, "gpu_family", lambda device=None: "hopper")
     monkeypatch.setattr(tuning, "AUTOTUNE", False)
+    for name, value in vars(module).items():  # plans kept from other tests would launch without asking the tables
+        if isinstance(value, LaunchPlans):
+            monkeypatch.setattr(module, name, LaunchPlans())
     launched = []
+
+    class Recorded:
+        def __call__(self):
+            pass
+
+        def plan(self, tensors):
+            return lambda *tensors: None
 
     def launch_tiled(name, kernel, grid, args, meta, *, dtype, config=None, fit=None, **kw):
         tile = config or tuning.config_for(name, meta["BLOCK_D"], dtype, meta["CAUSAL"], n=kw.get("n"))
         launched.append(tile if config or fit is None else fit(tile))
-        return lambda: None
-    monkeypatch.setattr(module, "launch_tiled", launch_tiled)
-    if hasattr(module, "tiled_launch"):
-        monkeypatch.setattr(module, "tiled_launch", launch_tiled)
+        return Recorded()
+    for name in ("launch_tiled", "tiled_launch"):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, launch_tiled)
     return launched
 
 

@@ -343,7 +343,7 @@ def test_a_step_or_prefill_that_fails_in_the_kernel_leaves_the_cache_as_it_was(k
         assert cache.is_empty
         layer.prefill(x[:, :4], cache)
         with monkeypatch.context() as patch:
-            patch.setattr(mta.ops, "conv_decode_attention" if layer.is_mta else "decode_attention", broken)
+            patch.setattr(mta.layer, "conv_decode_attention" if layer.is_mta else "decode_attention", broken)
             with pytest.raises(RuntimeError, match="kernel failed"):
                 layer.step(x[:, 4:5], cache)
         assert cache.lengths.tolist() == [4, 4]
