@@ -21,6 +21,7 @@ from collections import OrderedDict
 
 import torch
 import triton
+from triton.runtime.autotuner import Heuristics
 
 try:  # Triton >= 3.4: TMA descriptors made on the host
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -55,6 +56,8 @@ def signature(kernel, grid: tuple, args: tuple, meta: dict, device: int):
 def launch_again(kernel, grid: tuple, args: tuple, meta: dict):
     """``kernel[grid](*args, **meta)`` on the current GPU: from the kept compiled kernel where this signature was
     launched before, else through Triton, keeping what it returns. Returns Triton's compiled kernel."""
+    if isinstance(kernel, Heuristics):
+        kernel, meta = kernel.fn, with_heuristics(kernel, args, meta)
     if not isinstance(kernel, triton.runtime.jit.JITFunction):  # an autotuner picks its own compile per call
         return kernel[grid](*args, **meta)
     key = signature(kernel, grid, args, meta, torch.cuda.current_device())
@@ -72,6 +75,15 @@ def launch_again(kernel, grid: tuple, args: tuple, meta: dict):
         if len(_made) > MAX_SIGNATURES:
             _made.popitem(last=False)
     return compiled
+
+
+def with_heuristics(kernel: Heuristics, args: tuple, meta: dict) -> dict:
+    """``meta`` with the values of ``kernel``'s ``triton.heuristics``, made from the arguments as Triton makes
+    them (in order, each seeing those before it), so that the kernel under them is launched as a plain one."""
+    meta = dict(meta)
+    for name, value in kernel.values.items():
+        meta[name] = value({**dict(zip(kernel.arg_names, args)), **meta})
+    return meta
 
 
 def run_kept(kept: dict, kernel, grid: tuple, tensors: tuple, fixed: tuple, meta: dict, device: int):

@@ -81,6 +81,15 @@ def test_anything_a_compile_depends_on_makes_another_signature(kernel, change):
     assert len(kernel.binds) == 2 and kernel.runs == []
 
 
+def test_a_kernel_under_heuristics_is_launched_plain_with_their_values(kernel):
+    halves = triton.runtime.autotuner.Heuristics(kernel, kernel.arg_names,
+                                                 {"HALF": lambda args: args["n"] > args["BLOCK"]})
+    for _ in range(2):
+        compiled_launches.launch_again(halves, (1, 1, 1), (torch.zeros(4), 64, 0.5), {"BLOCK": 16})
+    assert len(kernel.binds) == 1 and kernel.binds[0][2] == {"BLOCK": 16, "HALF": True}
+    assert kernel.runs[0][1][1:] == (64, 0.5, 16, True)
+
+
 def test_an_argument_of_another_kind_always_goes_through_triton(kernel):
     for _ in range(2):
         compiled_launches.launch_again(kernel, (1, 1, 1), (torch.zeros(4), [1, 2], 0.5), {"BLOCK": 16})
