@@ -16,12 +16,14 @@ from .conv import ConvBenchmark
 from .decode import DecodeBenchmark
 from .flash import FlashBenchmark
 from .harness import REPO_ROOT, Tools, run_benchmark
+from .host import HostBenchmark
 from .launch_order import LaunchOrderBenchmark
 from .model import ModelBenchmark
 from .startup import StartupBenchmark
 from .timing import peak_extra_memory_bytes, time_ms, wall_ms
 
-BENCHMARKS = (FlashBenchmark, ConvBenchmark, LaunchOrderBenchmark, StartupBenchmark, DecodeBenchmark, ModelBenchmark)
+BENCHMARKS = (FlashBenchmark, ConvBenchmark, LaunchOrderBenchmark, StartupBenchmark, DecodeBenchmark, HostBenchmark,
+              ModelBenchmark)
 #: Exit status when no CUDA device is present: the benchmarks only produce real GPU numbers.
 EXIT_NO_CUDA = 2
 

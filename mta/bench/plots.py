@@ -312,6 +312,61 @@ def plot_model(source: Union[str, Path, dict]):
                   bottom=0.06 / len(panels) * 2)
 
 
+#: The host benchmark's two sides.
+HOST_STYLES = {
+    "mta": {"label": "mta: CPU time per call", "color": "C3"},
+    "sdpa": {"label": "SDPA, same call (the step: same layer on SDPA): CPU time per call", "color": "C0"},
+}
+
+
+def plot_host(source: Union[str, Path, dict]):
+    """CPU time per call of the host benchmark as horizontal bars on a log axis, a pair per case (mta, SDPA; "x"
+    where a side failed), the GPU work per call marked on each bar, and the ratio of CPU times beside each pair
+    (green where it meets its target, red where it misses)."""
+    import matplotlib.pyplot as plt
+
+    data = load_results(source)
+    results = data["results"]
+    cases = list(dict.fromkeys(r["case"] for r in results))
+    if not cases:
+        raise ValueError("no host results")
+    verdicts = {t["case"]: t for t in data.get("targets") or []}
+    fig, ax = plt.subplots(figsize=(10, 1.8 + 0.45 * len(cases)))
+    height = 0.8 / len(HOST_STYLES)
+    times = [r[k] for r in results for k in ("cpu_us", "gpu_us") if r.get(k)]
+    low, high = (min(times), max(times)) if times else (1.0, 10.0)
+    for i, impl in enumerate(HOST_STYLES):
+        for y, case in enumerate(cases):
+            found = select(results, case=case, impl=impl)
+            at = y + (i - (len(HOST_STYLES) - 1) / 2) * height
+            cpu = found[0].get("cpu_us") if found else None
+            gpu = found[0].get("gpu_us") if found else None
+            if cpu:
+                ax.barh(at, cpu - low / 2, height=height, left=low / 2, **HOST_STYLES[impl])
+            elif found:
+                ax.annotate("x", (low / 2, at), ha="left", va="center", color="red")
+            if gpu:
+                ax.plot([gpu], [at], linestyle="", marker="|", markersize=9, markeredgewidth=2, color="k",
+                        label="GPU work per call (CUDA-graph replay)")
+    for y, case in enumerate(cases):
+        verdict = verdicts.get(case, {})
+        if verdict.get("measured") is not None:
+            ax.annotate(f"{verdict['measured']:.2f}x (at most {verdict['at_most']:g}x)", (high * 1.5, y),
+                        va="center", fontsize=7, color={True: "green", False: "red"}.get(verdict.get("ok"), "k"))
+    ax.set_xscale("log")
+    ax.set_xlim(low / 2, high * 8)
+    ax.set_yticks(range(len(cases)), cases, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("microseconds per call")
+    ax.grid(alpha=0.3, axis="x", which="both")
+    handles, labels = _unique_legend([[ax]])
+    fig.legend(handles, labels, loc="lower center", ncol=3, bbox_to_anchor=(0.5, 0), frameon=False, fontsize=8)
+    cfg = data["config"]
+    return titled(fig, f"Host time per call, {cfg.get('calls', '?')} calls back to back (median of "
+                       f"{cfg.get('repeats', '?')} loops), {cfg.get('dtype', '?')}: mta against SDPA; ratio: mta's "
+                       "CPU time over SDPA's", data, bottom=0.35 / (1.8 + 0.45 * len(cases)))
+
+
 def _points(records: list[dict], key: str, scale: float = 1.0, positive: bool = False,
             only_failed_checks: bool = False) -> list[tuple[int, float]]:
     """``(seq_len, value * scale)`` sorted, without missing values, with ``positive`` those a log axis cannot

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 from .conv import HEADLINE_AT
 from .harness import REPO_ROOT, Column, measured, ratio, shape_rows
+from .host import host_tables
 from .model import model_tables
 
 FIGURES = "figures"
@@ -22,12 +23,13 @@ HELP = "render docs/performance.md from the committed figures/bench_*.json (no G
 FLASH_N = 8192
 DECODE_N = 65536
 #: The benchmarks in the order the page shows them (a JSON's ``config["benchmark"]``, else its subcommand).
-KINDS = ("flash", "conv", "order", "decode", "startup", "model")
+KINDS = ("flash", "conv", "order", "decode", "startup", "host", "model")
 TITLES = {"flash": "mta.flash_attention against SDPA",
           "conv": "mta.conv_attention (MTA) against flash attention and the reference",
           "order": "causal tiles launched heaviest first",
           "decode": "one decode step against a KV cache",
           "startup": "the first call in a fresh process",
+          "host": "host time per call against SDPA",
           "model": "a whole model in tokens/s: MTA against plain attention"}
 #: What a file's provenance does not say about it.
 FILE_NOTES = {
@@ -243,7 +245,7 @@ def startup_tables(data: dict) -> list[Table]:
 
 TABLES: dict[str, Callable[[dict], list[Table]]] = {
     "flash": flash_tables, "conv": conv_tables, "order": order_tables, "decode": decode_tables,
-    "startup": startup_tables, "model": model_tables}
+    "startup": startup_tables, "host": host_tables, "model": model_tables}
 
 
 def main(out: Path = REPO_ROOT / OUT, figures: Path = REPO_ROOT / FIGURES, check: bool = False) -> int:
