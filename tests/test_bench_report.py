@@ -140,3 +140,37 @@ def test_the_command_writes_the_page_and_checks_it(tmp_path, capsys):
     out.write_text(out.read_text().replace("123", "124"))  # a number typed by hand
     assert main([*args, "--check"]) == 1
     assert "stale" in capsys.readouterr().out
+
+
+
+def with_wall(data: dict, factor: dict[str, float]) -> dict:
+    """``data`` with wall times per call: each record's GPU time (``fwd_ms``, ``fwd_bwd_ms``, decode's ``us``)
+    times ``factor[impl]`` under the matching wall key (``fwd_wall_ms``, ``fwd_bwd_wall_ms``, ``wall_ms``)."""
+    for r in data["results"]:
+        if r["impl"] == "mta":  # the flash records carry rates only: give mta's times, SDPA's stay missing
+            r.update(fwd_ms=1.5, fwd_bwd_ms=4.0)
+        for gpu, wall, scale in (("fwd_ms", "fwd_wall_ms", 1.0), ("fwd_bwd_ms", "fwd_bwd_wall_ms", 1.0),
+                                 ("us", "wall_ms", 1e-3)):
+            if gpu in r:
+                r[wall] = None if r[gpu] is None else factor[r["impl"]] * r[gpu] * scale
+    return data
+
+
+def test_runs_with_wall_times_get_wall_columns_beside_the_gpu_times():
+    flash = report.section("bench_e_flash.json", with_wall(flash_json(), {"mta": 2.0}))
+    assert "Milliseconds per call at N = 8192: GPU time (ms) beside wall time per call (wall ms):" in flash
+    assert "| mta ms | mta wall ms | SDPA flash ms | SDPA flash wall ms | SDPA cuDNN ms | SDPA cuDNN wall ms |" in flash
+    assert "| float16 | 64 | causal | forward | 1.500 | 3.000 | - | - | err | err |" in flash
+    assert "| float16 | 64 | causal | forward+backward | 4.000 | 8.000 | - | - | err | err |" in flash
+    conv = report.section("bench_d_conv.json", with_wall(conv_json(), {"mta_conv": 3.0, "mta_flash": 2.0,
+                                                                       "conv_reference": 1.0}))
+    assert "| MTA ms | MTA wall ms | flash ms | flash wall ms | reference ms | reference wall ms | MTA / flash |" in conv
+    assert "| 64 | 8 | 6x11 | forward | 2.000 | 6.000 | 0.500 | 1.000 | 50.0 | 50.0 | 4.00x | 25.0x | 1.00% |" in conv
+    assert "| 64 | 8 | 6x11 | forward+backward | 10.000 | 30.000 | 2.500 | 5.000 | skip | skip | 4.00x |" in conv
+    decode = report.section("bench_b_decode.json", with_wall(decode_json(), {"mta_decode": 4.0, "sdpa": 1.0,
+                                                                             "mta_conv_decode": 2.0, "read": 1.0}))
+    assert "| decode us | decode wall us | SDPA us | SDPA wall us | MTA decode us | MTA decode wall us |" in decode
+    assert "| 1 | 8 | 8 | 64 | 60.2 | 241.0 | 61.0 | 61.0 | 70.0 | 140.0 | 2.50 | 2.10 | 1.90 |" in decode
+    for name, data in (("bench_e_flash.json", flash_json()), ("bench_d_conv.json", conv_json()),
+                       ("bench_b_decode.json", decode_json())):
+        assert "wall" not in report.section(name, data)  # a run from before wall times keeps its tables

@@ -1,5 +1,7 @@
 """Figures from benchmark JSON, no GPU needed: the benchmarks draw their PNGs with these and notebooks plot the
-committed results. Flash, conv and decode share :func:`impl_grid`.
+committed results. Flash, conv and decode share :func:`impl_grid`; their rows of GPU time (launch overhead hidden)
+come first, then, where a run measured it, wall time per call in a back-to-back loop (:func:`wall_rows`), and
+:func:`gpu_and_wall_table` sets the two side by side as text.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ DECODE_STYLES = {
     "read": {"label": "plain read of K and V (reference)", "color": "k", "marker": "", "linestyle": "--"},
 }
 MIB = 2.0 ** -20
+#: How figures, tables and chapters name the two timings (:mod:`mta.bench.timing`).
+GPU_TIME = "GPU time (launch overhead hidden)"
+WALL_TIME = "wall time per call (back-to-back, as a loop sees it)"
 
 
 def load_results(source: Union[str, Path, dict]) -> dict:
@@ -126,6 +131,25 @@ def wall_rows(records: list[dict], rows: list[tuple]) -> list[tuple]:
     return [row for row in rows if any(r.get(row[0]) is not None for r in records)]
 
 
+def gpu_and_wall_table(results: list[dict], keys: tuple[tuple[str, str], ...], impls: dict[str, str],
+                       passes: tuple[tuple[str, str, str], ...], scale: float = 1.0, fmt: str = "{:.3f}") -> str:
+    """GPU time beside wall time per call, as text: a row per shape (records equal in ``keys``, each ``(header,
+    record key)``) and pass (``(label, GPU-time key, wall-time key)``; a "pass" column only where there are
+    several), for each implementation of ``impls`` (``{impl: label}``) a "GPU" and a "wall" column: its times
+    times ``scale`` in ``fmt``, a dash where it has none."""
+    from .harness import format_table, measured, shape_rows
+
+    shapes = shape_rows([r for r in results if r.get("impl") in impls], tuple(key for _, key in keys))
+    rows = [{**shape, "pass": label, "gpu": gpu, "wall": wall} for shape in shapes for label, gpu, wall in passes]
+
+    def time(impl: str, which: str) -> Callable[[dict], object]:
+        return lambda row: measured(impl, row[which], scale)(row)
+    columns = [(header, "{}", key) for header, key in keys] + ([("pass", "", "pass")] if len(passes) > 1 else [])
+    columns += [(f"{label} {which}", fmt, time(impl, which)) for impl, label in impls.items()
+                for which in ("gpu", "wall")]
+    return format_table([(h.replace(" gpu", " GPU"), f, v) for h, f, v in columns], rows)
+
+
 def plot_flash(source: Union[str, Path, dict], dtype: str = "bfloat16"):
     """TFLOPS (GPU time) against sequence length: rows forward, backward, then the wall times per call where measured;
     columns (head dim, causal)."""
@@ -133,7 +157,7 @@ def plot_flash(source: Union[str, Path, dict], dtype: str = "bfloat16"):
     records = select(data["results"], dtype=dtype)
     if not records:
         raise ValueError(f"no flash results for dtype {dtype!r}")
-    rows = [("fwd_tflops", "forward", "TFLOPS", 1.0), ("bwd_tflops", "backward", "TFLOPS", 1.0)]
+    rows = [("fwd_tflops", "forward", "TFLOPS (GPU time)", 1.0), ("bwd_tflops", "backward", "TFLOPS (GPU time)", 1.0)]
     rows += wall_rows(records, [("fwd_wall_ms", "forward wall time", "wall ms per call", 1.0),
                                 ("fwd_bwd_wall_ms", "fwd+bwd wall time", "wall ms per call", 1.0)])
     fig = impl_grid(records, ("head_dim", "causal"), lambda d, c: f"d={d}, {'causal' if c else 'non-causal'}", rows,
@@ -150,9 +174,9 @@ def plot_conv(source: Union[str, Path, dict]):
     records = [r for r in data["results"] if "cq" in r and "ck" in r]
     if not records:
         raise ValueError("no conv results (records with cq and ck)")
-    rows = [("fwd_ms", "forward time", "forward time (ms)", 1.0),
+    rows = [("fwd_ms", "forward time", "forward GPU time (ms)", 1.0),
             ("peak_extra_bytes", "peak extra memory", "peak extra memory (MiB)", MIB),
-            ("fwd_bwd_ms", "fwd+bwd time", "fwd+bwd time (ms)", 1.0),
+            ("fwd_bwd_ms", "fwd+bwd time", "fwd+bwd GPU time (ms)", 1.0),
             ("fwd_bwd_peak_extra_bytes", "fwd+bwd memory", "fwd+bwd peak memory (MiB)", MIB)]
     rows += wall_rows(records, [("fwd_wall_ms", "forward wall time", "wall ms per call", 1.0),
                                 ("fwd_bwd_wall_ms", "fwd+bwd wall time", "wall ms per call", 1.0)])
@@ -171,7 +195,8 @@ def plot_decode(source: Union[str, Path, dict]):
     """Time (us) and TB/s against cache length, log-log: a column per (batch, configuration), a line per
     implementation, the plain read dashed; mta_decode's failed checks crossed out."""
     data = load_results(source)
-    rows = [("us", "time", "time per step (us)", 1.0), ("tbps", "bandwidth", "TB/s (K, V bytes / time)", 1.0)]
+    rows = [("us", "time", "GPU time per step (us)", 1.0),
+            ("tbps", "bandwidth", "TB/s (K, V bytes / GPU time)", 1.0)]
     rows += wall_rows(data["results"], [("wall_ms", "wall time", "wall time per step (us)", 1e3)])
     fig = impl_grid(data["results"], ("batch", "heads", "kv_heads", "head_dim"),
                     lambda b, h, hkv, d: f"B={b} Hq={h} Hkv={hkv} D={d}", rows, "mta_decode",

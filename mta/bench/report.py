@@ -52,8 +52,12 @@ settled.
 ## What the benchmarks measure
 
 Each benchmark is a command run on a CUDA GPU (H100 or H200). It checks `mta` against a reference before it times
-anything, writes `figures/bench_<name>.json` with its provenance and draws a PNG beside it. Times are CUDA-event
-medians of repeated calls, each call after an L2 flush and behind a GPU spin that hides the host's launch time.
+anything, writes `figures/bench_<name>.json` with its provenance and draws a PNG beside it. Two timings appear.
+**GPU time** (the plain `ms`, `us` and TFLOPS columns) is the CUDA-event median of repeated calls, each after an L2
+flush and behind a GPU spin that hides the host's launch overhead: what the GPU spends on a call. **Wall time** (the
+`wall` columns, in runs that record it) is the time per call of calls back to back with no synchronisation between
+them, launch overhead included, as a training or generation loop sees it: where Python and the kernel launches take
+longer than the GPU's work (small problems, one decode step), it is the larger of the two.
 
 - `python -m mta.bench flash`: forward and backward TFLOPS of `mta.flash_attention` against PyTorch SDPA's flash
   and cuDNN backends, bf16 and fp16, head dims 64 and 128, causal and not; the tokens per batch and the model width
@@ -145,8 +149,14 @@ def at_length(results: list[dict], n: int) -> tuple[int, list[dict]]:
     return n, [r for r in results if r["seq_len"] == n]
 
 
+def has_wall(results: list[dict]) -> bool:
+    """Whether a run recorded wall time per call (``wall_ms``, ``fwd_wall_ms``...) beside its GPU time."""
+    return any(key.endswith("wall_ms") and value is not None for r in results for key, value in r.items())
+
+
 def flash_tables(data: dict) -> list[Table]:
-    """TFLOPS of each implementation at :data:`FLASH_N`; mta's median ratios to the baselines (the summary)."""
+    """TFLOPS of each implementation at :data:`FLASH_N`; where the run has them, milliseconds per call there, GPU
+    time beside wall time; mta's median ratios to the baselines (the summary)."""
     impls = {"mta": "mta", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN"}
     group = [("dtype", "", "dtype"), ("d", "{}", "head_dim"),
              ("mask", "", lambda r: "causal" if r["causal"] else "none")]
@@ -157,10 +167,20 @@ def flash_tables(data: dict) -> list[Table]:
                       for impl, label in list(impls.items())[1:] for p in ("fwd", "bwd")]
     cfg, summary = data["config"], data.get("summary") or []
     since = summary[0]["min_seq_len"] if summary else None
-    return [(f"TFLOPS at N = {n} ({cfg['total_tokens']} tokens a batch, model width {cfg['model_dim']}):",
-             rates, shape_rows(results, ("dtype", "head_dim", "causal", "seq_len"))),
-            (f"mta's TFLOPS over the baseline's: the median over N >= {since} (above 1: mta is faster):",
-             ratios, summary)]
+    shapes = shape_rows(results, ("dtype", "head_dim", "causal", "seq_len"))
+    tables = [(f"TFLOPS at N = {n} ({cfg['total_tokens']} tokens a batch, model width {cfg['model_dim']}; GPU "
+               "time):", rates, shapes)]
+    if has_wall(results):
+        rows = [{**shape, "pass": name, "time": key} for shape in shapes
+                for name, key in (("forward", "fwd_ms"), ("forward+backward", "fwd_bwd_ms"))]
+        times = group + [("pass", "", "pass")] + [
+            (f"{label} {which}ms", "{:.3f}", lambda row, impl=impl, wall=wall: measured(
+                impl, row["time"].replace("_ms", "_wall_ms") if wall else row["time"], why=True)(row))
+            for impl, label in impls.items() for which, wall in (("", False), ("wall ", True))]
+        tables.append((f"Milliseconds per call at N = {n}: GPU time (ms) beside wall time per call (wall ms):",
+                       times, rows))
+    return tables + [(f"mta's TFLOPS over the baseline's: the median over N >= {since} (above 1: mta is faster):",
+                      ratios, summary)]
 
 
 #: The conv benchmark's passes: (name, time key, memory key).
@@ -176,21 +196,27 @@ def conv_tables(data: dict) -> list[Table]:
             for shape in shape_rows(results, ("batch", "heads", "kv_heads", "head_dim", "cq", "ck"))
             for name, t, m in CONV_PASSES]
 
-    def ms(impl: str) -> Callable[[dict], object]:
-        return lambda row: measured(impl, row["time"], why=True)(row)
+    def ms(impl: str, wall: bool = False) -> Callable[[dict], object]:
+        return lambda row: measured(impl, row["time"].replace("_ms", "_wall_ms") if wall else row["time"],
+                                    why=True)(row)
 
     def over(a: str, b: str, which: str) -> Callable[[dict], Optional[float]]:
         return lambda row: ratio(row["records"], a, b, row[which])
+    wall = has_wall(results)
+    times = [(f"{label} {which}ms", fmt, ms(impl, which == "wall "))
+             for impl, label, fmt in (("mta_conv", "MTA", "{:.3f}"), ("mta_flash", "flash", "{:.3f}"),
+                                      ("conv_reference", "reference", "{:.1f}"))
+             for which in ("", "wall ")[:1 + wall]]
     columns = [("d", "{}", "head_dim"), ("heads", "{}", "heads"), ("kernel", "", lambda r: f"{r['cq']}x{r['ck']}"),
-               ("pass", "", "pass"), ("MTA ms", "{:.3f}", ms("mta_conv")), ("flash ms", "{:.3f}", ms("mta_flash")),
-               ("reference ms", "{:.1f}", ms("conv_reference")),
+               ("pass", "", "pass"), *times,
                ("MTA / flash", "{:.2f}x", over("mta_conv", "mta_flash", "time")),
                ("reference / MTA", "{:.1f}x", over("conv_reference", "mta_conv", "time")),
                ("MTA memory / reference's", "{:.2%}", over("mta_conv", "conv_reference", "memory"))]
     cfg = data["config"]
     return [(f"N = {n}, {cfg['dtype']}{', causal' if cfg['causal'] else ''}, batch 1. MTA: mta.conv_attention; "
              "flash: mta.flash_attention (no convolution); reference: the materialized conv_attention_reference "
-             "(skip: it does not fit in memory); memory: peak extra bytes of a call:", columns, rows)]
+             "(skip: it does not fit in memory); memory: peak extra bytes of a call; ms: GPU time"
+             + (", wall ms: wall time per call" if wall else "") + "; the ratios are of GPU times:", columns, rows)]
 
 
 def order_tables(data: dict) -> list[Table]:
@@ -210,7 +236,10 @@ def decode_tables(data: dict) -> list[Table]:
     config = [("batch", "{}", "batch"), ("Hq", "{}", "heads"), ("Hkv", "{}", "kv_heads"), ("d", "{}", "head_dim")]
     n, results = at_length(data["results"], DECODE_N)
     names = {"mta_decode": "decode", "sdpa": "SDPA", "mta_conv_decode": "MTA decode"}
-    columns = config + [(f"{label} us", "{:.1f}", measured(impl, "us")) for impl, label in names.items()]
+    wall = has_wall(results)
+    columns = config + [(f"{label} {which}us", "{:.1f}", measured(impl, key, scale))
+                        for impl, label in names.items()
+                        for which, key, scale in (("", "us", 1.0), ("wall ", "wall_ms", 1e3))[:1 + wall]]
     columns += [(f"{label} TB/s", "{:.2f}", measured(impl, "tbps"))
                 for impl, label in (("mta_decode", "decode"), ("mta_conv_decode", "MTA decode"), ("read", "read"))]
     summary = data.get("summary") or []
@@ -220,9 +249,11 @@ def decode_tables(data: dict) -> list[Table]:
                         ("SDPA time / decode time", "{:.3f}", "sdpa_over_decode_time")]
     kernel = "x".join(map(str, data["config"]["kernel"]))
     return [(f"A step against {n} cache positions; decode: mta.decode_attention, MTA decode: "
-             f"mta.conv_decode_attention ({kernel}), read: a plain read of K and V:",
+             f"mta.conv_decode_attention ({kernel}), read: a plain read of K and V; us and TB/s: GPU time"
+             + (", wall us: wall time per call" if wall else "") + ":",
              columns, shape_rows(results, ("batch", "heads", "kv_heads", "head_dim", "seq_len"))),
-            (f"Medians over N >= {since} (SDPA time / decode time above 1: mta.decode_attention is faster):",
+            (f"Medians over N >= {since}, of GPU times (SDPA time / decode time above 1: mta.decode_attention is "
+             "faster):",
              medians, summary)]
 
 

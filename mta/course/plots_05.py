@@ -168,7 +168,7 @@ def plot_model_vs_measured(bench: dict, model: Callable[[int], dict]):
     axes[0][0].set_ylabel("mta.conv_attention / mta.flash_attention")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, frameon=False, fontsize=8, bbox_to_anchor=(0.5, 0.0))
-    fig.suptitle("MTA backward against flash attention: product-count model (dashed) and measured time ratio\n"
+    fig.suptitle("MTA backward against flash attention: product-count model (dashed) and measured GPU-time ratio\n"
                  + provenance_line(bench["provenance"]), fontsize=9.5)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
