@@ -197,9 +197,9 @@ def plot_bench_with_model(bench: dict, rows: list[dict], extra_height: float = 3
     ax.set_xticks(seq_lens, [bench_plots.seq_len_label(n) for n in seq_lens])
     ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.set_xlabel("sequence length N")
-    ax.set_ylabel("conv / flash forward time")
-    ax.set_title("the headline ratio: measured forward time of mta.conv_attention over mta.flash_attention, and the "
-                 "product-count model of section 4", fontsize=9)
+    ax.set_ylabel("conv / flash forward GPU time")
+    ax.set_title("the headline ratio: measured forward GPU time of mta.conv_attention over mta.flash_attention, and "
+                 "the product-count model of section 4", fontsize=9)
     ax.set_ylim(0, 1.35 * max(max(r["measured"], r["model"]) for r in rows))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=3, loc="upper left")
