@@ -307,6 +307,8 @@ def within_int32_indexing(*tensors: torch.Tensor, rows_per_head: int = 1) -> lis
     :data:`INT32_INDEX_LIMIT` elements (a ``[B, N, H, D]`` view of 512k tokens x 32 heads of 128: position
     stride ``H D``), so that no ``position * stride`` wraps around. ValueError where even a contiguous head does
     not fit (``rows_per_head``: the ``N x D`` blocks a kernel keeps per head, MTA's ``cq`` folded copies)."""
+    if all(t.is_contiguous() and t.numel() * rows_per_head < INT32_INDEX_LIMIT for t in tensors):
+        return list(tensors)  # every head's span is under its tensor's size: the common case, decided at once
     out = [t.contiguous() if index_span(t, 2) >= INT32_INDEX_LIMIT else t for t in tensors]
     n, d = max((t.shape[2:] for t in out), key=lambda nd: nd[0] * nd[1])
     if rows_per_head * n * d >= INT32_INDEX_LIMIT:
