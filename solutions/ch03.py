@@ -18,27 +18,32 @@ def precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-# Exercise 1: a causal kernel in two stages.
+# Exercise 1: the forward kernel, causal or not, in two stages.
 @triton.jit
-def _fold_key_tiles(acc, m, l, q, K, V, stride_kn, offs_m, start, stop, n_k, diag, qk_scale,
-                    MASKED: tl.constexpr, D: tl.constexpr, T_K: tl.constexpr, PRECISION: tl.constexpr):
+def _fold_key_tiles(acc, m, l, q, K, V, stride_kn, offs_m, offs_d, start, stop, n_k, diag, qk_scale,
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, T_K: tl.constexpr,
+                    PRECISION: tl.constexpr):
     """Fold the key tiles ``[start, stop)`` into the state ``(acc, m, l)`` of one query tile; also return how many
-    tiles were visited."""
+    tiles were visited. ``MASKED`` tiles may cross the end of the keys or (``CAUSAL``) the diagonal."""
     offs_n = tl.arange(0, T_K)
-    offs_d = tl.arange(0, D)
+    d_ok = offs_d < D                                              # the padded feature columns load as 0
     visited = 0
     for start_n in range(start, stop, T_K):
         offs_k = start_n + offs_n
+        kt_ptrs = K + offs_k[None, :] * stride_kn + offs_d[:, None]    # K^T tile [BLOCK_D, T_K]
+        v_ptrs = V + offs_k[:, None] * stride_kn + offs_d[None, :]     # V tile [T_K, BLOCK_D]
         if MASKED:
             key_ok = offs_k < n_k
-            kt = tl.load(K + offs_k[None, :] * stride_kn + offs_d[:, None], mask=key_ok[None, :], other=0.0)
-            v = tl.load(V + offs_k[:, None] * stride_kn + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            kt = tl.load(kt_ptrs, mask=d_ok[:, None] & key_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
         else:
-            kt = tl.load(K + offs_k[None, :] * stride_kn + offs_d[:, None])
-            v = tl.load(V + offs_k[:, None] * stride_kn + offs_d[None, :])
+            kt = tl.load(kt_ptrs, mask=d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
         s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
         if MASKED:
-            visible = (offs_k[None, :] < n_k) & (offs_k[None, :] <= offs_m[:, None] + diag)
+            visible = key_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_k[None, :] <= offs_m[:, None] + diag)
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)      # the guard
@@ -55,8 +60,9 @@ def _fold_key_tiles(acc, m, l, q, K, V, stride_kn, offs_m, start, stop, n_k, dia
 
 
 @triton.jit
-def flash_fwd_causal(Q, K, V, O, LSE, VISITS, n_q, n_k, stride_qbh, stride_qm, stride_kbh, stride_kn, qk_scale,
-                     D: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr, PRECISION: tl.constexpr):
+def flash_fwd(Q, K, V, O, LSE, VISITS, n_q, n_k, stride_qbh, stride_qm, stride_kbh, stride_kn, qk_scale,
+              CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr,
+              PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     Q += pid_bh * stride_qbh
@@ -65,34 +71,39 @@ def flash_fwd_causal(Q, K, V, O, LSE, VISITS, n_q, n_k, stride_qbh, stride_qm, s
     V += pid_bh * stride_kbh
     m0 = pid_m * T_Q
     offs_m = m0 + tl.arange(0, T_Q)
-    offs_d = tl.arange(0, D)
+    offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < n_q
-    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    io_mask = row_ok[:, None] & (offs_d < D)[None, :]
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=io_mask, other=0.0)
     m = tl.full([T_Q], float("-inf"), dtype=tl.float32)
     l = tl.zeros([T_Q], dtype=tl.float32)
-    acc = tl.zeros([T_Q, D], dtype=tl.float32)
+    acc = tl.zeros([T_Q, BLOCK_D], dtype=tl.float32)
 
     diag = n_k - n_q                                            # query i sees keys j <= i + diag
-    full_stop = tl.minimum(tl.maximum(m0 + diag + 1, 0), n_k) // T_K * T_K
-    masked_stop = tl.minimum(tl.maximum(m0 + T_Q + diag, 0), n_k)
-    acc, m, l, n_full = _fold_key_tiles(acc, m, l, q, K, V, stride_kn, offs_m, 0, full_stop, n_k, diag, qk_scale,
-                                        False, D, T_K, PRECISION)
-    acc, m, l, n_masked = _fold_key_tiles(acc, m, l, q, K, V, stride_kn, offs_m, full_stop, masked_stop, n_k, diag,
-                                          qk_scale, True, D, T_K, PRECISION)
+    if CAUSAL:
+        full_stop = tl.minimum(tl.maximum(m0 + diag + 1, 0), n_k) // T_K * T_K
+        masked_stop = tl.minimum(tl.maximum(m0 + T_Q + diag, 0), n_k)
+    else:
+        full_stop = n_k // T_K * T_K
+        masked_stop = n_k
+    acc, m, l, n_full = _fold_key_tiles(acc, m, l, q, K, V, stride_kn, offs_m, offs_d, 0, full_stop, n_k, diag,
+                                        qk_scale, False, CAUSAL, D, T_K, PRECISION)
+    acc, m, l, n_masked = _fold_key_tiles(acc, m, l, q, K, V, stride_kn, offs_m, offs_d, full_stop, masked_stop,
+                                          n_k, diag, qk_scale, True, CAUSAL, D, T_K, PRECISION)
 
     seen = l > 0.0
     l_div = tl.where(seen, l, 1.0)
     o = acc / l_div[:, None]
     lse = tl.where(seen, (m + tl.math.log2(l_div)) * 0.6931471805599453, float("-inf"))
-    tl.store(O + offs_m[:, None] * stride_qm + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(O + offs_m[:, None] * stride_qm + offs_d[None, :], o.to(O.dtype.element_ty), mask=io_mask)
     tl.store(LSE + pid_bh * n_q + offs_m, lse, mask=row_ok)
     visits = VISITS + (pid_bh * tl.num_programs(0) + pid_m) * 2
     tl.store(visits, n_full)
     tl.store(visits + 1, n_masked)
 
 
-def attention_causal(q, k, v, T_q=16, T_k=16, kernel=flash_fwd_causal):
-    """Causal attention, bottom-right aligned: ``(o, lse, visits)`` (see the exercise)."""
+def attention_forward(q, k, v, T_q=16, T_k=16, causal=True, kernel=flash_fwd):
+    """Attention, causal (bottom-right aligned) or not: ``(o, lse, visits)`` (see the exercise)."""
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     q3, k3, v3 = (x.reshape(B * H, -1, D).contiguous() for x in (q, k, v))
@@ -101,7 +112,8 @@ def attention_causal(q, k, v, T_q=16, T_k=16, kernel=flash_fwd_causal):
     grid = (triton.cdiv(Nq, T_q), B * H)
     visits = torch.zeros(B * H, grid[0], 2, device=q.device, dtype=torch.int32)
     kernel[grid](q3, k3, v3, o3, lse, visits, Nq, Nk, q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
-                 D ** -0.5 * LOG2E, D=D, T_Q=T_q, T_K=T_k, PRECISION=precision(q.dtype))
+                 D ** -0.5 * LOG2E, CAUSAL=causal, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), T_Q=T_q,
+                 T_K=T_k, PRECISION=precision(q.dtype))
     return o3.reshape(B, H, Nq, D), lse.reshape(B, H, Nq), visits
 
 
@@ -165,3 +177,123 @@ def rowsum_do_o(o, do, block_n=16):
         o, do, delta, N, H, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
         D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n)
     return delta
+
+
+# Exercise 5: the dK/dV kernel, one program per key tile walking down the query tiles.
+@triton.jit
+def flash_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, n_q, n_k, scale, stride_qbh, stride_qm, stride_kbh, stride_kn,
+               CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr,
+               PRECISION: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    Q += pid_bh * stride_qbh
+    DO += pid_bh * stride_qbh
+    K += pid_bh * stride_kbh
+    V += pid_bh * stride_kbh
+    DK += pid_bh * stride_kbh
+    DV += pid_bh * stride_kbh
+    LSE += pid_bh * n_q
+    DELTA += pid_bh * n_q
+    n0 = pid_n * T_K
+    offs_n = n0 + tl.arange(0, T_K)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    kv_mask = (offs_n < n_k)[:, None] & d_ok[None, :]
+    k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)   # loaded once
+    v = tl.load(V + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+    dk = tl.zeros([T_K, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([T_K, BLOCK_D], dtype=tl.float32)
+    qk_scale = scale * 1.4426950408889634                         # base 2: exp(x) = exp2(x * log2(e))
+    diag = n_k - n_q
+    start = 0
+    if CAUSAL:
+        start = tl.maximum(n0 - diag, 0) // T_Q * T_Q           # query tiles above it see none of these keys
+    for start_m in range(start, n_q, T_Q):
+        offs_m = start_m + tl.arange(0, T_Q)
+        row_ok = offs_m < n_q
+        q_mask = row_ok[:, None] & d_ok[None, :]
+        q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
+        do = tl.load(DO + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
+        lse = tl.load(LSE + offs_m, mask=row_ok, other=0.0)
+        delta = tl.load(DELTA + offs_m, mask=row_ok, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)                # [T_Q, T_K], unscaled
+        p = tl.math.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634)  # P = exp(S - lse): no max, no sum
+        if CAUSAL:     # also a row that sees no key: lse = -inf makes exp2 +inf there
+            p = tl.where(offs_n[None, :] <= offs_m[:, None] + diag, p, 0.0)
+        # Rows past n_q (q, dO, D loaded as 0) add P^T 0 to dV and 0 to dS: no mask needed for them.
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+    tl.store(DK + offs_n[:, None] * stride_kn + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + offs_n[:, None] * stride_kn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+def attention_dkdv(q, k, v, do, lse, delta, causal, T_q=16, T_k=16, kernel=flash_dkdv):
+    """``(dk, dv)`` from the forward's ``lse`` and the pre-pass's ``delta`` (see the exercise)."""
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    q3, k3, v3, do3 = (x.reshape(B * H, -1, D).contiguous() for x in (q, k, v, do))
+    dk3, dv3 = torch.empty_like(k3), torch.empty_like(v3)
+    kernel[(triton.cdiv(Nk, T_k), B * H)](
+        q3, k3, v3, do3, lse.contiguous(), delta.contiguous(), dk3, dv3, Nq, Nk, D ** -0.5,
+        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), CAUSAL=causal, D=D,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), T_Q=T_q, T_K=T_k, PRECISION=precision(q.dtype))
+    return dk3.reshape(B, H, Nk, D), dv3.reshape(B, H, Nk, D)
+
+
+# Exercise 6: the dQ kernel, one program per query tile walking along the key tiles.
+@triton.jit
+def flash_dq(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, scale, stride_qbh, stride_qm, stride_kbh, stride_kn,
+             CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, T_Q: tl.constexpr, T_K: tl.constexpr,
+             PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    Q += pid_bh * stride_qbh
+    DO += pid_bh * stride_qbh
+    DQ += pid_bh * stride_qbh
+    K += pid_bh * stride_kbh
+    V += pid_bh * stride_kbh
+    m0 = pid_m * T_Q
+    offs_m = m0 + tl.arange(0, T_Q)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < n_q
+    d_ok = offs_d < D
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)    # loaded once
+    do = tl.load(DO + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
+    lse = tl.load(LSE + pid_bh * n_q + offs_m, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + pid_bh * n_q + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros([T_Q, BLOCK_D], dtype=tl.float32)
+    qk_scale = scale * 1.4426950408889634                         # base 2: exp(x) = exp2(x * log2(e))
+    diag = n_k - n_q
+    stop = n_k
+    if CAUSAL:
+        stop = tl.minimum(tl.maximum(m0 + T_Q + diag, 0), n_k)     # the keys its last row sees
+    for start_n in range(0, stop, T_K):
+        offs_n = start_n + tl.arange(0, T_K)
+        kv_mask = (offs_n < n_k)[:, None] & d_ok[None, :]
+        k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        p = tl.math.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634)
+        if CAUSAL:
+            p = tl.where(offs_n[None, :] <= offs_m[:, None] + diag, p, 0.0)
+        # Keys past n_k (K, V loaded as 0) add dS 0 = 0 to dQ: no mask needed for them.
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    tl.store(DQ + offs_m[:, None] * stride_qm + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+
+
+def attention_dq(q, k, v, do, lse, delta, causal, T_q=16, T_k=16, kernel=flash_dq):
+    """``dq`` from the forward's ``lse`` and the pre-pass's ``delta`` (see the exercise)."""
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    q3, k3, v3, do3 = (x.reshape(B * H, -1, D).contiguous() for x in (q, k, v, do))
+    dq3 = torch.empty_like(q3)
+    kernel[(triton.cdiv(Nq, T_q), B * H)](
+        q3, k3, v3, do3, lse.contiguous(), delta.contiguous(), dq3, Nq, Nk, D ** -0.5,
+        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), CAUSAL=causal, D=D,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), T_Q=T_q, T_K=T_k, PRECISION=precision(q.dtype))
+    return dq3.reshape(B, H, Nq, D)

@@ -2,16 +2,19 @@
 
 Each ``check_*`` takes the learner's function, runs it on named cases chosen to catch the usual mistakes (a
 length that is not a multiple of the tile, ``Nq < Nk`` and ``Nq > Nk`` with queries that see no key, one token,
-query tiles larger or smaller than key tiles), prints one line and returns a :class:`~mta.course.exercises.Result`. It
-never raises.
+query tiles larger or smaller than key tiles, a head dimension that is not a power of two), prints one line and
+returns a :class:`~mta.course.exercises.Result`. It never raises.
 
-* :func:`check_causal_kernel` (Triton): a causal forward kernel in two stages. Besides the output and the
-  log-sum-exp, it checks the *loads*: every query tile runs once more on keys and values that are NaN from the
-  first key tile right of its diagonal tile on, so a kernel that loads such a tile (even one whose scores it
-  masks) gives NaN; and it compares the number of unmasked and masked key tiles each program reports;
+* :func:`check_forward_kernel` (Triton): the forward kernel, causal or not, in two stages. Besides the output and
+  the log-sum-exp, it checks the *loads*: under the causal mask every query tile runs once more on keys and values
+  that are NaN from the first key tile right of its diagonal tile on, so a kernel that loads such a tile (even one
+  whose scores it masks) gives NaN; and it compares the number of unmasked and masked key tiles each program
+  reports;
 * :func:`check_key_tiles_visited`, :func:`check_visited_ratio`: counting the key tiles a causal forward visits;
 * :func:`check_ds_formula`: ``dS = P * (dP - D)`` with ``D`` from ``O``, against autograd;
-* :func:`check_rowsum_do_o` (Triton): the backward's pre-pass ``D_i = dO_i . O_i``.
+* :func:`check_rowsum_do_o` (Triton): the backward's pre-pass ``D_i = dO_i . O_i``;
+* :func:`check_dkdv_kernel`, :func:`check_dq_kernel` (Triton): the backward's two kernels, given ``lse`` and ``D``,
+  against autograd through :func:`mta.naive_attention` in float64.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from ...reference import causal_future, naive_attention
 from . import (CaseFailed, Result, expect_close, expect_equal, finished_attention, own_triton_kernel, refusing,
                run_cases)
 
-__all__ = ["CAUSAL_CASES", "check_causal_kernel", "check_ds_formula", "check_key_tiles_visited",
-           "check_rowsum_do_o", "check_visited_ratio", "poisoned_keys", "stage_counts"]
+__all__ = ["BACKWARD_CASES", "FORWARD_CASES", "check_causal_kernel", "check_dkdv_kernel", "check_dq_kernel",
+           "check_ds_formula", "check_forward_kernel", "check_key_tiles_visited", "check_rowsum_do_o",
+           "check_visited_ratio", "poisoned_keys", "stage_counts"]
 
 F64 = torch.float64
 #: elementwise tolerances ``(atol, rtol)`` of the outputs, by input dtype
@@ -40,27 +44,30 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _stage_bounds(m0: int, n_q: int, n_k: int, T_q: int, T_k: int) -> tuple[int, int]:
-    """``(full_stop, masked_stop)`` of the causal query tile starting at row ``m0`` (bottom-right alignment)."""
+def _stage_bounds(m0: int, n_q: int, n_k: int, T_q: int, T_k: int, causal: bool = True) -> tuple[int, int]:
+    """``(full_stop, masked_stop)`` of the query tile starting at row ``m0`` (causal: bottom-right alignment;
+    not causal: only the key tail past the last whole tile is masked)."""
+    if not causal:
+        return n_k // T_k * T_k, n_k
     diag = n_k - n_q
     full_stop = min(max(m0 + diag + 1, 0), n_k) // T_k * T_k
     masked_stop = min(max(m0 + T_q + diag, 0), n_k)
     return full_stop, masked_stop
 
 
-def stage_counts(n_q: int, n_k: int, T_q: int, T_k: int) -> torch.Tensor:
+def stage_counts(n_q: int, n_k: int, T_q: int, T_k: int, causal: bool = True) -> torch.Tensor:
     """``[cdiv(n_q, T_q), 2]`` int32: for each query tile, how many key tiles its unmasked stage and its masked
     stage visit (``full_stop / T_k`` and ``cdiv(masked_stop - full_stop, T_k)``)."""
     rows = []
     for m0 in range(0, n_q, T_q):
-        full_stop, masked_stop = _stage_bounds(m0, n_q, n_k, T_q, T_k)
+        full_stop, masked_stop = _stage_bounds(m0, n_q, n_k, T_q, T_k, causal)
         rows.append((full_stop // T_k, _cdiv(max(masked_stop - full_stop, 0), T_k)))
     return torch.tensor(rows, dtype=torch.int32)
 
 
 def poisoned_keys(n_q: int, n_k: int, T_q: int, T_k: int, tile: int) -> int:
-    """The first key that query tile ``tile`` never needs to load: the start of the first key tile right of its
-    diagonal tile (``n_k`` when there is none)."""
+    """The first key that causal query tile ``tile`` never needs to load: the start of the first key tile right of
+    its diagonal tile (``n_k`` when there is none)."""
     _, masked_stop = _stage_bounds(tile * T_q, n_q, n_k, T_q, T_k)
     return min(_cdiv(masked_stop, T_k) * T_k, n_k)
 
@@ -80,21 +87,27 @@ def _expect_lse(what, got, want, *, atol, rtol):
 
 
 # ---------------------------------------------------------------------------------------------------- exercise 1
-#: ``(name, (Nq, Nk, D, T_q, T_k, dtype[, low]))``: the problems of :func:`check_causal_kernel`, in order; ``low``
-#: shifts every score by ``-144`` (``q[..., 0] = -24``, ``k[..., 0] = 24``, ``D = 16``): ``exp2`` of a score minus 0
-#: underflows in float32 there, so a running max that starts at 0 instead of ``-inf`` (no guard needed, and right
-#: whenever a row's max is above about -104) gives ``o = 0``, ``lse = -inf``.
-CAUSAL_CASES = (
-    ("Nq=Nk=40, tiles 16x16", (40, 40, 32, 16, 16, torch.float32)),
-    ("Nq=20 < Nk=50, tiles 16x16", (20, 50, 32, 16, 16, torch.float32)),
+#: ``(name, (Nq, Nk, D, T_q, T_k, dtype, causal[, low]))``: the problems of :func:`check_forward_kernel`, in order;
+#: ``low`` shifts every score by ``-144`` (``q[..., 0] = -24``, ``k[..., 0] = 24``, ``D = 16``): ``exp2`` of a
+#: score minus 0 underflows in float32 there, so a running max that starts at 0 instead of ``-inf`` (no guard
+#: needed, and right whenever a row's max is above about -104) gives ``o = 0``, ``lse = -inf``.
+FORWARD_CASES = (
+    ("Nq=Nk=40, tiles 16x16", (40, 40, 32, 16, 16, torch.float32, True)),
+    ("Nq=20 < Nk=50, tiles 16x16", (20, 50, 32, 16, 16, torch.float32, True)),
     ("Nq=20 < Nk=37, tiles 16x16 (a diagonal that ends on the first key of a key tile)",
-     (20, 37, 32, 16, 16, torch.float32)),
-    ("Nq=50 > Nk=20 (queries that see no key), tiles 16x16", (50, 20, 32, 16, 16, torch.float32)),
-    ("Nq=Nk=1", (1, 1, 16, 16, 16, torch.float32)),
-    ("Nq=Nk=64, tiles 32x16 (two masked key tiles per query tile)", (64, 64, 16, 32, 16, torch.float32)),
-    ("Nq=40 < Nk=72, tiles 16x32, float16", (40, 72, 32, 16, 32, torch.float16)),
+     (20, 37, 32, 16, 16, torch.float32, True)),
+    ("Nq=50 > Nk=20 (queries that see no key), tiles 16x16", (50, 20, 32, 16, 16, torch.float32, True)),
+    ("Nq=Nk=1", (1, 1, 16, 16, 16, torch.float32, True)),
+    ("Nq=Nk=64, tiles 32x16 (two masked key tiles per query tile)", (64, 64, 16, 32, 16, torch.float32, True)),
+    ("Nq=40 < Nk=72, tiles 16x32, float16", (40, 72, 32, 16, 32, torch.float16, True)),
     ("Nq=Nk=20, every score near -144 (a running max that starts at 0 underflows)",
-     (20, 20, 16, 16, 16, torch.float32, True)),
+     (20, 20, 16, 16, 16, torch.float32, True, True)),
+    ("not causal, Nq=37 > Nk=21 (a partial last key tile)", (37, 21, 32, 16, 16, torch.float32, False)),
+    ("not causal, Nq=Nk=1", (1, 1, 16, 16, 16, torch.float32, False)),
+    ("not causal, Nq=Nk=32 (no partial tile: no masked stage)", (32, 32, 16, 16, 16, torch.float32, False)),
+    ("D=40 (a 64-wide feature block, 24 columns masked), Nq=Nk=33", (33, 33, 40, 16, 16, torch.float32, True)),
+    ("not causal, D=24, Nq=30 < Nk=50, float16", (30, 50, 24, 16, 16, torch.float16, False)),
+    ("D=40, Nq=40 > Nk=24, float16", (40, 24, 40, 16, 16, torch.float16, True)),
 )
 
 
@@ -103,51 +116,58 @@ def _refused():
             "program count the key tiles its two stages visit"}
 
 
-def _causal_case(fn: Callable, Nq, Nk, D, T_q, T_k, dtype, low=False, *, seed):
+def _forward(fn, q, k, v, T_q, T_k, causal):
+    """The learner's call: ``fn(q, k, v, T_q, T_k)`` when causal, with ``causal=False`` added otherwise."""
+    dev = runtime.DEVICE
+    args = (q.to(dev), k.to(dev), v.to(dev), T_q, T_k)
+    with refusing(_refused()):
+        return fn(*args) if causal else fn(*args, causal=False)
+
+
+def _forward_case(fn: Callable, Nq, Nk, D, T_q, T_k, dtype, causal, low=False, *, seed):
     gen = torch.Generator().manual_seed(seed)
     tiles = _cdiv(Nq, T_q)
-    H = tiles                       # one head per query tile: head t is poisoned for query tile t (below)
+    H = tiles if causal else 2      # causal: one head per query tile, head t is poisoned for query tile t (below)
     q, k, v = (torch.randn(1, H, n, D, generator=gen, dtype=F64) for n in (Nq, Nk, Nk))
     if low:
         q[..., 0], k[..., 0] = -24.0, 24.0
     q, k, v = (x.to(dtype) for x in (q, k, v))
-    ref, ref_lse = naive_attention(q.double(), k.double(), v.double(), causal=True, return_lse=True)
+    ref, ref_lse = naive_attention(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
     atol, rtol = TOL[dtype]
     if low:   # float32 scores near -144 carry an absolute rounding of about 1e-5, and each weight e^(s - m) with it
         atol, rtol = 5 * atol, 5 * rtol
-    dev = runtime.DEVICE
 
     # 1. The output, the log-sum-exp and the stage counts on clean inputs, from the learner's own kernel.
-    with refusing(_refused()):
-        out = own_triton_kernel("attention_causal", lambda: fn(q.to(dev), k.to(dev), v.to(dev), T_q, T_k))
+    out = own_triton_kernel("attention_forward", lambda: _forward(fn, q, k, v, T_q, T_k, causal))
     if not isinstance(out, tuple) or len(out) != 3:
-        raise CaseFailed(f"attention_causal must return (o, lse, visits), got {type(out).__name__}")
+        raise CaseFailed(f"attention_forward must return (o, lse, visits), got {type(out).__name__}")
     o, lse, visits = out
     expect_close("o", o, ref.to(dtype), atol=atol, rtol=rtol)
     _expect_lse("lse", lse, ref_lse, atol=10 * atol, rtol=10 * rtol)
 
-    # 2. The loads. Head t's keys and values are NaN from the first key tile right of query tile t's diagonal tile
-    # on. The rows of query tiles 0..t of head t never need those keys: a kernel that never loads a tile past the
-    # diagonal tile gives them finite, correct outputs; one that loads such a tile (even with its scores masked,
-    # since P = 0 times a NaN value is NaN in P @ V) gives NaN.
-    k_bad, v_bad = k.clone(), v.clone()
-    for t in range(tiles):
-        first = poisoned_keys(Nq, Nk, T_q, T_k, t)
-        k_bad[:, t, first:] = float("nan")
-        v_bad[:, t, first:] = float("nan")
-    with warnings.catch_warnings():       # the later query tiles of head t do meet NaN: the interpreter warns
-        warnings.simplefilter("ignore", RuntimeWarning)
-        with refusing(_refused()):
-            o_bad, lse_bad, _ = fn(q.to(dev), k_bad.to(dev), v_bad.to(dev), T_q, T_k)
-    for t in range(tiles):
-        rows = min((t + 1) * T_q, Nq)
-        first = poisoned_keys(Nq, Nk, T_q, T_k, t)
-        what = f"query tile {t}, with keys and values NaN from key {first} on (right of its diagonal tile)"
-        expect_close(f"o of {what}", o_bad[0, t, :rows], ref[0, t, :rows].to(dtype), atol=atol, rtol=rtol)
-        _expect_lse(f"lse of {what}", lse_bad[0, t, :rows], ref_lse[0, t, :rows], atol=10 * atol, rtol=10 * rtol)
+    # 2. The loads (causal). Head t's keys and values are NaN from the first key tile right of query tile t's
+    # diagonal tile on. The rows of query tiles 0..t of head t never need those keys: a kernel that never loads a
+    # tile past the diagonal tile gives them finite, correct outputs; one that loads such a tile (even with its
+    # scores masked, since P = 0 times a NaN value is NaN in P @ V) gives NaN.
+    if causal:
+        k_bad, v_bad = k.clone(), v.clone()
+        for t in range(tiles):
+            first = poisoned_keys(Nq, Nk, T_q, T_k, t)
+            k_bad[:, t, first:] = float("nan")
+            v_bad[:, t, first:] = float("nan")
+        with warnings.catch_warnings():       # the later query tiles of head t do meet NaN: the interpreter warns
+            warnings.simplefilter("ignore", RuntimeWarning)
+            o_bad, lse_bad, _ = _forward(fn, q, k_bad, v_bad, T_q, T_k, causal)
+        for t in range(tiles):
+            rows = min((t + 1) * T_q, Nq)
+            first = poisoned_keys(Nq, Nk, T_q, T_k, t)
+            what = f"query tile {t}, with keys and values NaN from key {first} on (right of its diagonal tile)"
+            expect_close(f"o of {what}", o_bad[0, t, :rows], ref[0, t, :rows].to(dtype), atol=atol, rtol=rtol)
+            _expect_lse(f"lse of {what}", lse_bad[0, t, :rows], ref_lse[0, t, :rows], atol=10 * atol,
+                        rtol=10 * rtol)
 
     # 3. The stages each program reports: (unmasked key tiles, masked key tiles).
-    want = stage_counts(Nq, Nk, T_q, T_k)
+    want = stage_counts(Nq, Nk, T_q, T_k, causal)
     if not isinstance(visits, torch.Tensor):
         raise CaseFailed(f"visits: expected a tensor, got {type(visits).__name__}")
     expect_equal("visits shape", tuple(visits.shape), (H, tiles, 2))
@@ -164,9 +184,7 @@ def _batched_case(fn: Callable, seed: int):
     q, k, v = (torch.randn(B, H, n, D, generator=gen, dtype=F64) for n in (Nq, Nk, Nk))
     ref, ref_lse = naive_attention(q, k, v, causal=True, return_lse=True)
     atol, rtol = TOL[torch.float32]
-    dev = runtime.DEVICE
-    with refusing(_refused()):
-        o, lse, visits = fn(*(x.float().to(dev) for x in (q, k, v)), T_q, T_k)
+    o, lse, visits = _forward(fn, q.float(), k.float(), v.float(), T_q, T_k, True)
     expect_close("o", o, ref.float(), atol=atol, rtol=rtol)
     _expect_lse("lse", lse, ref_lse, atol=10 * atol, rtol=10 * rtol)
     want = stage_counts(Nq, Nk, T_q, T_k)
@@ -175,16 +193,20 @@ def _batched_case(fn: Callable, seed: int):
         expect_equal(f"visits of program (sequence {p // H}, head {p % H})", visits[p].cpu().tolist(), want.tolist())
 
 
-def check_causal_kernel(fn: Callable) -> Result:
-    """``fn(q, k, v, T_q, T_k) -> (o, lse, visits)``: causal (bottom-right) attention from a Triton kernel in two
-    stages, for ``q [B, H, Nq, D]``, ``k, v [B, H, Nk, D]`` on :data:`mta.runtime.DEVICE` (``D`` a power of two
-    >= 16); ``o`` in q's dtype (0 for a query that sees no key), ``lse`` fp32 ``[B, H, Nq]`` (``-inf`` there),
+def check_forward_kernel(fn: Callable) -> Result:
+    """``fn(q, k, v, T_q, T_k, causal=True) -> (o, lse, visits)``: attention (causal: bottom-right) from a Triton
+    kernel in two stages, for ``q [B, H, Nq, D]``, ``k, v [B, H, Nk, D]`` on :data:`mta.runtime.DEVICE` (any
+    ``D``); ``o`` in q's dtype (0 for a query that sees no key), ``lse`` fp32 ``[B, H, Nq]`` (``-inf`` there),
     ``visits`` int32 ``[B * H, cdiv(Nq, T_q), 2]``: the key tiles each program's unmasked and masked stages
-    visited."""
-    cases = [(name, (lambda shape=shape, seed=i: _causal_case(fn, *shape, seed=30 + seed)))
-             for i, (name, shape) in enumerate(CAUSAL_CASES)]
+    visited. The causal cases call ``fn(q, k, v, T_q, T_k)``, the others add ``causal=False``."""
+    cases = [(name, (lambda shape=shape, seed=i: _forward_case(fn, *shape, seed=30 + seed)))
+             for i, (name, shape) in enumerate(FORWARD_CASES)]
     cases.append(("B=2, H=2, Nq=Nk=40, tiles 16x16 (the batch's offsets)", lambda: _batched_case(fn, 37)))
-    return run_cases("exercise 1 (Triton: a causal kernel in two stages)", cases)
+    return run_cases("exercise 1 (Triton: the forward kernel in two stages)", cases)
+
+
+#: The name ``tests/test_exercises_methods.py`` uses.
+check_causal_kernel = check_forward_kernel
 
 
 # ---------------------------------------------------------------------------------------------------- exercise 2
@@ -309,3 +331,76 @@ def check_rowsum_do_o(fn: Callable) -> Result:
     return run_cases("exercise 4 (Triton: the backward's pre-pass D = rowsum(dO * O))",
                      [(name, (lambda shape=shape, seed=i: case(*shape, seed=60 + seed)))
                       for i, (name, shape) in enumerate(ROWSUM_CASES)])
+
+
+# ------------------------------------------------------------------------------------------------ exercises 5, 6
+#: ``(name, (B, H, Nq, Nk, D, causal, T_q, T_k, dtype))``: the problems of :func:`check_dkdv_kernel` and
+#: :func:`check_dq_kernel`, in order.
+BACKWARD_CASES = (
+    ("Nq=Nk=1", (1, 1, 1, 1, 16, False, 16, 16, torch.float32)),
+    ("not causal, Nq=Nk=37", (1, 2, 37, 37, 16, False, 16, 16, torch.float32)),
+    ("causal, Nq=Nk=1", (1, 1, 1, 1, 16, True, 16, 16, torch.float32)),
+    ("causal, Nq=Nk=37", (1, 2, 37, 37, 16, True, 16, 16, torch.float32)),
+    ("causal, Nq=20 < Nk=37 (a diagonal that ends on the first key of a key tile)",
+     (1, 2, 20, 37, 16, True, 16, 16, torch.float32)),
+    ("causal, Nq=45 > Nk=20 (queries that see no key: lse = -inf)", (1, 2, 45, 20, 16, True, 16, 16, torch.float32)),
+    ("not causal, Nq=45 > Nk=20", (1, 2, 45, 20, 16, False, 16, 16, torch.float32)),
+    ("causal, Nq=Nk=40, tiles 32x16", (1, 1, 40, 40, 16, True, 32, 16, torch.float32)),
+    ("causal, Nq=24 < Nk=50, tiles 16x32", (1, 1, 24, 50, 16, True, 16, 32, torch.float32)),
+    ("causal, D=40 (a 64-wide feature block, 24 columns masked)", (1, 1, 33, 33, 40, True, 16, 16, torch.float32)),
+    ("causal, Nq=30 < Nk=50, D=24, float16", (1, 2, 30, 50, 24, True, 16, 16, torch.float16)),
+    ("not causal, Nq=Nk=37, float16", (1, 2, 37, 37, 16, False, 16, 16, torch.float16)),
+    ("causal, B=2, H=2, Nq=Nk=24 (the batch's offsets)", (2, 2, 24, 24, 16, True, 16, 16, torch.float32)),
+)
+
+def _backward_problem(B, H, Nq, Nk, D, causal, dtype, seed):
+    """Inputs in ``dtype`` (``q, k, v, do``), the forward's ``lse`` and the pre-pass's ``D`` in fp32 (exact, from
+    float64), and autograd's ``{dq, dk, dv}`` through :func:`mta.naive_attention` in float64."""
+    gen = torch.Generator().manual_seed(seed)
+    q, do = (torch.randn(B, H, Nq, D, generator=gen, dtype=F64).to(dtype) for _ in range(2))
+    k, v = (torch.randn(B, H, Nk, D, generator=gen, dtype=F64).to(dtype) for _ in range(2))
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    o, lse = naive_attention(q64, k64, v64, causal=causal, return_lse=True)
+    o.backward(do.double())
+    delta = (do.double() * o.detach()).sum(-1)
+    grads = {"dq": q64.grad, "dk": k64.grad, "dv": v64.grad}
+    return (q, k, v, do), lse.detach().float(), delta.float(), grads
+
+
+def _backward_call(fn, what, inputs, lse, delta, causal, T_q, T_k):
+    dev = runtime.DEVICE
+    args = [x.to(dev) for x in (*inputs, lse, delta)]
+    with refusing(finished_attention()):
+        return own_triton_kernel(what, lambda: fn(*args, causal, T_q, T_k))
+
+
+def _backward_cases(fn, what, names, seed0):
+    def case(B, H, Nq, Nk, D, causal, T_q, T_k, dtype, seed):
+        inputs, lse, delta, grads = _backward_problem(B, H, Nq, Nk, D, causal, dtype, seed)
+        out = _backward_call(fn, what, inputs, lse, delta, causal, T_q, T_k)
+        out = out if isinstance(out, tuple) else (out,)
+        if len(out) != len(names):
+            raise CaseFailed(f"{what} must return {', '.join(names)}: got {len(out)} value(s)")
+        atol, rtol = TOL[dtype]
+        for name, got in zip(names, out):
+            if isinstance(got, torch.Tensor) and got.dtype != dtype:
+                expect_equal(f"{name}'s dtype", got.dtype, dtype)
+            expect_close(name, got, grads[name], atol=atol, rtol=rtol)
+
+    return [(name, (lambda shape=shape, seed=i: case(*shape, seed=seed0 + seed)))
+            for i, (name, shape) in enumerate(BACKWARD_CASES)]
+
+
+def check_dkdv_kernel(fn: Callable) -> Result:
+    """``fn(q, k, v, do, lse, delta, causal, T_q, T_k) -> (dk, dv)`` from a Triton kernel with one program per key
+    tile, for ``q, do [B, H, Nq, D]``, ``k, v [B, H, Nk, D]`` on :data:`mta.runtime.DEVICE` (any ``D``), the
+    forward's ``lse`` and the pre-pass's ``delta`` fp32 ``[B, H, Nq]`` (``lse = -inf`` for a query that sees no
+    key); ``dk, dv`` in k's dtype, against autograd in float64."""
+    return run_cases("exercise 5 (Triton: the dK/dV kernel)",
+                     _backward_cases(fn, "attention_dkdv", ("dk", "dv"), 80))
+
+
+def check_dq_kernel(fn: Callable) -> Result:
+    """``fn(q, k, v, do, lse, delta, causal, T_q, T_k) -> dq`` from a Triton kernel with one program per query
+    tile; arguments as for :func:`check_dkdv_kernel`; ``dq`` in q's dtype, against autograd in float64."""
+    return run_cases("exercise 6 (Triton: the dQ kernel)", _backward_cases(fn, "attention_dq", ("dq",), 80))
