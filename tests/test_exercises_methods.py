@@ -112,13 +112,13 @@ def test_ch03_a_pytorch_causal_forward_or_the_checker_s_counts():
             rows.append((full // T_k, -(-max(masked - full, 0) // T_k)))
         visits = torch.tensor(rows, dtype=torch.int32).expand(q.shape[0] * q.shape[1], -1, -1)
         return o, lse, visits
-    fails(ch03.check_causal_kernel(pytorch), NO_KERNEL)
+    fails(ch03.check_forward_kernel(pytorch), NO_KERNEL)
 
     def counted_by_the_checker(q, k, v, T_q, T_k):
         o, lse = _torch_causal(q, k, v)
         counts = ch03.stage_counts(q.shape[2], k.shape[2], T_q, T_k)
         return o, lse, counts.expand(q.shape[0] * q.shape[1], -1, -1)
-    fails(ch03.check_causal_kernel(counted_by_the_checker), "stage_counts")
+    fails(ch03.check_forward_kernel(counted_by_the_checker), "stage_counts")
 
 
 def test_ch03_a_pytorch_rowsum():

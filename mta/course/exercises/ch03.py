@@ -31,7 +31,7 @@ from ...reference import causal_future, naive_attention
 from . import (CaseFailed, Result, expect_close, expect_equal, finished_attention, own_triton_kernel, refusing,
                run_cases)
 
-__all__ = ["BACKWARD_CASES", "FORWARD_CASES", "check_causal_kernel", "check_dkdv_kernel", "check_dq_kernel",
+__all__ = ["BACKWARD_CASES", "FORWARD_CASES", "check_dkdv_kernel", "check_dq_kernel",
            "check_ds_formula", "check_forward_kernel", "check_key_tiles_visited", "check_rowsum_do_o",
            "check_visited_ratio", "poisoned_keys", "stage_counts"]
 
@@ -204,9 +204,6 @@ def check_forward_kernel(fn: Callable) -> Result:
     cases.append(("B=2, H=2, Nq=Nk=40, tiles 16x16 (the batch's offsets)", lambda: _batched_case(fn, 37)))
     return run_cases("exercise 1 (Triton: the forward kernel in two stages)", cases)
 
-
-#: The name ``tests/test_exercises_methods.py`` uses.
-check_causal_kernel = check_forward_kernel
 
 
 # ---------------------------------------------------------------------------------------------------- exercise 2
