@@ -205,7 +205,6 @@ def check_forward_kernel(fn: Callable) -> Result:
     return run_cases("exercise 1 (Triton: the forward kernel in two stages)", cases)
 
 
-
 # ---------------------------------------------------------------------------------------------------- exercise 2
 def _visited_brute_force(n_q, n_k, T_q, T_k, causal):
     """Key tiles with at least one visible (query, key) pair, counted over the true mask."""
