@@ -72,3 +72,34 @@ def dw_partials(u, k, ck, block_r):
     dw_partials_kernel[(tiles, B * Hq)](u.contiguous(), k.contiguous(), out, N, Hq, Hq // Hkv,
                                         CQ=cq, CK=ck, D=D, BLOCK_R=block_r)
     return out
+
+
+# Exercise 4: dq's far part from the stored dC_far, one program per (row tile, batch x query head).
+@triton.jit
+def dq_far_kernel(DC, KF, DQ, n, scale, CQ: tl.constexpr, D: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    bh = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)          # the dq rows this program owns
+    offs_d = tl.arange(0, D)
+    DC += bh * n * n
+    KF += bh * CQ * n * D
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start_n in range(0, n, BLOCK_N):                                  # walk the keys
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        key_ok = offs_n < n
+        for a in tl.static_range(CQ):
+            rows = offs_m + (CQ - 1) - a                                  # q_r sits in row r + cq-1-a of Q^(a)
+            dc = tl.load(DC + rows[:, None] * n + offs_n[None, :],
+                         mask=(rows < n)[:, None] & key_ok[None, :], other=0.0)
+            kf = tl.load(KF + (a * n + offs_n[:, None]) * D + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            acc = tl.dot(dc, kf, acc, input_precision="ieee")            # += dC_far[shifted rows] Kf_a
+    tl.store(DQ + bh * n * D + offs_m[:, None] * D + offs_d[None, :], acc * scale, mask=(offs_m < n)[:, None])
+
+
+def dq_far(dc_far, kf, scale, block=16):
+    """``[B, Hq, N, D]`` fp32: the far part of dq, ``Gq`` never written."""
+    B, Hq, cq, N, D = kf.shape
+    dq = torch.empty(B, Hq, N, D, device=kf.device, dtype=torch.float32)
+    dq_far_kernel[(triton.cdiv(N, block), B * Hq)](dc_far.contiguous(), kf.contiguous(), dq, N, scale,
+                                                  CQ=cq, D=D, BLOCK_M=block, BLOCK_N=block)
+    return dq

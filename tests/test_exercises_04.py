@@ -32,12 +32,12 @@ def test_solution_3_passes():
 
 
 def test_solution_4_passes():
-    assert ch04.check_one_hot_kernel(SOLUTIONS.one_hot_kernel).passed
+    assert ch04.check_folded_forward(SOLUTIONS.folded_forward).passed
 
 
 def test_stubs_are_not_attempted(capsys):
     assert_stubs_not_attempted((ch04.check_diagonal_scores, ch04.check_tile_kinds, ch04.check_fold_keys,
-                                ch04.check_one_hot_kernel), capsys)
+                                ch04.check_folded_forward), capsys)
 
 
 def test_wrong_1_forgets_the_pre_mask():
@@ -161,24 +161,101 @@ def test_wrong_3_clamps_the_padding():
     assert "case 'N=1, D=16, 3x5' fails: folded keys: max abs error" in result.message
 
 
-def test_wrong_4_puts_the_one_at_column_0():
-    # The 1 at column 0 (the key pk to the left): one token has nothing to its left but itself, so N = 1 passes.
-    def left_column(Hq, ck):
-        w = torch.zeros(Hq, 1, ck)
-        w[:, 0, 0] = 1.0
-        return w
+@triton.jit
+def _forward_bug(Q, KF, V, O, LSE, n, qk_scale, CQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BUG: tl.constexpr):
+    # The solution's kernel with one planted bug: BUG = 1 scores the keys past the end 0 instead of -inf; 2 shifts
+    # the queries the wrong way (row i + (cq-1) - a); 3 keeps no running max (2^c summed as it is); 4 writes the
+    # log-sum-exp in base-2 units.
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    if BUG == 3:
+        m = tl.zeros([BLOCK_M], dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start_n in range(0, n, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        key_ok = offs_n < n
+        c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for a in tl.static_range(CQ):
+            if BUG == 2:
+                rows = offs_m + (CQ - 1) - a
+            else:
+                rows = offs_m - (CQ - 1) + a
+            q_a = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=((rows >= 0) & (rows < n))[:, None],
+                          other=0.0)
+            kf_a = tl.load(KF + (a * n + offs_n[:, None]) * D + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            c = tl.dot(q_a, tl.trans(kf_a), c, input_precision="ieee")
+        if BUG == 1:
+            c = c * qk_scale
+        else:
+            c = tl.where(key_ok[None, :], c * qk_scale, float("-inf"))
+        if BUG == 3:
+            m_new = m
+        else:
+            m_new = tl.maximum(m, tl.max(c, 1))
+        p = tl.exp2(c - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        v = tl.load(V + offs_n[:, None] * D + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
+        l = l * alpha + tl.sum(p, 1)
+        m = m_new
+    row_ok = offs_m < n
+    tl.store(O + offs_m[:, None] * D + offs_d[None, :], acc / l[:, None], mask=row_ok[:, None])
+    if BUG == 4:
+        tl.store(LSE + offs_m, m + tl.log2(l), mask=row_ok)
+    else:
+        tl.store(LSE + offs_m, (m + tl.log2(l)) / 1.4426950408889634, mask=row_ok)
 
-    result = ch04.check_one_hot_kernel(left_column)
+
+def _forward_with(bug):
+    def forward(q, kf, v, scale, block=16):
+        N, D = q.shape
+        o = torch.empty(N, D, device=q.device)
+        lse = torch.empty(N, device=q.device)
+        _forward_bug[(triton.cdiv(N, block),)](q, kf, v, o, lse, N, scale * SOLUTIONS.LOG2E, CQ=kf.shape[0], D=D,
+                                               BLOCK_M=block, BLOCK_N=block, BUG=bug)
+        return o, lse
+    return forward
+
+
+def test_wrong_4_scores_the_padded_keys_zero():
+    # One token in a tile of 16 keys: 15 keys past the end, each weighted e^0 instead of 0.
+    result = ch04.check_folded_forward(_forward_with(1))
     assert result.attempted and not result.passed
-    assert "case 'N=23, ck=7' fails: MTA output: max abs error" in result.message
+    assert "case 'N=1, D=16, 3x5' fails: o: max abs error" in result.message, result.message
 
 
-def test_wrong_4_forgets_the_query_axis():
-    def flat(Hq, ck):
-        return SOLUTIONS.one_hot_kernel(Hq, ck)[:, 0]
+def test_wrong_4_shifts_the_queries_the_wrong_way():
+    # With one token only the shift a = cq - 1 reads a real query, and both directions read row 0: N = 1 passes.
+    result = ch04.check_folded_forward(_forward_with(2))
+    assert "case 'N=37, D=16, 2x9 (a ragged last key tile)' fails: o: max abs error" in result.message, \
+        result.message
 
-    result = ch04.check_one_hot_kernel(flat)
-    assert "case 'N=1, ck=3' fails: weight shape: got (2, 3), expected (2, 1, 3)" in result.message
+
+def test_wrong_4_keeps_no_running_max():
+    # 2^c without subtracting a running max: right while the scores are small, inf (then NaN) once they are not.
+    result = ch04.check_folded_forward(_forward_with(3))
+    assert "case 'N=48, D=16, 3x5, scale 30 (scores in the hundreds: exp overflows without a running max)' " \
+        "fails: o: contains NaN or inf" in result.message, result.message
+
+
+def test_wrong_4_base_2_log_sum_exp():
+    result = ch04.check_folded_forward(_forward_with(4))
+    assert "case 'N=1, D=16, 3x5' fails: lse: max abs error" in result.message, result.message
+
+
+def test_wrong_4_a_pytorch_forward():
+    # The right numbers without a kernel of one's own.
+    def in_pytorch(q, kf, v, scale):
+        N = q.shape[0]
+        cq = kf.shape[0]
+        c = scale * sum(F.pad(q, (0, 0, cq - 1 - a, 0))[:N] @ kf[a].T for a in range(cq))
+        return torch.softmax(c, -1) @ v, torch.logsumexp(c, -1)
+
+    result = ch04.check_folded_forward(in_pytorch)
+    assert "launched no Triton kernel of its own" in result.message, result.message
 
 
 @pytest.mark.parametrize("N,BM,BN,cq,ck", [(37, 16, 16, 2, 9), (200, 16, 16, 6, 11), (1024, 64, 64, 6, 11)])

@@ -12,6 +12,7 @@ import triton.language as tl
 import mta  # noqa: F401  (sets the runtime before any kernel below is defined)
 from conftest import assert_stubs_not_attempted, load_solutions
 from mta.course.exercises import ch05
+from mta.reference import expand_kv
 
 SOLUTIONS = load_solutions("ch05")
 
@@ -30,8 +31,14 @@ def test_solution_3_passes():
     assert ch05.check_dw_partials(SOLUTIONS.dw_partials).passed
 
 
+def test_solution_4_passes(capsys):
+    assert ch05.check_dq_far(SOLUTIONS.dq_far).passed
+    assert f"all {len(ch05.DQ_CASES)} cases pass" in capsys.readouterr().out
+
+
 def test_stubs_are_not_attempted(capsys):
-    assert_stubs_not_attempted((ch05.check_scores_grad, ch05.check_kernel_grad, ch05.check_dw_partials), capsys)
+    assert_stubs_not_attempted((ch05.check_scores_grad, ch05.check_kernel_grad, ch05.check_dw_partials,
+                                ch05.check_dq_far), capsys)
 
 
 def test_wrong_1_forgets_the_pre_mask():
@@ -134,6 +141,83 @@ def test_wrong_3_ignores_block_r():
     assert result.attempted and not result.passed
     assert "case 'GQA 4:2, B=2, N=37, 4x7, causal, block_r = 32' fails: partials shape: got (3, 2, 4, 4, 7), " \
         "expected (2, 2, 4, 4, 7)" in result.message, result.message
+
+
+@triton.jit
+def _dq_far_bug(DC, KF, DQ, n, scale, CQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BUG: tl.constexpr):
+    # The solution's kernel with one planted bug: BUG = 1 shifts the rows the forward's way (r - (cq-1) + a, the
+    # query shift instead of its transpose); 2 leaves out the scale; 3 reads row r of dc_far for every shift.
+    bh = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    DC += bh * n * n
+    KF += bh * CQ * n * D
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start_n in range(0, n, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        key_ok = offs_n < n
+        for a in tl.static_range(CQ):
+            if BUG == 1:
+                rows = offs_m - (CQ - 1) + a
+            elif BUG == 3:
+                rows = offs_m
+            else:
+                rows = offs_m + (CQ - 1) - a
+            dc = tl.load(DC + rows[:, None] * n + offs_n[None, :],
+                         mask=((rows >= 0) & (rows < n))[:, None] & key_ok[None, :], other=0.0)
+            kf = tl.load(KF + (a * n + offs_n[:, None]) * D + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            acc = tl.dot(dc, kf, acc, input_precision="ieee")
+    if BUG != 2:
+        acc = acc * scale
+    tl.store(DQ + bh * n * D + offs_m[:, None] * D + offs_d[None, :], acc, mask=(offs_m < n)[:, None])
+
+
+def _dq_far_with(bug):
+    def dq_far(dc_far, kf, scale, block=16):
+        B, Hq, cq, N, D = kf.shape
+        dq = torch.empty(B, Hq, N, D, device=kf.device)
+        _dq_far_bug[(triton.cdiv(N, block), B * Hq)](dc_far, kf, dq, N, scale, CQ=cq, D=D, BLOCK_M=block,
+                                                     BLOCK_N=block, BUG=bug)
+        return dq
+    return dq_far
+
+
+def test_wrong_4_shifts_the_forward_way():
+    # With one token dC = 0 and every answer is zero: the first real case fails.
+    result = ch05.check_dq_far(_dq_far_with(1))
+    assert result.attempted and not result.passed
+    assert "case 'N=7 < ck=9, 2x9, causal' fails: far part of dq: max abs error" in result.message, result.message
+
+
+def test_wrong_4_forgets_the_scale():
+    result = ch05.check_dq_far(_dq_far_with(2))
+    assert "case 'N=7 < ck=9, 2x9, causal' fails: far part of dq: max abs error" in result.message, result.message
+
+
+def test_wrong_4_forgets_the_shifts():
+    # The rows of dc_far unshifted for every a: the fold of the query shift left out.
+    result = ch05.check_dq_far(_dq_far_with(3))
+    assert "case 'N=7 < ck=9, 2x9, causal' fails: far part of dq: max abs error" in result.message, result.message
+
+
+def test_wrong_4_a_pytorch_answer():
+    # The right numbers without a kernel of one's own.
+    def in_pytorch(dc_far, kf, scale):
+        cq = kf.shape[2]
+        return scale * sum(F.pad(dc_far @ kf[:, :, a], (0, 0, 0, cq - 1 - a))[:, :, cq - 1 - a:] for a in range(cq))
+
+    result = ch05.check_dq_far(in_pytorch)
+    assert "launched no Triton kernel of its own" in result.message, result.message
+
+
+def test_dq_far_truth_is_dq_through_the_far_part_of_dc():
+    # The fold form of the checker's truth equals the direct route for dC_far: its transposed convolution (which
+    # puts nothing on future scores), then dq = scale dS K.
+    p = ch05.make_problem(*ch05.DQ_CASES[3][1], seed=3)
+    far = ch05.dq_far_truth(ch05.far_dc(p), ch05.folded_keys(p), p.scale)
+    dS_far = SOLUTIONS.scores_grad(ch05.far_dc(p), p.weight, p.causal)
+    torch.testing.assert_close(far, p.scale * dS_far @ expand_kv(p.k, p.q.shape[1]))
 
 
 @pytest.mark.parametrize("name,shape", ch05.CASES)

@@ -4,7 +4,7 @@
   transpose;
 * :func:`plot_ownership`: which program of which kernel owns which rows of which gradient;
 * :func:`measured_ratios`, :func:`plot_model_vs_measured`: the product-count model of the backward against the
-  ratios measured on a GPU (``figures/bench_conv.json``).
+  ratios measured on a GPU (``figures/bench_conv_h200_full.json``).
 """
 
 from __future__ import annotations
@@ -145,10 +145,10 @@ def measured_ratios(bench: dict) -> list[dict]:
     return rows
 
 
-def plot_model_vs_measured(bench: dict, model: Callable[[int], dict]):
+def plot_model_vs_measured(bench: dict, model: Callable[[int], dict], label: str = "two-phase"):
     """One panel per (head dim, kernel) in the benchmark: the measured ratios of :func:`measured_ratios` against
-    the sequence length, and the model's (``model(cq)`` returns ``{"fwd_bwd": ..., "bwd": ...}``) as flat lines.
-    Returns the Figure."""
+    the sequence length, and the model's (``model(cq)`` returns ``{"fwd_bwd": ..., "bwd": ...}``) as flat lines;
+    ``label`` names the backward the model counts. Returns the Figure."""
     rows = measured_ratios(bench)
     panels = sorted({(r["head_dim"], r["cq"], r["ck"]) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), sharey=True, squeeze=False)
@@ -168,7 +168,8 @@ def plot_model_vs_measured(bench: dict, model: Callable[[int], dict]):
     axes[0][0].set_ylabel("mta.conv_attention / mta.flash_attention")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, frameon=False, fontsize=8, bbox_to_anchor=(0.5, 0.0))
-    fig.suptitle("MTA backward against flash attention: product-count model (dashed) and measured GPU-time ratio\n"
+    fig.suptitle(f"MTA backward against flash attention: {label} product-count model (dashed) and measured GPU-time "
+                 "ratio\n"
                  + provenance_line(bench["provenance"]), fontsize=9.5)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig

@@ -8,8 +8,8 @@ returns a :class:`mta.course.exercises.Result`; it never raises.
 * :func:`check_tile_kinds`: a tile's kind (skipped, folded, diagonal) from the definitions, against the rule the
   fused kernel itself runs (:func:`mta.kernel_parts.key_tile_bounds`, through :func:`tile_kinds`);
 * :func:`check_fold_keys`: the fold pre-pass, written as a Triton kernel;
-* :func:`check_one_hot_kernel`: a ``1 x ck`` kernel that makes MTA plain causal attention, run through
-  :func:`mta.conv_attention`.
+* :func:`check_folded_forward`: the non-causal forward's inner loop over key tiles (folded keys, online softmax),
+  written as a Triton kernel.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from ...kernel_parts import key_tile_bounds
 from . import (CaseFailed, Result, expect_close, expect_equal, finished_attention, own_triton_kernel, refusing,
                run_cases)
 
-__all__ = ["DIAGONAL", "FOLDED", "SKIPPED", "check_diagonal_scores", "check_fold_keys", "check_one_hot_kernel",
-           "check_tile_kinds", "convolved_scores", "tile_kinds"]
+__all__ = ["DIAGONAL", "FOLDED", "SKIPPED", "check_diagonal_scores", "check_fold_keys", "check_folded_forward",
+           "check_tile_kinds", "convolved_scores", "folded_keys_f64", "tile_kinds"]
 
 F64 = torch.float64
 
@@ -197,33 +197,55 @@ def check_fold_keys(fn: Callable) -> Result:
 
 # --- exercise 4 ----------------------------------------------------------------------------------------------------
 
-#: ``(name, (N, Hq, Hkv, ck))`` for exercise 4.
-ONE_HOT_CASES = (
-    ("N=1, ck=3", (1, 2, 2, 3)),
-    ("N=23, ck=7", (23, 2, 1, 7)),
-    ("N=40, ck=15, GQA 4:2", (40, 4, 2, 15)),
+#: ``(name, (N, D, cq, ck, scale, seed))`` for exercise 4; ``scale = None``: ``D ** -0.5``.
+FORWARD_CASES = (
+    ("N=1, D=16, 3x5", (1, 16, 3, 5, None, 1)),
+    ("N=37, D=16, 2x9 (a ragged last key tile)", (37, 16, 2, 9, None, 2)),
+    ("N=40, D=32, 6x11 (the paper's kernel)", (40, 32, 6, 11, None, 3)),
+    ("N=20, D=16, 1x1 (plain attention)", (20, 16, 1, 1, None, 4)),
+    ("N=9 < ck=11, D=16, 4x11", (9, 16, 4, 11, None, 5)),
+    ("N=48, D=16, 3x5, scale 30 (scores in the hundreds: exp overflows without a running max)",
+     (48, 16, 3, 5, 30.0, 6)),
 )
 
 
-def check_one_hot_kernel(fn: Callable) -> Result:
-    """``fn(Hq, ck) -> weight [Hq, 1, ck]`` (fp32) such that ``mta.conv_attention`` with it is plain causal
-    attention; run through the fused kernel on :data:`mta.runtime.DEVICE`, fp32, against
-    :func:`mta.naive_attention` in float64."""
-    from ...conv import conv_attention
-    from ...reference import naive_attention
+def folded_keys_f64(k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``kf [cq, N, D]`` float64 with ``kf[a, j] = sum_b w[a, b] k[j - pk + b]`` (zero outside ``[0, N)``):
+    exercise 3's answer, what exercise 4's checker hands the learner's kernel."""
+    N = k.shape[0]
+    cq, ck = w.shape
+    pk = (ck - 1) // 2
+    k_pad = F.pad(k.double(), (0, 0, pk, pk))
+    return torch.stack([sum(w[a, b].double() * k_pad[b:b + N] for b in range(ck)) for a in range(cq)])
 
-    def case(N, Hq, Hkv, ck):
-        w = fn(Hq, ck)
-        if not isinstance(w, torch.Tensor):
-            expect_equal("weight type", type(w).__name__, "Tensor")
-        expect_equal("weight shape", tuple(w.shape), (Hq, 1, ck))
-        gen = torch.Generator().manual_seed(70 + N)
-        q = torch.randn(1, Hq, N, 32, generator=gen)
-        k, v = (torch.randn(1, Hkv, N, 32, generator=gen) for _ in range(2))
+
+def check_folded_forward(fn: Callable) -> Result:
+    """``fn(q, kf, v, scale) -> (o [N, D], lse [N])``: non-causal MTA of one head from the folded keys, by a Triton
+    kernel of the learner's; ``q, v [N, D]``, ``kf [cq, N, D]`` (exercise 3's fold of ``k`` with ``w [cq, ck]``) fp32
+    on :data:`mta.runtime.DEVICE`, ``D`` a power of two >= 16. ``o`` fp32, ``lse`` fp32 in natural-log units.
+    Compared with :func:`mta.conv_attention_reference` (``causal=False``) in float64 on the same ``q, k, v, w``."""
+    from ...reference import conv_attention_reference
+
+    def case(N, D, cq, ck, scale, seed):
+        gen = torch.Generator().manual_seed(80 + seed)
+        q, k, v = (torch.randn(N, D, generator=gen, dtype=F64) for _ in range(3))
+        w = 0.3 * torch.randn(cq, ck, generator=gen, dtype=F64)
+        scale = D ** -0.5 if scale is None else scale
+        kf = folded_keys_f64(k, w)
+        want_o, want_lse = conv_attention_reference(q[None, None], k[None, None], v[None, None], w[None],
+                                                    causal=False, scale=scale, return_lse=True)
         dev = runtime.DEVICE
-        o = conv_attention(q.to(dev), k.to(dev), v.to(dev), w.float().to(dev), causal=True)
-        expect_close("MTA output", o.cpu(), naive_attention(q.double(), k.double(), v.double(), causal=True),
-                     atol=2e-5, rtol=2e-5)
+        with refusing({**finished_attention(), conv.fold_keys: "it calls mta.conv.fold_keys; the folded keys are "
+                                                                "given, use them"}):
+            got = own_triton_kernel("the folded forward", lambda: fn(q.float().to(dev), kf.float().to(dev),
+                                                                     v.float().to(dev), scale))
+        if not isinstance(got, tuple) or len(got) != 2:
+            raise CaseFailed(f"expected (o, lse), got {type(got).__name__}")
+        o, lse = got
+        # fp32 scores of size |C| carry a rounding of about |C| * 1e-7 each, and the weights e^(C - lse) with it
+        size = float(want_lse.abs().max())
+        expect_close("o", o, want_o[0, 0], atol=2e-5 * max(1.0, size / 50), rtol=2e-5)
+        expect_close("lse", lse, want_lse[0, 0], atol=1e-4, rtol=2e-5)
 
-    return run_cases("exercise 4 (a one-hot kernel is plain attention)",
-                     [(name, lambda a=args: case(*a)) for name, args in ONE_HOT_CASES])
+    return run_cases("exercise 4 (Triton: the folded-key forward loop)",
+                     [(name, lambda a=args: case(*a)) for name, args in FORWARD_CASES])

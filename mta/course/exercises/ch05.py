@@ -9,7 +9,9 @@ never raises.
 
 * :func:`check_scores_grad`: ``dS`` from ``dC``, the transposed convolution and the pre-convolution mask;
 * :func:`check_kernel_grad`: ``dweight`` as a correlation of ``dC`` with the padded ``S0``;
-* :func:`check_dw_partials`: per-tile partials of the far part's ``dweight`` (a Triton kernel).
+* :func:`check_dw_partials`: per-tile partials of the far part's ``dweight`` (a Triton kernel);
+* :func:`check_dq_far`: the far part of ``dq`` straight from a stored ``dC_far``, as the two-phase backward's
+  ``conv_dq_far_kernel`` makes it (a Triton kernel).
 """
 
 from __future__ import annotations
@@ -73,15 +75,46 @@ def make_problem(B: int, Hq: int, Hkv: int, N: int, D: int, cq: int, ck: int, ca
     return Problem(q, k, v, weight, do, causal, scale, S0.detach(), C.grad, S0.grad, S.grad, grads)
 
 
-def far_part_u(p: Problem) -> torch.Tensor:
-    """``U[b, h, a, j] = sum_i dC_far[i, j] q[i - (cq-1) + a]``, ``[B, Hq, cq, N, D]`` float64: ``dC_far`` is
-    ``dC`` with the ``E = cq - 1 + pk`` diagonals ``0 <= i - j < E`` zeroed when causal (all of ``dC`` when not)."""
-    B, Hq, N, D = p.q.shape
+def far_dc(p: Problem) -> torch.Tensor:
+    """``dC_far [B, Hq, N, N]`` float64: ``dC`` with the ``E = cq - 1 + pk`` diagonals ``0 <= i - j < E`` zeroed
+    when causal (all of ``dC`` when not)."""
+    N = p.q.shape[2]
     cq, ck = p.weight.shape[1:]
     E = cq - 1 + (ck - 1) // 2
     i = torch.arange(N)[:, None]
     j = torch.arange(N)[None, :]
-    dc_far = p.dC.masked_fill((i - j >= 0) & (i - j < E), 0.0) if p.causal else p.dC
+    return p.dC.masked_fill((i - j >= 0) & (i - j < E), 0.0) if p.causal else p.dC
+
+
+def folded_keys(p: Problem) -> torch.Tensor:
+    """``kf [B, Hq, cq, N, D]`` float64, ``kf[b, h, a, j] = sum_b' w[h, a, b'] k[b, h // G, j - pk + b']`` (zero
+    outside ``[0, N)``): chapter 04's folded keys, per query head."""
+    B, Hq, N, D = p.q.shape
+    cq, ck = p.weight.shape[1:]
+    pk = (ck - 1) // 2
+    k_pad = F.pad(expand_kv(p.k, Hq), (0, 0, pk, pk))
+    return torch.stack([sum(p.weight[:, a, b, None, None] * k_pad[:, :, b:b + N] for b in range(ck))
+                        for a in range(cq)], dim=2)
+
+
+def dq_far_truth(dc_far: torch.Tensor, kf: torch.Tensor, scale: float) -> torch.Tensor:
+    """``dq[b, h, r] = scale sum_a sum_j dc_far[b, h, r + cq-1-a, j] kf[b, h, a, j]`` (rows past ``N`` read as 0),
+    float64 ``[B, Hq, N, D]``."""
+    cq, N = kf.shape[2], kf.shape[3]
+    out = torch.zeros(*dc_far.shape[:2], N, kf.shape[-1], dtype=torch.float64)
+    for a in range(cq):
+        gq = dc_far.double() @ kf[:, :, a].double()                 # Gq_a [B, Hq, N, D]
+        shift = cq - 1 - a                                          # dq row r reads Gq_a row r + shift
+        out[:, :, :N - shift] += gq[:, :, shift:]
+    return scale * out
+
+
+def far_part_u(p: Problem) -> torch.Tensor:
+    """``U[b, h, a, j] = sum_i dC_far[i, j] q[i - (cq-1) + a]``, ``[B, Hq, cq, N, D]`` float64: ``dC_far`` is
+    ``dC`` with the ``E = cq - 1 + pk`` diagonals ``0 <= i - j < E`` zeroed when causal (all of ``dC`` when not)."""
+    N = p.q.shape[2]
+    cq = p.weight.shape[1]
+    dc_far = far_dc(p)
     q_pad = F.pad(p.q, (0, 0, cq - 1, 0))
     return torch.stack([dc_far.transpose(-1, -2) @ q_pad[:, :, a:a + N] for a in range(cq)], dim=2)
 
@@ -182,19 +215,55 @@ def check_dw_partials(fn: Callable, block_r: int = 16) -> Result:
         (f"{name}, block_r = {other}", lambda: case(make_problem(*shape, seed=50 + 3), other))])
 
 
+#: ``(name, (B, Hq, Hkv, N, D, cq, ck, causal))`` for exercise 4: :data:`CASES` with a head dimension of 16, the
+#: smallest that ``tl.dot`` takes.
+DQ_CASES = (
+    ("N=1, 3x5, causal (dC = 0: shapes and finite values only)", (1, 2, 1, 1, 16, 3, 5, True)),
+    ("N=7 < ck=9, 2x9, causal", (1, 1, 1, 7, 16, 2, 9, True)),
+    ("N=21, 3x5, non-causal (the far part is all of dq)", (1, 2, 2, 21, 16, 3, 5, False)),
+    ("GQA 4:2, B=2, N=37, 4x7, causal", (2, 4, 2, 37, 16, 4, 7, True)),
+    ("kernel 1x1, N=19, causal", (1, 2, 1, 19, 16, 1, 1, True)),
+)
+
+
+def check_dq_far(fn: Callable) -> Result:
+    """``fn(dc_far, kf, scale) -> dq [B, Hq, N, D]`` fp32: the far part of ``dq``,
+    ``dq[r] = scale sum_a sum_j dc_far[r + cq-1-a, j] kf_a[j]``, by a Triton kernel of the learner's.
+
+    ``dc_far``: ``[B, Hq, N, N]`` fp32, ``dC`` with the ``E`` near diagonals zeroed (:func:`far_dc`), as the
+    two-phase backward's phase 1 stores it; ``kf``: the folded keys ``[B, Hq, cq, N, D]`` fp32 (:func:`folded_keys`);
+    both on :data:`mta.runtime.DEVICE`, ``D`` a power of two >= 16. Compared with :func:`dq_far_truth` in float64;
+    not causal there is no near part, and the answer is also compared with autograd's ``dq``."""
+    from ... import runtime
+
+    def case(p: Problem):
+        dc_far, kf = far_dc(p), folded_keys(p)
+        dev = runtime.DEVICE
+        with refusing({dq_far_truth: "it calls dq_far_truth, the checker's own answer; write the kernel that "
+                                     "reads the shifted rows of dc_far"}):
+            got = own_triton_kernel("dq_far", lambda: fn(dc_far.float().to(dev), kf.float().to(dev), p.scale))
+        if not isinstance(got, torch.Tensor):
+            expect_equal("dq type", type(got).__name__, "Tensor")
+        expect_close("far part of dq", got.cpu(), dq_far_truth(dc_far, kf, p.scale), atol=1e-4, rtol=1e-4)
+        if not p.causal:
+            expect_close("dq (not causal: all of it is far)", got.cpu(), p.grads[0], atol=1e-4, rtol=1e-4)
+
+    return run_cases("exercise 4 (Triton: dq's far part from the stored dC_far)",
+                     [(name, (lambda shape=shape, seed=i: case(make_problem(*shape, seed=70 + seed))))
+                      for i, (name, shape) in enumerate(DQ_CASES)])
+
+
 def _far_dweight(p: Problem) -> torch.Tensor:
     """The far part's share of ``dweight``: ``dC_far`` correlated with the padded ``S0``, summed over the batch."""
     B, Hq, N, _ = p.q.shape
     cq, ck = p.weight.shape[1:]
     pk = (ck - 1) // 2
-    E = cq - 1 + pk
-    i = torch.arange(N)[:, None]
-    j = torch.arange(N)[None, :]
-    dc_far = p.dC.masked_fill((i - j >= 0) & (i - j < E), 0.0) if p.causal else p.dC
+    dc_far = far_dc(p)
     s0p = F.pad(p.S0, (pk, pk, cq - 1, 0))
     return torch.stack([torch.stack([(dc_far * s0p[..., a:a + N, b:b + N]).sum((0, 2, 3)) for b in range(ck)], -1)
                         for a in range(cq)], 1)
 
 
-__all__ = ["CASES", "Problem", "check_dw_partials", "check_kernel_grad", "check_scores_grad", "dw_partials_truth",
-           "far_part_u", "make_problem"]
+__all__ = ["CASES", "DQ_CASES", "Problem", "check_dq_far", "check_dw_partials", "check_kernel_grad",
+           "check_scores_grad", "dq_far_truth", "dw_partials_truth", "far_dc", "far_part_u", "folded_keys",
+           "make_problem"]
