@@ -12,29 +12,64 @@ import triton
 import triton.language as tl
 
 
-# Exercise 1: split-K decode in PyTorch, the splits merged with chapter 02's states.
-def split_decode(q, k_cache, v_cache, cache_seqlens, num_splits):
-    """``o [B, Hq, Nq, D]``: per sequence, its ``L`` keys cut into ``num_splits`` contiguous ranges of
-    ``ceil(L / num_splits)`` keys, one state per range, merged, normalised."""
+# Exercise 1: the split kernel, one program per (sequence, kv head, split).
+@triton.jit
+def split_kernel(Q, K, V, LENS, M, L, ACC, scale, num_splits, num_kv_heads, n_max, n_new, num_rows,
+                 G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    s = tl.program_id(0)
+    pair = tl.program_id(1)                                       # b * Hkv + h_kv: K and V of this pair
+    b = pair // num_kv_heads
+    seq_len = tl.load(LENS + b)
+    per = tl.cdiv(seq_len, num_splits)
+    start = s * per
+    stop = tl.minimum(start + per, seq_len)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < G * n_new
+    d_ok = offs_d < D
+    pos = seq_len - n_new + offs_m % n_new                        # row r is query r % Nq of head h_kv * G + r // Nq
+    rows = pair * G * n_new + offs_m                              # its row of q [B, Hq, Nq, D] and of the states
+    q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = q.to(tl.float32)
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for j0 in range(start, stop, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < stop                                      # never past the split, nor past the length
+        kv = (pair * n_max + offs_n)[:, None] * D + offs_d[None, :]
+        k = tl.load(K + kv, mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        v = tl.load(V + kv, mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        x = scale * tl.dot(q, tl.trans(k), input_precision="ieee")
+        x = tl.where(n_ok[None, :] & (offs_n[None, :] <= pos[:, None]), x, float("-inf"))
+        m_new = tl.maximum(m, tl.max(x, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)      # a row that saw no key yet: never -inf - (-inf)
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(x - m_safe[:, None])
+        l = alpha * l + tl.sum(p, 1)
+        acc = alpha[:, None] * acc + tl.dot(p, v, input_precision="ieee")
+        m = m_new
+    out = s * num_rows + rows
+    tl.store(M + out, m, mask=row_ok)
+    tl.store(L + out, l, mask=row_ok)
+    tl.store(ACC + out[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+
+
+def split_states(q, k_cache, v_cache, cache_seqlens, num_splits):
+    """``(m, l [S, B, Hq, Nq], acc [S, B, Hq, Nq, D])`` fp32: split ``s`` of sequence ``b`` holds keys
+    ``[s * per, min((s + 1) * per, L))``, ``per = ceil(L / S)``; natural-log units."""
     B, Hq, Nq, D = q.shape
-    G = Hq // k_cache.shape[1]
-    out = torch.empty_like(q)
-    t = torch.arange(Nq)
-    for b, L in enumerate(cache_seqlens):
-        k = k_cache[b, :, :L].repeat_interleave(G, 0)            # [Hq, L, D]: query head h reads kv head h // G
-        v = v_cache[b, :, :L].repeat_interleave(G, 0)
-        per = -(-L // num_splits)
-        state = mta.empty_state((Hq, Nq), D, dtype=q.dtype)
-        for s in range(num_splits):
-            start, stop = s * per, min((s + 1) * per, L)
-            if start >= stop:                                     # no key: the empty state, merging it is a no-op
-                continue
-            j = torch.arange(start, stop)
-            scores = D ** -0.5 * q[b] @ k[:, start:stop].transpose(-1, -2)
-            scores = scores.masked_fill(j[None, :] > (L - Nq + t)[:, None], float("-inf"))   # bottom-right causal
-            state = mta.merge_states(state, mta.attention_state(scores, v[:, start:stop]))
-        out[b] = mta.finalize_state(state)[0]
-    return out
+    Hkv, n_max = k_cache.shape[1:3]
+    G = Hq // Hkv
+    m = torch.empty((num_splits, B, Hq, Nq), device=q.device, dtype=torch.float32)
+    l = torch.empty_like(m)
+    acc = torch.empty((num_splits, B, Hq, Nq, D), device=q.device, dtype=torch.float32)
+    split_kernel[(num_splits, B * Hkv)](
+        q, k_cache, v_cache, cache_seqlens, m, l, acc, D ** -0.5, num_splits, Hkv, n_max, Nq, B * Hq * Nq,
+        G=G, D=D, BLOCK_M=max(16, triton.next_power_of_2(G * Nq)), BLOCK_N=16,
+        BLOCK_D=max(16, triton.next_power_of_2(D)))
+    return m, l, acc
 
 
 # Exercise 2: the combine kernel, one program per output row.

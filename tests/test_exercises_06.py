@@ -17,14 +17,19 @@ SOLUTIONS = load_solutions("ch06")
 
 
 def test_solution_1_passes(capsys):
-    result = ch06.check_split_decode(SOLUTIONS.split_decode)
+    result = ch06.check_split_kernel(SOLUTIONS.split_states)
     assert result.passed and result.attempted
-    assert f"all {len(ch06.SPLIT_CASES) + 1} cases pass" in capsys.readouterr().out  # + the no-whole-scores case
+    assert f"all {len(ch06.SPLIT_CASES) + 1} cases pass" in capsys.readouterr().out  # + the program count
 
 
 def test_solution_2_passes(capsys):
     assert ch06.check_combine(SOLUTIONS.combine).passed
     assert f"all {len(ch06.COMBINE_CASES)} cases pass" in capsys.readouterr().out
+
+
+def test_solutions_1_and_2_together_pass(capsys):
+    assert ch06.check_split_k_decode(SOLUTIONS.split_states, SOLUTIONS.combine).passed
+    assert f"all {len(ch06.DECODE_CASES)} cases pass" in capsys.readouterr().out
 
 
 def test_solution_3_passes(capsys):
@@ -33,16 +38,8 @@ def test_solution_3_passes(capsys):
 
 
 def test_answers_without_the_running_max_fail_on_large_logits(capsys):
-    """``exp`` of raw scores overflows in the thousands: both PyTorch exercises have a case that catches it."""
-    def split_without_max(q, k, v, lens, num_splits):
-        outs = []
-        for b, L in enumerate(lens):
-            kk, vv = (t[b:b + 1, :, :L].repeat_interleave(q.shape[1] // k.shape[1], 1) for t in (k, v))
-            s = q[b:b + 1] @ kk.transpose(-1, -2) * q.shape[-1] ** -0.5
-            s = s.masked_fill(torch.arange(L)[None, :] > torch.arange(L - q.shape[2], L)[:, None], float("-inf"))
-            outs.append(s.exp() @ vv / s.exp().sum(-1, keepdim=True))
-        return torch.cat(outs)
-
+    """``exp`` of raw scores overflows in the thousands: the MTA exercise has a case that catches it (the split
+    kernel has test_wrong_1_kernel: no-running-max)."""
     def rows_without_max(q_cache, k, v, w, lens, n):
         with torch.no_grad():  # the solution with softmax(c) replaced by exp(c) / sum(exp(c))
             real_softmax = torch.softmax
@@ -52,143 +49,169 @@ def test_answers_without_the_running_max_fail_on_large_logits(capsys):
             finally:
                 torch.softmax = real_softmax
 
-    for check, fn in ((ch06.check_split_decode, split_without_max), (ch06.check_mta_decode_rows, rows_without_max)):
-        result = check(fn)
-        assert result.attempted and not result.passed
-        assert "logits in the thousands" in result.message and "NaN or inf" in result.message
-
-
-def test_decode_without_splits_fails(capsys):
-    """Attention over each whole sequence gives the right numbers; the checker still sees that no split was made."""
-    def whole(q, k, v, lens, num_splits):
-        outs = []
-        for b, L in enumerate(lens):
-            kb, vb = (x[b, :, :L].repeat_interleave(q.shape[1] // k.shape[1], 0) for x in (k, v))
-            s = q.shape[-1] ** -0.5 * q[b] @ kb.transpose(-1, -2)   # [Hq, Nq, L]: every key's score at once
-            nq = q.shape[2]
-            s = s.masked_fill(torch.ones(nq, L, dtype=torch.bool).triu(L - nq + 1), float("-inf"))
-            outs.append(torch.softmax(s, -1) @ vb)
-        return torch.stack(outs)
-    result = ch06.check_split_decode(whole)
-    assert result.attempted and not result.passed and "scores of all 40 keys" in result.message
-
-
-def test_decode_one_query_at_a_time_without_splits_fails(capsys):
-    """One query at a time against all its keys (no splits, no states): right numbers, and still every key's
-    score at once."""
-    def per_query(q, k, v, lens, num_splits):
-        out = torch.zeros_like(q)
-        group, nq = q.shape[1] // k.shape[1], q.shape[2]
-        for b, L in enumerate(lens):
-            kb, vb = (x[b, :, :L].repeat_interleave(group, 0) for x in (k, v))
-            for t in range(nq):
-                s = q.shape[-1] ** -0.5 * q[b, :, t:t + 1] @ kb.transpose(-1, -2)   # [Hq, 1, L]
-                s = s.masked_fill(torch.arange(L) > L - nq + t, float("-inf"))
-                out[b, :, t:t + 1] = torch.softmax(s, -1) @ vb
-        return out
-    result = ch06.check_split_decode(per_query)
-    assert result.attempted and not result.passed and "scores of all 40 keys" in result.message, result.message
-
-
-def test_decode_through_sdpa_without_splits_fails(capsys):
-    """``F.scaled_dot_product_attention`` over each whole sequence (the bottom-right mask passed as ``attn_mask``):
-    right numbers, no split, and the scores of every key made inside one call, where no product of the learner's
-    shows them."""
-    def sdpa(q, k, v, lens, num_splits):
-        out = torch.empty_like(q)
-        group, nq = q.shape[1] // k.shape[1], q.shape[2]
-        for b, L in enumerate(lens):
-            kb, vb = (x[b:b + 1, :, :L].repeat_interleave(group, 1) for x in (k, v))
-            mask = torch.arange(L)[None, :] <= (L - nq + torch.arange(nq))[:, None]
-            out[b:b + 1] = F.scaled_dot_product_attention(q[b:b + 1], kb, vb, attn_mask=mask)
-        return out
-    result = ch06.check_split_decode(sdpa)
+    result = ch06.check_mta_decode_rows(rows_without_max)
     assert result.attempted and not result.passed
-    assert 'case "4 splits over 40 keys: no split makes all 40 keys\' scores" fails: scaled_dot_product_attention' \
-        in result.message and "scores of all 40 keys" in result.message, result.message
-
-
-def test_split_decode_with_an_additive_mask_for_all_keys_passes(capsys):
-    """Right: one additive causal mask [Nq, L] (0 or -inf) per sequence, sliced per split. It holds no score: the
-    checker must not read it as the scores of all keys."""
-    def split_decode(q, k_cache, v_cache, lens, num_splits):
-        nq, D = q.shape[2:]
-        group = q.shape[1] // k_cache.shape[1]
-        out = torch.empty_like(q)
-        for b, L in enumerate(lens):
-            k, v = (x[b, :, :L].repeat_interleave(group, 0) for x in (k_cache, v_cache))
-            bias = torch.zeros(nq, L, dtype=q.dtype).masked_fill(
-                torch.arange(L)[None, :] > (L - nq + torch.arange(nq))[:, None], float("-inf"))
-            per = -(-L // num_splits)
-            state = mta.empty_state(q.shape[1:3], D, dtype=q.dtype)
-            for start in range(0, L, per):
-                stop = min(start + per, L)
-                s = D ** -0.5 * q[b] @ k[:, start:stop].transpose(-1, -2) + bias[:, start:stop]
-                state = mta.merge_states(state, mta.attention_state(s, v[:, start:stop]))
-            out[b] = mta.finalize_state(state)[0]
-        return out
-    result = ch06.check_split_decode(split_decode)
-    assert result.passed, result.message
+    assert "logits in the thousands" in result.message and "NaN or inf" in result.message
 
 
 def test_stubs_are_not_attempted(capsys):
-    assert_stubs_not_attempted((ch06.check_split_decode, ch06.check_combine, ch06.check_mta_decode_rows), capsys)
+    assert_stubs_not_attempted((ch06.check_split_kernel, ch06.check_combine, ch06.check_mta_decode_rows), capsys)
+
+    def stub(*args):
+        raise NotImplementedError
+    result = ch06.check_split_k_decode(stub, stub)
+    assert not result.attempted and not result.passed
 
 
 # --- exercise 1 ------------------------------------------------------------------------------------------------
 
 
-def _split_decode(q, k_cache, v_cache, lens, num_splits, *, causal=True, expand=None, slice_cache=True,
-                  skip_empty=True):
-    """The solution with one slip switched on: no causal mask among the new queries, another head expansion,
-    the cache not cut at each length, or a state computed for every split, empty ones included."""
-    B, Hq, Nq, D = q.shape
-    G = Hq // k_cache.shape[1]
-    expand = expand or (lambda x: x.repeat_interleave(G, 0))
-    out = torch.empty_like(q)
-    t = torch.arange(Nq)
-    for b, L in enumerate(lens):
-        n_keys = L if slice_cache else k_cache.shape[2]
-        k, v = expand(k_cache[b, :, :n_keys]), expand(v_cache[b, :, :n_keys])
-        per = -(-n_keys // num_splits)
-        state = mta.empty_state((Hq, Nq), D, dtype=q.dtype)
-        for s in range(num_splits):
-            start, stop = s * per, min((s + 1) * per, n_keys)
-            if start >= stop and skip_empty:
-                continue
-            j = torch.arange(start, stop)
-            scores = D ** -0.5 * q[b] @ k[:, start:stop].transpose(-1, -2)
-            if causal:
-                scores = scores.masked_fill(j[None, :] > (L - Nq + t)[:, None], float("-inf"))
-            state = mta.merge_states(state, mta.attention_state(scores, v[:, start:stop]))
-        out[b] = mta.finalize_state(state)[0]
-    return out
+@triton.jit
+def _wrong_split_kernel(Q, K, V, LENS, M, L, ACC, scale, num_splits, num_kv_heads, n_max, n_new, num_rows,
+                        G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, GUARD: tl.constexpr, LOAD_TO_LENGTH: tl.constexpr,
+                        ZERO_START: tl.constexpr, BASE2: tl.constexpr, RUNNING_MAX: tl.constexpr):
+    # The solution with one slip switched off (or on): CAUSAL off: every new query sees all L keys. GUARD off:
+    # exp(m - m_new) even where m_new is -inf. LOAD_TO_LENGTH off: K and V loaded up to the cache's end, only the
+    # scores masked (0 x NaN is NaN in p @ v). ZERO_START: the running max starts at 0, and a row with l = 0 is
+    # given m = -inf at the end. BASE2: exp2 with log2(e) in the scale, m stored in base-2 units. RUNNING_MAX
+    # off: exp of the raw scores, no max subtracted (m stored as 0).
+    s = tl.program_id(0)
+    pair = tl.program_id(1)
+    b = pair // num_kv_heads
+    seq_len = tl.load(LENS + b)
+    per = tl.cdiv(seq_len, num_splits)
+    start = s * per
+    stop = tl.minimum(start + per, seq_len)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < G * n_new
+    d_ok = offs_d < D
+    pos = seq_len - n_new + offs_m % n_new
+    rows = pair * G * n_new + offs_m
+    q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = q.to(tl.float32)
+    m = tl.full([BLOCK_M], 0.0 if ZERO_START or not RUNNING_MAX else float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for j0 in range(start, stop, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < stop
+        load_ok = n_ok if LOAD_TO_LENGTH else offs_n < n_max
+        kv = (pair * n_max + offs_n)[:, None] * D + offs_d[None, :]
+        k = tl.load(K + kv, mask=load_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        v = tl.load(V + kv, mask=load_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        x = scale * tl.dot(q, tl.trans(k), input_precision="ieee")
+        if BASE2:
+            x = x * 1.4426950408889634
+        seen = n_ok[None, :]
+        if CAUSAL:
+            seen = seen & (offs_n[None, :] <= pos[:, None])
+        x = tl.where(seen, x, float("-inf"))
+        if RUNNING_MAX:
+            m_new = tl.maximum(m, tl.max(x, 1))
+        else:
+            m_new = m
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new) if GUARD else m_new
+        if BASE2:
+            alpha = tl.math.exp2(m - m_safe)
+            p = tl.math.exp2(x - m_safe[:, None])
+        else:
+            alpha = tl.exp(m - m_safe)
+            p = tl.exp(x - m_safe[:, None])
+        l = alpha * l + tl.sum(p, 1)
+        acc = alpha[:, None] * acc + tl.dot(p, v, input_precision="ieee")
+        m = m_new
+    if ZERO_START:
+        m = tl.where(l > 0.0, m, float("-inf"))
+    out = s * num_rows + rows
+    tl.store(M + out, m, mask=row_ok)
+    tl.store(L + out, l, mask=row_ok)
+    tl.store(ACC + out[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
 
 
-def test_wrong_1_no_mask_among_the_new_queries():
-    # Every new query sees all L keys: right with one new query, wrong as soon as Nq > 1.
-    result = ch06.check_split_decode(lambda *a: _split_decode(*a, causal=False))
+def _wrong_split(expand=None, causal=True, guard=True, load_to_length=True, zero_start=False, base2=False,
+                 running_max=True):
+    """A launcher of :func:`_wrong_split_kernel`; ``expand`` turns the caches into one kv head per query head
+    (then ``G = 1``: one program per query head)."""
+    def split_states(q, k_cache, v_cache, lens, num_splits):
+        B, Hq, Nq, D = q.shape
+        if expand is not None:
+            k_cache, v_cache = (expand(x, Hq // x.shape[1]).contiguous() for x in (k_cache, v_cache))
+        Hkv, n_max = k_cache.shape[1:3]
+        G = Hq // Hkv
+        m = torch.empty((num_splits, B, Hq, Nq), device=q.device, dtype=torch.float32)
+        l = torch.empty_like(m)
+        acc = torch.empty((num_splits, B, Hq, Nq, D), device=q.device, dtype=torch.float32)
+        _wrong_split_kernel[(num_splits, B * Hkv)](
+            q, k_cache, v_cache, lens, m, l, acc, D ** -0.5, num_splits, Hkv, n_max, Nq, B * Hq * Nq, G=G, D=D,
+            BLOCK_M=max(16, triton.next_power_of_2(G * Nq)), BLOCK_N=16, BLOCK_D=max(16, triton.next_power_of_2(D)),
+            CAUSAL=causal, GUARD=guard, LOAD_TO_LENGTH=load_to_length, ZERO_START=zero_start, BASE2=base2,
+            RUNNING_MAX=running_max)
+        return m, l, acc
+    return split_states
+
+
+def test_the_planted_kernel_with_no_slip_passes(capsys):
+    assert ch06.check_split_kernel(_wrong_split()).passed
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                            "ignore:invalid value encountered:RuntimeWarning")   # the interpreter, on the slips
+@pytest.mark.parametrize("slip,case,what", [
+    ({"causal": False}, "GQA 8:2, Nq=3: a group's 12 rows in one tile, 3 splits", "max abs error"),
+    ({"expand": lambda x, g: x.repeat(1, g, 1, 1)}, "GQA 8:2, Nq=3: a group's 12 rows in one tile, 3 splits",
+     "max abs error"),                                              # query head h reads kv head h % Hkv
+    ({"load_to_length": False}, "ragged lengths [5, 70], NaN past them, 2 splits", "contains NaN or inf"),
+    ({"guard": False}, "8 splits over 5 keys (empty splits: m = -inf, l = 0, acc = 0)", "l: contains NaN or inf"),
+    ({"zero_start": True}, "L=1: one key, one split", "m: max abs error"),      # m = max(0, the largest score)
+    ({"base2": True}, "L=1: one key, one split", "m: max abs error"),
+    ({"running_max": False}, "L=1: one key, one split", "m: max abs error"),
+    ({"expand": lambda x, g: x.repeat_interleave(g, 1)}, "one program per (sequence, kv head, split)",
+     "48 programs launched, expected B x Hkv x S = 2 x 2 x 3 = 12"),   # one program per query head: right numbers
+], ids=["no-causal-mask", "heads-tiled", "loads-past-the-length", "no-guard", "max-starts-at-0", "base-2-m",
+        "no-running-max", "one-program-per-query-head"])
+def test_wrong_1_kernel(slip, case, what):
+    result = ch06.check_split_kernel(_wrong_split(**slip))
     assert result.attempted and not result.passed
-    assert "case 'GQA 8:2, Nq=3, 3 splits' fails: o: max abs error" in result.message
+    assert case in result.message and what in result.message, result.message
 
 
-def test_wrong_1_tiles_the_heads_instead_of_grouping():
-    # Query head h reads kv head h % Hkv (repeat) instead of h // G (repeat_interleave).
-    result = ch06.check_split_decode(lambda *a: _split_decode(*a, expand=lambda x: x.repeat(
-        a[0].shape[1] // a[1].shape[1], 1, 1)))
-    assert "case 'GQA 8:2, Nq=3, 3 splits' fails: o: max abs error" in result.message
+def test_wrong_1_a_pytorch_answer_or_the_checker_s_states():
+    def pytorch(q, k, v, lens, num_splits):
+        return tuple(x.float().to(q.device) for x in ch06.split_states_truth(q.cpu(), k.cpu(), v.cpu(),
+                                                                             lens.tolist(), num_splits))
+    result = ch06.check_split_kernel(pytorch)
+    assert not result.passed and "split_states_truth" in result.message, result.message
+
+    def own_states(q, k, v, lens, num_splits):
+        qd, kd, vd = (x.double().cpu() for x in (q, k, v))
+        B, Hq, Nq, D = q.shape
+        m = torch.full((num_splits, B, Hq, Nq), float("-inf"), dtype=torch.float64)
+        l, acc = torch.zeros_like(m), torch.zeros(num_splits, B, Hq, Nq, D, dtype=torch.float64)
+        for b, L in enumerate(lens.tolist()):
+            kb, vb = (x[b, :, :L].repeat_interleave(Hq // k.shape[1], 0) for x in (kd, vd))
+            for s, (a, z) in enumerate(ch06.split_ranges(L, num_splits)):
+                if a < z:
+                    sc = D ** -0.5 * qd[b] @ kb[:, a:z].transpose(-1, -2)
+                    sc = sc.masked_fill(torch.arange(a, z)[None] > (L - Nq + torch.arange(Nq))[:, None], -torch.inf)
+                    st = mta.attention_state(sc, vb[:, a:z])
+                    m[s, b], l[s, b], acc[s, b] = st.m, st.l, st.acc
+        return m.float(), l.float(), acc.float()
+    result = ch06.check_split_kernel(own_states)
+    assert not result.passed and "launched no Triton kernel of its own" in result.message, result.message
 
 
-def test_wrong_1_reads_past_the_length():
-    # Splits the whole cache and masks only causally: the NaN past a shorter sequence's length leaks in.
-    result = ch06.check_split_decode(lambda *a: _split_decode(*a, slice_cache=False))
-    assert "case 'ragged lengths [5, 37], NaN past them' fails: o: contains NaN or inf" in result.message
-
-
-def test_wrong_1_computes_a_state_for_an_empty_split():
-    # A split with no key has no max to take: attention_state on zero keys raises.
-    result = ch06.check_split_decode(lambda *a: _split_decode(*a, skip_empty=False))
-    assert "case '8 splits over 5 keys (empty splits)' raised" in result.message
+def test_split_states_merge_to_the_decode_truth():
+    for name, shape, options in ch06.SPLIT_CASES + ch06.DECODE_CASES:
+        B, Hq, Hkv, n_max, D, nq, lens, splits = shape
+        q, k, v = (x.double() for x in ch06.split_problem(B, Hq, Hkv, n_max, D, nq, lens, seed=5, **options))
+        m, l, acc = ch06.split_states_truth(q, k, v, lens, splits)
+        state = mta.empty_state(m.shape[1:], D, dtype=torch.float64)
+        for s in range(splits):
+            state = mta.merge_states(state, mta.AttentionState(m=m[s], l=l[s], acc=acc[s]))
+        torch.testing.assert_close(mta.finalize_state(state)[0], ch06.split_decode_truth(q, k, v, lens),
+                                   atol=1e-10, rtol=1e-10, msg=name)
 
 
 # --- exercise 2 ------------------------------------------------------------------------------------------------
@@ -337,15 +360,14 @@ def test_wrong_3_masks_with_minus_inf_before_the_convolution():
     assert "case 'L=1, kernel 3x5' fails: o: contains NaN or inf" in result.message
 
 
-@pytest.mark.parametrize("name,shape", ch06.SPLIT_CASES)
-def test_split_truth_is_the_shipped_decoder(name, shape):
-    # The checker's truth is what mta.decode_attention computes (fp32 on the runtime's device).
-    B, Hq, Hkv, n_max, D, nq, lens, splits, q_scale = (*shape, 1.0)[:9]
-    (k, v), gen = ch06.poisoned_caches(B, Hq, Hkv, n_max, D, lens, seed=3)
-    q = torch.randn(B, Hq, nq, D, generator=gen, dtype=torch.float64) * q_scale
+@pytest.mark.parametrize("name,shape,options", ch06.SPLIT_CASES + ch06.DECODE_CASES)
+def test_split_truth_is_the_shipped_decoder(name, shape, options):
+    # The checkers' truth is what mta.decode_attention computes (fp32 on the runtime's device).
+    B, Hq, Hkv, n_max, D, nq, lens, splits = shape
+    q, k, v = (x.double() for x in ch06.split_problem(B, Hq, Hkv, n_max, D, nq, lens, seed=3, **options))
     dev = mta.runtime.DEVICE
     got = mta.decode_attention(*(x.float().to(dev) for x in (q, k, v)), cache_seqlens=list(lens), num_splits=splits)
-    torch.testing.assert_close(got.cpu().double(), ch06.split_decode_truth(q, k, v, lens), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(got.cpu().double(), ch06.split_decode_truth(q, k, v, lens), atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize("name,shape", ch06.MTA_CASES)

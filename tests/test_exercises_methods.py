@@ -169,19 +169,6 @@ def test_ch06_a_pytorch_combine_and_the_checker_s_rows():
     fails(ch06.check_mta_decode_rows(whole_prefix), "mta.conv_attention_reference")
 
 
-def test_ch06_split_decode_with_every_score_transposed():
-    def transposed(q, k, v, lens, num_splits):
-        outs = []
-        for b, L in enumerate(lens):
-            kb, vb = (x[b, :, :L].repeat_interleave(q.shape[1] // k.shape[1], 0) for x in (k, v))
-            st = q.shape[-1] ** -0.5 * kb @ q[b].transpose(-1, -2)          # [Hq, L, Nq]
-            nq = q.shape[2]
-            st = st.masked_fill(torch.ones(nq, L, dtype=torch.bool).triu(L - nq + 1).T, float("-inf"))
-            outs.append(torch.softmax(st, -2).transpose(-1, -2) @ vb)
-        return torch.stack(outs)
-    fails(ch06.check_split_decode(transposed), "scores of all 40 keys")
-
-
 def test_ch06_mta_rows_from_the_whole_prefix_by_hand():
     """All positions' convolved scores, written out (no refused call): the right rows, but [L, L] scores."""
     def whole_prefix(qc, k, v, w, lens, n):

@@ -1,11 +1,15 @@
-"""Figures of chapter 06 (split-K decode), so that the notebook's cells show the idea, not the matplotlib.
+"""Figures of chapter 06 (split-K decode) and its appendix 06b, so that the notebooks' cells show the idea, not the
+matplotlib.
 
 * :func:`plot_decode_roofline`: decode steps and a prefill point on a roofline;
 * :func:`plot_programs_vs_sms`: the SMs a one-program-per-(batch, kv head) grid keeps busy, and with splits;
 * :func:`plot_wave_efficiency`: wave efficiency against the number of splits, with the splits a rule picks;
-* :func:`plot_mta_key_axis`: which keys of the new queries are far (split, with halos), band or future.
+* :func:`plot_mta_key_axis`: which keys of the new queries are far (split, with halos), band or future;
+* :func:`plot_even_deal`: the key tiles of all units dealt out in equal runs (appendix 06b);
+* :func:`prefill_grid_rows`: the prefill grid of section 2 read from the committed decode benchmark (a table,
+  not a figure: the notebook prints it and ``tests/test_chapter06_facts.py`` checks what the chapter says of it).
 
-Every function takes numbers computed in the notebook and returns the Figure; nothing is saved here.
+Every plotting function takes numbers computed in the notebook and returns the Figure; nothing is saved here.
 """
 
 from __future__ import annotations
@@ -179,3 +183,36 @@ def plot_even_deal(units: int, tiles: int, per_program: int):
 
 __all__ = ["plot_decode_roofline", "plot_even_deal", "plot_mta_key_axis", "plot_programs_vs_sms",
            "plot_wave_efficiency"]
+
+
+def prefill_grid_rows(bench: dict, flash_bench: dict | None, sms: int) -> dict[tuple[int, int, int, int], dict]:
+    """``mta.flash_attention`` run as a decoder (``impl == "mta_flash"``) at the longest cache of ``bench`` (the
+    results of ``python -m mta.bench decode``), keyed by ``(B, Hq, Hkv, d)``: its ``programs`` (one per query head,
+    the prefill tile of ``block_m`` rows from :mod:`mta.tuning`), the ``waves`` they take on ``sms`` SMs, its time
+    ``us`` and the decoder's ``decoder_us`` there, ``per_sm``: the TFLOP/s of all ``block_m`` rows' products per
+    busy SM, and ``at_prefill``: the best bf16 forward rate per SM of chapter 03's benchmark (``flash_bench``,
+    ``None`` without it) at that head dim."""
+    import torch
+
+    from ..launch import head_dim_block
+    from ..tuning import config_for
+
+    longest = max(r["seq_len"] for r in bench["results"])
+    at = {(r["impl"], r["batch"], r["heads"], r["kv_heads"], r["head_dim"]): r
+          for r in bench["results"] if r["seq_len"] == longest}
+    rows = {}
+    for (impl, B, Hq, Hkv, d), r in sorted(at.items()):
+        if impl != "mta_flash" or not r.get("us"):
+            continue
+        block_m = config_for("flash_forward", head_dim_block(d), torch.bfloat16, True, family="hopper",
+                             n=longest)["BLOCK_M"]
+        programs = math.ceil(1 / block_m) * B * Hq                 # the flash launcher's grid for one new query
+        waves = math.ceil(programs / sms)
+        rates = [x["fwd_tflops"] for x in (flash_bench or {"results": []})["results"]
+                 if x["impl"] == "mta" and x["head_dim"] == d and x["dtype"] == "bfloat16" and x.get("fwd_tflops")]
+        rows[(B, Hq, Hkv, d)] = {
+            "seq_len": longest, "block_m": block_m, "programs": programs, "waves": waves, "us": r["us"],
+            "decoder_us": at[("mta_decode", B, Hq, Hkv, d)]["us"],
+            "per_sm": 4 * block_m * longest * d / (r["us"] / waves * 1e-6) / 1e12,
+            "at_prefill": max(rates) / sms if rates else None}
+    return rows

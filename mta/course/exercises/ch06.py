@@ -6,8 +6,10 @@ with NaN past them, splits that see no key, logits in the thousands) and compare
 computed in float64 from the references (:func:`mta.naive_attention`, :func:`mta.conv_attention_reference`,
 chapter 02's states). It prints one line and returns a :class:`mta.course.exercises.Result`; it never raises.
 
-* :func:`check_split_decode`: decode of ``Nq`` new queries, split over the keys, merged (plain PyTorch);
+* :func:`check_split_kernel`: the states ``(m, l, acc)`` of each split of the keys (a Triton kernel, one program
+  per (sequence, kv head, split));
 * :func:`check_combine`: the merge of split states into outputs (a Triton kernel);
+* :func:`check_split_k_decode`: the two kernels together, a whole decode step;
 * :func:`check_mta_decode_rows`: MTA's newest rows from the query window (plain PyTorch).
 """
 
@@ -37,17 +39,29 @@ def poisoned_caches(B, Hq, Hkv, n_max, D, lens, seed, *, with_q_cache=False):
     return caches, gen
 
 
-# --- exercise 1: split-K decode in PyTorch -----------------------------------------------------------------
+# --- exercise 1: the split kernel ----------------------------------------------------------------------------
 
-#: ``(name, (B, Hq, Hkv, Nmax, D, Nq, lens, num_splits[, q_scale]))``; ``q_scale`` multiplies the queries.
+#: ``(name, (B, Hq, Hkv, Nmax, D, Nq, lens, num_splits), options)``; options: ``dtype`` of the inputs (float32 if
+#: absent), ``q_scale`` (multiplies the queries). A state's ``m`` is its split's largest score, so a running max
+#: that starts at 0 instead of -inf fails wherever a row's scores are all negative.
 SPLIT_CASES = (
-    ("N=1: one key, one split", (1, 2, 2, 1, 8, 1, [1], 1)),
-    ("L=37, 4 splits (not a multiple)", (1, 2, 2, 37, 8, 1, [37], 4)),
-    ("GQA 8:2, Nq=3, 3 splits", (1, 8, 2, 29, 8, 3, [29], 3)),
-    ("ragged lengths [5, 37], NaN past them", (2, 4, 2, 40, 8, 2, [5, 37], 3)),
-    ("8 splits over 5 keys (empty splits)", (1, 2, 1, 5, 8, 3, [5], 8)),
-    ("logits in the thousands (exp overflows without the running max)", (1, 2, 1, 30, 8, 2, [30], 3, 1000.0)),
+    ("L=1: one key, one split", (1, 2, 2, 1, 16, 1, [1], 1), {}),
+    ("L=37, 3 splits of 13 keys (not a multiple of a key tile)", (1, 2, 2, 37, 16, 1, [37], 3), {}),
+    ("GQA 8:2, Nq=3: a group's 12 rows in one tile, 3 splits", (1, 8, 2, 29, 16, 3, [29], 3), {}),
+    ("ragged lengths [5, 70], NaN past them, 2 splits", (2, 4, 2, 72, 16, 2, [5, 70], 2), {}),
+    ("8 splits over 5 keys (empty splits: m = -inf, l = 0, acc = 0)", (1, 2, 1, 5, 16, 3, [5], 8), {}),
+    ("D=24 (not a power of two)", (1, 2, 1, 20, 24, 2, [20], 2), {}),
+    ("float16 queries and caches, GQA 4:2, ragged [33, 17]", (2, 4, 2, 33, 16, 2, [33, 17], 2),
+     {"dtype": torch.float16}),
+    ("logits in the thousands (exp overflows without the running max)", (1, 2, 1, 30, 16, 2, [30], 3),
+     {"q_scale": 1000.0}),
 )
+
+#: ``(B, Hq, Hkv, num_splits)`` of the case that counts the programs: one per (sequence, kv head, split).
+GRID_CASE = (2, 8, 2, 3)
+
+#: elementwise tolerances ``(atol, rtol)`` of the states, by input dtype
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (6e-3, 6e-3)}
 
 
 def split_decode_truth(q, k_cache, v_cache, lens):
@@ -56,36 +70,153 @@ def split_decode_truth(q, k_cache, v_cache, lens):
                       for b, L in enumerate(lens)])
 
 
-def check_split_decode(fn: Callable) -> Result:
-    """``fn(q, k_cache, v_cache, cache_seqlens, num_splits) -> o``: ``q [B, Hq, Nq, D]``, caches
-    ``[B, Hkv, Nmax, D]`` (float64, NaN past each length), ``cache_seqlens`` a list of ints; ``o [B, Hq, Nq, D]``
-    equal to the causal attention of each sequence's newest ``Nq`` queries over its first ``L`` keys."""
+def split_ranges(L: int, num_splits: int) -> list[tuple[int, int]]:
+    """The keys ``[start, stop)`` of each split of a sequence of ``L`` keys: contiguous, ``ceil(L / S)`` each,
+    the last ones short or empty."""
+    per = -(-L // num_splits)
+    return [(min(s * per, L), min((s + 1) * per, L)) for s in range(num_splits)]
 
-    def make(shape, seed):
-        B, Hq, Hkv, n_max, D, nq, lens, splits, q_scale = (*shape, 1.0)[:9]
+
+def split_states_truth(q, k_cache, v_cache, lens, num_splits):
+    """``(m, l [S, B, Hq, Nq], acc [S, B, Hq, Nq, D])`` in float64, natural-log units: the state of each split's
+    keys (:func:`split_ranges`) for each new query, bottom-right causal; ``(-inf, 0, 0)`` where a split holds no
+    key the query sees."""
+    B, Hq, Nq, D = q.shape
+    G = Hq // k_cache.shape[1]
+    m = torch.full((num_splits, B, Hq, Nq), float("-inf"), dtype=torch.float64)
+    l = torch.zeros_like(m)
+    acc = torch.zeros((num_splits, B, Hq, Nq, D), dtype=torch.float64)
+    pos = torch.arange(Nq)
+    for b, L in enumerate(lens):
+        k, v = (x[b, :, :L].double().repeat_interleave(G, 0) for x in (k_cache, v_cache))   # [Hq, L, D]
+        for s, (start, stop) in enumerate(split_ranges(L, num_splits)):
+            if start == stop:
+                continue
+            scores = D ** -0.5 * q[b].double() @ k[:, start:stop].transpose(-1, -2)             # [Hq, Nq, keys]
+            future = torch.arange(start, stop)[None, :] > (L - Nq + pos)[:, None]
+            state = attention_state(scores.masked_fill(future, float("-inf")), v[:, start:stop])
+            m[s, b], l[s, b], acc[s, b] = state.m, state.l, state.acc
+    return m, l, acc
+
+
+def _expect_states(got, want, atol, rtol):
+    """``got = (m, l, acc)`` against ``want``: ``m = -inf`` exactly where the truth has it, the rest close."""
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        raise CaseFailed(f"split_states must return (m, l, acc), got {type(got).__name__}")
+    m, l, acc = got
+    m_want, l_want, acc_want = want
+    if not isinstance(m, torch.Tensor):
+        raise CaseFailed(f"m: expected a tensor, got {type(m).__name__}")
+    if tuple(m.shape) != tuple(m_want.shape):
+        raise CaseFailed(f"m: shape {tuple(m.shape)}, expected {tuple(m_want.shape)} [S, B, Hq, Nq]")
+    m = m.detach().double().cpu()
+    empty = torch.isneginf(m_want)
+    if not torch.equal(torch.isneginf(m), empty):
+        index = tuple(int(i) for i in torch.nonzero(torch.isneginf(m) != empty)[0])
+        raise CaseFailed(f"m at (split, sequence, head, query) {index}: got {m[index].item():.6g}, expected "
+                         f"{m_want[index].item():.6g}" + (" (this split holds no key the query sees)"
+                                                          if empty[index] else ""))
+    expect_close("m", m.masked_fill(empty, 0.0), m_want.masked_fill(empty, 0.0), atol=atol, rtol=rtol)
+    expect_close("l", l, l_want, atol=atol, rtol=rtol)
+    expect_close("acc", acc, acc_want, atol=atol, rtol=rtol)
+
+
+def split_problem(B, Hq, Hkv, n_max, D, nq, lens, *, dtype=torch.float32, q_scale=1.0, seed=0):
+    """``(q [B, Hq, nq, D], k_cache, v_cache)`` in ``dtype`` on the CPU: caches ``[B, Hkv, n_max, D]``, NaN past
+    each length."""
+    (k, v), gen = poisoned_caches(B, Hq, Hkv, n_max, D, lens, seed)
+    q = _randn(gen, B, Hq, nq, D) * q_scale
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _split_call(fn, q, k, v, lens, splits):
+    """The learner's call on :data:`mta.runtime.DEVICE`: lengths as an int32 tensor there, as a kernel reads them."""
+    from ... import runtime
+    dev = runtime.DEVICE
+    with refusing({**finished_attention(), split_states_truth: "it calls split_states_truth, the checker's own "
+                   "answer", split_decode_truth: "it calls split_decode_truth, the checker's own answer"}):
+        return fn(q.to(dev).contiguous(), k.to(dev).contiguous(), v.to(dev).contiguous(),
+                  torch.tensor(lens, dtype=torch.int32, device=dev), splits)
+
+
+class LaunchedPrograms:
+    """Counts the programs of the Triton kernels defined outside the ``mta`` package (the learner's) launched while
+    active, from each launch's grid: ``with LaunchedPrograms() as launched: ...; launched.programs``."""
+
+    def __init__(self):
+        self.programs = 0
+        self.launches = 0
+
+    def __enter__(self):
+        from triton.runtime.jit import JITFunction
+        classes = [JITFunction]
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+            classes.append(InterpretedFunction)
+        except ImportError:  # pragma: no cover  (a Triton without the interpreter)
+            pass
+        self._saved = []
+        for cls in classes:
+            original = cls.__dict__.get("run")
+            if original is None:
+                continue
+
+            def run(kernel, *args, _original=original, grid, warmup, **kwargs):
+                module = getattr(getattr(kernel, "fn", None), "__module__", "") or ""
+                if not warmup and module != "mta" and not module.startswith("mta."):
+                    size = grid
+                    if callable(grid):   # grid(meta): the launch's arguments by name
+                        size = grid({**dict(zip(getattr(kernel, "arg_names", []), args)), **kwargs})
+                    count = 1
+                    for n in tuple(size):
+                        count *= int(n)
+                    self.programs += count
+                    self.launches += 1
+                return _original(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+            self._saved.append((cls, original))
+            cls.run = run
+        return self
+
+    def __exit__(self, *exc):
+        for cls, original in self._saved:
+            cls.run = original
+        return False
+
+
+def check_split_kernel(fn: Callable) -> Result:
+    """``fn(q, k_cache, v_cache, cache_seqlens, num_splits) -> (m, l, acc)``: ``q [B, Hq, Nq, D]``, caches
+    ``[B, Hkv, Nmax, D]`` (fp32 or fp16, contiguous, on :data:`mta.runtime.DEVICE`, NaN past each length),
+    ``cache_seqlens`` int32 ``[B]`` on the device; ``m, l [S, B, Hq, Nq]`` and ``acc [S, B, Hq, Nq, D]`` fp32,
+    the state of split ``s``'s keys (:func:`split_ranges`) for every new query (bottom-right causal), in
+    natural-log units, from one program per (sequence, kv head, split) of a Triton kernel of the learner's."""
+
+    def make(shape, options, seed):
+        B, Hq, Hkv, n_max, D, nq, lens, splits = shape
 
         def case():
-            (k, v), gen = poisoned_caches(B, Hq, Hkv, n_max, D, lens, seed)
-            q = _randn(gen, B, Hq, nq, D) * q_scale
-            with refusing({**finished_attention(), split_decode_truth: "it calls split_decode_truth, the "
-                           "checker's own answer"}):
-                got = fn(q.clone(), k.clone(), v.clone(), list(lens), splits)
-            expect_close("o", got, split_decode_truth(q, k, v, lens), atol=1e-10, rtol=1e-8)
+            q, k, v = split_problem(B, Hq, Hkv, n_max, D, nq, lens, seed=seed, **options)
+            want = split_states_truth(q.double(), k.double(), v.double(), lens, splits)
+            got = own_triton_kernel("split_states", lambda: _split_call(fn, q, k, v, lens, splits))
+            _expect_states(got, want, *TOL[options.get("dtype", torch.float32)])
         return case
 
-    def splits_make_their_own_scores():
-        (k, v), gen = poisoned_caches(1, 2, 2, 40, 8, [40], 59)
-        q = _randn(gen, 1, 2, 2, 8)
-        with WatchScores(2, 40, any_rows=True) as watch, refusing(finished_attention()):
-            fn(q, k, v, [40], 4)
-        if watch.seen is not None:
-            name, shape = watch.seen
-            raise CaseFailed(f"{name} made a float tensor of shape {shape}, the scores of all 40 keys; make each "
-                             "split's scores [.., Nq, keys of the split] and merge the splits' states")
+    def one_program_per_group():
+        B, Hq, Hkv, splits = GRID_CASE
+        q, k, v = split_problem(B, Hq, Hkv, 24, 16, 1, [24, 19], seed=99)
+        with LaunchedPrograms() as launched:
+            got = _split_call(fn, q, k, v, [24, 19], splits)
+        _expect_states(got, split_states_truth(q.double(), k.double(), v.double(), [24, 19], splits),
+                       *TOL[torch.float32])
+        if launched.programs != B * Hkv * splits:
+            raise CaseFailed(f"{launched.programs} programs launched, expected B x Hkv x S = {B} x {Hkv} x {splits} "
+                             f"= {B * Hkv * splits}: one program per (sequence, kv head, split), the {Hq // Hkv} "
+                             "query heads of a group as rows of one tile, so that K and V are read once per group")
 
-    return run_cases("exercise 1 (split-K decode in PyTorch)",
-                     [(name, make(shape, 60 + i)) for i, (name, shape) in enumerate(SPLIT_CASES)]
-                     + [("4 splits over 40 keys: no split makes all 40 keys' scores", splits_make_their_own_scores)])
+    B, Hq, Hkv, splits = GRID_CASE
+    return run_cases("exercise 1 (Triton: the split kernel)",
+                     [(name, make(shape, options, 60 + i)) for i, (name, shape, options) in enumerate(SPLIT_CASES)]
+                     + [(f"B={B}, GQA {Hq}:{Hkv}, {splits} splits: one program per (sequence, kv head, split)",
+                         one_program_per_group)])
 
 
 # --- exercise 2: the combine kernel -------------------------------------------------------------------------
@@ -155,6 +286,44 @@ def check_combine(fn: Callable) -> Result:
                      [(name, make(shape, 70 + i)) for i, (name, shape) in enumerate(COMBINE_CASES)])
 
 
+# --- exercises 1 and 2 together: a whole decode step ---------------------------------------------------------
+
+#: ``(name, (B, Hq, Hkv, Nmax, D, Nq, lens, num_splits), options)``, as :data:`SPLIT_CASES`.
+DECODE_CASES = (
+    ("GQA 8:2, Nq=3, ragged [29, 6], NaN past them, 3 splits", (2, 8, 2, 32, 16, 3, [29, 6], 3), {}),
+    ("20 splits over 7 keys (empty splits, more than a block of 16)", (1, 4, 2, 7, 24, 2, [7], 20), {}),
+    ("float16, logits in the thousands", (1, 4, 1, 40, 16, 1, [40], 4), {"dtype": torch.float16,
+                                                                          "q_scale": 1000.0}),
+)
+
+
+def check_split_k_decode(split_fn: Callable, combine_fn: Callable) -> Result:
+    """Exercise 1's ``split_fn`` and exercise 2's ``combine_fn`` as one decode step: the split states reshaped to
+    ``[S, B * Hq * Nq]`` (and ``[.., D]``), merged, reshaped to ``o [B, Hq, Nq, D]``, against the causal attention
+    of each sequence's newest ``Nq`` queries over its first ``L`` keys (float64)."""
+
+    def make(shape, options, seed):
+        B, Hq, Hkv, n_max, D, nq, lens, splits = shape
+
+        def case():
+            q, k, v = split_problem(B, Hq, Hkv, n_max, D, nq, lens, seed=seed, **options)
+            want = split_decode_truth(q.double(), k.double(), v.double(), lens)
+
+            def step():
+                m, l, acc = _split_call(split_fn, q, k, v, lens, splits)
+                with refusing(finished_attention()):
+                    o = combine_fn(m.reshape(splits, -1).contiguous(), l.reshape(splits, -1).contiguous(),
+                                   acc.reshape(splits, -1, D).contiguous())
+                return o.reshape(B, Hq, nq, D)
+            got = own_triton_kernel("the decode step", step)
+            atol, rtol = TOL[options.get("dtype", torch.float32)]
+            expect_close("o", got, want, atol=atol, rtol=rtol)
+        return case
+
+    return run_cases("exercises 1 and 2 together (Triton: a split-K decode step)",
+                     [(name, make(shape, options, 90 + i)) for i, (name, shape, options) in enumerate(DECODE_CASES)])
+
+
 # --- exercise 3: MTA's newest rows from the query window ----------------------------------------------------
 
 #: ``(name, (B, Hq, Hkv, Nmax, D, cq, ck, lens, n[, q_scale]))``.
@@ -219,5 +388,7 @@ def check_mta_decode_rows(fn: Callable) -> Result:
                      + [("L=30, kernel 3x5, n=3: only the window's 5 queries' scores", window_only)])
 
 
-__all__ = ["COMBINE_CASES", "MTA_CASES", "SPLIT_CASES", "check_combine", "check_mta_decode_rows", "check_split_decode",
-           "combine_problem", "mta_rows_truth", "poisoned_caches", "split_decode_truth"]
+__all__ = ["COMBINE_CASES", "DECODE_CASES", "GRID_CASE", "LaunchedPrograms", "MTA_CASES", "SPLIT_CASES",
+           "check_combine", "check_mta_decode_rows", "check_split_k_decode", "check_split_kernel", "combine_problem",
+           "mta_rows_truth", "poisoned_caches", "split_decode_truth", "split_problem", "split_ranges",
+           "split_states_truth"]
