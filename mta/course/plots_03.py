@@ -64,7 +64,7 @@ def plot_forward_grid(n_qt: int = 4, n_kt: int = 6, prog: int = 2):
     return fig
 
 
-def plot_tile_stages(panels, T_q: int, T_k: int):
+def plot_tile_stages(panels, block_m: int, block_n: int):
     """``panels``: ``[(n_q, n_k, stages)]`` with ``stages [query tiles, key tiles]`` of stage codes. One panel each,
     tiles drawn at their true size (the last ones cut by the lengths), the diagonal ``j = i + n_k - n_q`` in black."""
     fig, axes = plt.subplots(1, len(panels), figsize=(14, 4.6),
@@ -72,8 +72,8 @@ def plot_tile_stages(panels, T_q: int, T_k: int):
     for ax, (n_q, n_k, stages) in zip(axes, panels):
         for i in range(stages.shape[0]):
             for j in range(stages.shape[1]):
-                w, h = min(T_k, n_k - j * T_k), min(T_q, n_q - i * T_q)
-                ax.add_patch(Rectangle((j * T_k, i * T_q), w, h, facecolor=STAGE_COLORS[int(stages[i, j])],
+                w, h = min(block_n, n_k - j * block_n), min(block_m, n_q - i * block_m)
+                ax.add_patch(Rectangle((j * block_n, i * block_m), w, h, facecolor=STAGE_COLORS[int(stages[i, j])],
                                        edgecolor="white", lw=1.2))
         diag = n_k - n_q
         ax.plot([max(diag, 0), n_k], [max(-diag, 0), n_q], color="black", lw=1.5)
@@ -88,13 +88,13 @@ def plot_tile_stages(panels, T_q: int, T_k: int):
     fig.legend([Patch(color=STAGE_COLORS[c]) for c in (FULL, MASKED, SKIPPED)],
                [STAGE_LABELS[c] for c in (FULL, MASKED, SKIPPED)],
                loc="lower center", ncol=3, frameon=False, bbox_to_anchor=(0.5, -0.04))
-    fig.suptitle(f"causal key tiles per query tile, $T_q$ = {T_q}, $T_k$ = {T_k} (the kernel's full_stop / "
-                 "masked_stop)", fontsize=11)
+    fig.suptitle(f"causal key tiles per query tile, BLOCK_M = {block_m}, BLOCK_N = {block_n} "
+                 "(the kernel's full_stop / masked_stop)", fontsize=11)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 
-def plot_tile_fractions(Ns, fractions: dict, T_q: int, T_k: int):
+def plot_tile_fractions(Ns, fractions: dict, block_m: int, block_n: int):
     """Stacked fractions of full, masked and skipped tiles against ``N`` (``fractions[code]``: one value per N)."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
     codes = (FULL, MASKED, SKIPPED)
@@ -107,7 +107,8 @@ def plot_tile_fractions(Ns, fractions: dict, T_q: int, T_k: int):
     ax.set_ylim(0, 1)
     ax.set_xlabel("sequence length $N$ ($N_q = N_k$)")
     ax.set_ylabel("fraction of tiles")
-    ax.set_title(f"causal attention: what happens to each tile ($T_q$ = {T_q}, $T_k$ = {T_k})", fontsize=10)
+    ax.set_title(f"causal attention: what happens to each tile (BLOCK_M = {block_m}, BLOCK_N = {block_n})",
+                 fontsize=10)
     ax.legend(loc="upper right", fontsize=9, framealpha=1)
     fig.tight_layout()
     return fig

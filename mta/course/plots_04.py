@@ -58,59 +58,59 @@ def plot_find_the_block(S, C, P_plain, P_mta, context: str, question: str, block
     return fig
 
 
-def plot_halo_tiles(N: int, B: int, cq: int, ck: int, shown=((1, 1), (1, 2), (2, 1))):
-    """Left: the output tiles of an ``N x N`` score matrix and three loaded ``B x B`` tiles with the outputs they
+def plot_halo_tiles(N: int, T: int, cq: int, ck: int, shown=((1, 1), (1, 2), (2, 1))):
+    """Left: the output tiles of an ``N x N`` score matrix and three loaded ``T x T`` tiles with the outputs they
     keep. Right: one loaded tile, its halo and the kernel's footprint at two corners of the kept region."""
     pq, pk = cq - 1, (ck - 1) // 2
-    Br, Bc = B - pq, B - 2 * pk
+    Tr, Tc = T - pq, T - 2 * pk
     colors = ["#4C72B0", "#DD8452", "#55A868"]
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12.5, 5.8), gridspec_kw=dict(width_ratios=[1.15, 1]))
     ax0.add_patch(Rectangle((0, 0), N, N, facecolor="0.97", edgecolor="black", lw=1))
-    for i_eff in range(0, N, Br):
-        for j_eff in range(0, N, Bc):
-            ax0.add_patch(Rectangle((j_eff, i_eff), min(Bc, N - j_eff), min(Br, N - i_eff), fill=False,
+    for i_eff in range(0, N, Tr):
+        for j_eff in range(0, N, Tc):
+            ax0.add_patch(Rectangle((j_eff, i_eff), min(Tc, N - j_eff), min(Tr, N - i_eff), fill=False,
                                     edgecolor="0.6", lw=0.6))
     for (ti, tj), col in zip(shown, colors):
-        i_eff, j_eff = ti * Br, tj * Bc
-        ax0.add_patch(Rectangle((j_eff, i_eff), Bc, Br, facecolor=col, alpha=0.35, edgecolor="none"))
-        ax0.add_patch(Rectangle((j_eff - pk, i_eff - pq), B, B, fill=False, edgecolor=col, lw=2.2))
-        ax0.text(j_eff + Bc / 2, i_eff + Br / 2, f"tile ({ti},{tj})", ha="center", va="center", fontsize=9)
+        i_eff, j_eff = ti * Tr, tj * Tc
+        ax0.add_patch(Rectangle((j_eff, i_eff), Tc, Tr, facecolor=col, alpha=0.35, edgecolor="none"))
+        ax0.add_patch(Rectangle((j_eff - pk, i_eff - pq), T, T, fill=False, edgecolor=col, lw=2.2))
+        ax0.text(j_eff + Tc / 2, i_eff + Tr / 2, f"tile ({ti},{tj})", ha="center", va="center", fontsize=9)
     ax0.set(xlim=(-3, N + 3), ylim=(N + 3, -3), aspect="equal", xlabel="key j", ylabel="query i")
-    ax0.set_title(f"{N} x {N} scores, B = {B}, kernel {cq}x{ck}: strides {Br} (rows) x {Bc} (keys)\n"
-                  "frames: loaded B x B tiles; filled: the outputs each one keeps", fontsize=9, loc="left")
-    cells = np.zeros((B, B))
-    cells[pq:, pk:B - pk] = 1
-    ax1.imshow(cells, cmap=ListedColormap(["#E5E5E5", "#9DB7DB"]), extent=(-0.5, B - 0.5, B - 0.5, -0.5))
-    for x in np.arange(-0.5, B, 1):
+    ax0.set_title(f"{N} x {N} scores, T = {T}, kernel {cq}x{ck}: strides {Tr} (rows) x {Tc} (keys)\n"
+                  "frames: loaded T x T tiles; filled: the outputs each one keeps", fontsize=9, loc="left")
+    cells = np.zeros((T, T))
+    cells[pq:, pk:T - pk] = 1
+    ax1.imshow(cells, cmap=ListedColormap(["#E5E5E5", "#9DB7DB"]), extent=(-0.5, T - 0.5, T - 0.5, -0.5))
+    for x in np.arange(-0.5, T, 1):
         ax1.axhline(x, color="white", lw=0.5)
         ax1.axvline(x, color="white", lw=0.5)
-    for (r, c), col in (((pq, pk), "#C44E52"), ((B - 1, B - 1 - pk), "#8172B2")):
+    for (r, c), col in (((pq, pk), "#C44E52"), ((T - 1, T - 1 - pk), "#8172B2")):
         ax1.add_patch(Rectangle((c - pk - 0.5, r - pq - 0.5), ck, cq, fill=False, edgecolor=col, lw=2.4, zorder=3))
         ax1.plot(c, r, marker="o", color=col, markersize=7, zorder=4)
-    ax1.annotate(f"{pq} halo rows\n(queries above)", xy=(B / 2, pq / 2 - 0.5), ha="center", va="center", fontsize=9)
-    ax1.text(-0.9, B / 2 + 1, f"{pk} halo keys", rotation=90, ha="right", va="center", fontsize=9)
-    ax1.text(B - 0.1, B / 2 + 1, f"{pk} halo keys", rotation=270, ha="left", va="center", fontsize=9)
+    ax1.annotate(f"{pq} halo rows\n(queries above)", xy=(T / 2, pq / 2 - 0.5), ha="center", va="center", fontsize=9)
+    ax1.text(-0.9, T / 2 + 1, f"{pk} halo keys", rotation=90, ha="right", va="center", fontsize=9)
+    ax1.text(T - 0.1, T / 2 + 1, f"{pk} halo keys", rotation=270, ha="left", va="center", fontsize=9)
     ax1.set_xticks([])
     ax1.set_yticks([])
-    ax1.set_title(f"one loaded tile: the blue {Br} x {Bc} part is kept\n"
+    ax1.set_title(f"one loaded tile: the blue {Tr} x {Tc} part is kept\n"
                   "circles: an output; frame: the scores its kernel reads", fontsize=9, loc="left")
     return fig
 
 
 def plot_recompute_overhead(overhead: Callable[[int, int, int], float], kernels: Sequence[tuple[int, int]]):
-    """``overhead(B, cq, ck)`` against the tile size ``B``, one line per kernel, log-log."""
+    """``overhead(T, cq, ck)`` against the tile size ``T``, one line per kernel, log-log."""
     fig, ax = plt.subplots(figsize=(7.5, 4.3))
     for (cq, ck), col in zip(kernels, ["#4C72B0", "#DD8452", "#C44E52", "#55A868"]):
-        Bs = np.arange(max(16, ck + 1), 257)
-        ax.plot(Bs, [overhead(B, cq, ck) for B in Bs], color=col, label=f"kernel {cq} x {ck}")
+        Ts = np.arange(max(16, ck + 1), 257)
+        ax.plot(Ts, [overhead(T, cq, ck) for T in Ts], color=col, label=f"kernel {cq} x {ck}")
     ax.axhline(1.0, color="0.5", ls="--", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks([16, 32, 64, 128, 256], ["16", "32", "64", "128", "256"])
     ax.set_yticks([1, 1.25, 1.5, 2, 3, 5, 10, 20], ["1", "1.25", "1.5", "2", "3", "5", "10", "20"])
-    ax.set_xlabel("loaded tile size B (queries = keys)")
+    ax.set_xlabel("loaded tile size T (queries = keys)")
     ax.set_ylabel("scores computed / scores needed")
-    ax.set_title("halo tiles: recomputation factor $\\frac{B}{B-(c_q-1)}\\cdot\\frac{B}{B-(c_k-1)}$", fontsize=10)
+    ax.set_title("halo tiles: recomputation factor $\\frac{T}{T-(c_q-1)}\\cdot\\frac{T}{T-(c_k-1)}$", fontsize=10)
     ax.legend()
     ax.grid(alpha=0.3, which="both")
     return fig
