@@ -4,8 +4,8 @@ Each checker runs the learner's function on a few small, awkward problems (one t
 multiple of the tile, grouped-query attention, causal and not) and compares its answer with float64 values:
 autograd's through the same steps as :func:`mta.conv_attention_reference` (exercises 1, 2 and 5), the sums from
 their definition (exercises 3 and 4). With one token ``P = 1`` and ``dC = 0``, so every answer there but exercise 5's
-``dV`` is zero: that case checks shapes and finite values only. It prints one line and returns a :class:`mta.course.exercises.Result`; it
-never raises.
+``dV`` is zero: that case checks shapes and finite values only. It prints one line and returns a
+:class:`mta.course.exercises.Result`; it never raises.
 
 * :func:`check_scores_grad`: ``dS`` from ``dC``, the transposed convolution and the pre-convolution mask;
 * :func:`check_kernel_grad`: ``dweight`` as a correlation of ``dC`` with the padded ``S0``;
