@@ -103,3 +103,56 @@ def dq_far(dc_far, kf, scale, block=16):
     dq_far_kernel[(triton.cdiv(N, block), B * Hq)](dc_far.contiguous(), kf.contiguous(), dq, N, scale,
                                                   CQ=cq, D=D, BLOCK_M=block, BLOCK_N=block)
     return dq
+
+
+# Exercise 5: the teaching dV kernel, one program per (key tile, batch x kv head); it walks the query tiles of each
+# query head of its group, so that its dV rows have one writer and the group's sum a fixed order.
+@triton.jit
+def dv_kernel(Q, KF, CD, DO, LSE, DV, n, scale, group_size,
+              CQ: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, CAUSAL: tl.constexpr,
+              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)          # the keys this program owns
+    kv_bh = tl.program_id(1)                                              # b * Hkv + h_kv
+    offs_d = tl.arange(0, D)
+    key_ok = offs_n < n
+    dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    for g in range(group_size):                                           # the query heads h_kv * G + g
+        bh = kv_bh * group_size + g                                       # b * Hq + h in contiguous [B, Hq, ...]
+        for start_m in range(0, n, BLOCK_M):                              # walk down the query tiles
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < n
+            c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for a in tl.static_range(CQ):                                 # C / scale = sum_a Q^(a) Kf_a^T
+                rows = offs_m - (CQ - 1) + a                              # shifted query rows (zero above row 0)
+                q_a = tl.load(Q + (bh * n + rows[:, None]) * D + offs_d[None, :],
+                              mask=((rows >= 0) & row_ok)[:, None], other=0.0).to(tl.float32)
+                kf_a = tl.load(KF + ((bh * CQ + a) * n + offs_n[:, None]) * D + offs_d[None, :],
+                               mask=key_ok[:, None], other=0.0).to(tl.float32)
+                c += tl.dot(q_a, tl.trans(kf_a), input_precision="ieee")   # true fp32 products (not tf32)
+            if CAUSAL:
+                delta = offs_m[:, None] - offs_n[None, :]                 # i - j
+                near = (delta >= 0) & (delta < E)
+                cd = tl.load(CD + (bh * n + offs_m[:, None]) * E_PAD + delta, mask=near & row_ok[:, None],
+                             other=0.0)
+                c = tl.where(near, cd, c)                                 # put in the E diagonals
+                c = tl.where(delta >= 0, c, float("-inf"))                # the mask after the convolution
+            c = tl.where(key_ok[None, :], c, float("-inf"))               # keys past the end
+            lse = tl.load(LSE + bh * n + offs_m, mask=row_ok, other=float("inf"))   # rows past the end: P = 0
+            p = tl.exp(scale * c - lse[:, None])                          # P from the saved log-sum-exp
+            do = tl.load(DO + (bh * n + offs_m[:, None]) * D + offs_d[None, :], mask=row_ok[:, None],
+                         other=0.0).to(tl.float32)
+            dv += tl.dot(tl.trans(p), do, input_precision="ieee")        # dV_J += P_IJ^T dO_I
+    tl.store(DV + (kv_bh * n + offs_n[:, None]) * D + offs_d[None, :], dv, mask=key_ok[:, None])
+
+
+def teaching_dv(q, kf, cd, do, lse, E, num_kv_heads, causal):
+    """``dV [B, Hkv, N, D]`` fp32 of MTA: ``q, do [B, Hq, N, D]``, ``kf [B, Hq, cq, N, D]`` (fp32 or fp16), ``cd``
+    ``[B, Hq, N, E_pad]`` and ``lse [B, Hq, N]`` fp32."""
+    B, Hq, N, D = q.shape
+    cq = kf.shape[2]
+    dv = torch.empty(B, num_kv_heads, N, D, device=q.device, dtype=torch.float32)
+    block = 16
+    dv_kernel[(triton.cdiv(N, block), B * num_kv_heads)](
+        q.contiguous(), kf.contiguous(), cd.contiguous(), do.contiguous(), lse.contiguous(), dv, N, D ** -0.5,
+        Hq // num_kv_heads, CQ=cq, E=E, E_PAD=cd.shape[-1], CAUSAL=causal, D=D, BLOCK_M=block, BLOCK_N=block)
+    return dv

@@ -131,3 +131,47 @@ def mta_decode_rows(q_cache, k_cache, v_cache, weight, cache_seqlens, num_querie
         c = c.masked_fill(keys[None, :] > rows[cq - 1:, None], float("-inf"))   # the -inf after it
         out[b] = torch.softmax(c, -1) @ v
     return out
+
+
+# Exercise 4: the band's scores, one program per (sequence, query head).
+@triton.jit
+def band_kernel(Q, K, W, LENS, OUT, scale, num_heads, group_size, n_max, n_new,
+                CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr, D: tl.constexpr,
+                BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
+    PK: tl.constexpr = (CK - 1) // 2
+    pid = tl.program_id(0)                                        # b * Hq + h
+    b = pid // num_heads
+    h = pid % num_heads
+    kv = b * (num_heads // group_size) + h // group_size          # query head h reads kv head h // G
+    seq_len = tl.load(LENS + b)
+    t = tl.arange(0, BLOCK_T)
+    delta = tl.arange(0, BLOCK_E)
+    offs_d = tl.arange(0, D)
+    row_ok = t < n_new
+    i = seq_len - n_new + t                                       # the new queries' positions
+    j = i[:, None] - delta[None, :]                               # each row's band keys [BLOCK_T, BLOCK_E]
+    c = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+    for a in tl.static_range(CQ):
+        r = i - (CQ - 1) + a                                      # the window's rows; before 0: zero padding
+        q = tl.load(Q + (pid * n_max + r[:, None]) * D + offs_d[None, :], mask=(row_ok & (r >= 0))[:, None],
+                    other=0.0)
+        for kb in tl.static_range(CK):
+            col = j - PK + kb                                     # the key of kernel column kb
+            ok = row_ok[:, None] & (col >= 0) & (col <= r[:, None])   # S0 is 0 in the future: never load it
+            k = tl.load(K + (kv * n_max + col[:, :, None]) * D + offs_d[None, None, :], mask=ok[:, :, None],
+                        other=0.0)
+            c += tl.load(W + (h * CQ + a) * CK + kb) * tl.sum(q[:, None, :] * k, 2)
+    c = tl.where(j >= 0, scale * c, float("-inf"))                # no key before position 0
+    tl.store(OUT + (pid * n_new + t[:, None]) * E + delta[None, :], c, mask=row_ok[:, None] & (delta < E)[None, :])
+
+
+def band_scores(q_cache, k_cache, weight, cache_seqlens, num_queries):
+    """``[B, Hq, n, E]`` fp32: ``C[i, i - delta]`` for the ``n`` newest queries ``i``, ``-inf`` before key 0."""
+    B, Hq, n_max, D = q_cache.shape
+    cq, ck = weight.shape[1:]
+    E = cq - 1 + (ck - 1) // 2
+    out = torch.empty((B, Hq, num_queries, E), device=q_cache.device, dtype=torch.float32)
+    band_kernel[(B * Hq,)](q_cache, k_cache, weight.contiguous(), cache_seqlens, out, D ** -0.5, Hq,
+                           Hq // k_cache.shape[1], n_max, num_queries, CQ=cq, CK=ck, E=E, D=D,
+                           BLOCK_T=triton.next_power_of_2(num_queries), BLOCK_E=triton.next_power_of_2(E))
+    return out

@@ -229,3 +229,133 @@ def test_problem_matches_the_reference(name, shape):
     torch.testing.assert_close(SOLUTIONS.scores_grad(p.dC, p.weight, p.causal), p.dS)
     if p.causal:
         assert bool((p.dC.triu(1) == 0).all())                           # P = 0 in the future, so dC too
+
+
+# --- exercise 5 ------------------------------------------------------------------------------------------------
+
+
+def test_solution_5_passes(capsys):
+    assert ch05.check_teaching_dv(SOLUTIONS.teaching_dv).passed
+    assert f"all {len(ch05.DV_CASES)} cases pass" in capsys.readouterr().out
+
+
+def test_stub_5_is_not_attempted(capsys):
+    assert_stubs_not_attempted((ch05.check_teaching_dv,), capsys)
+
+
+@triton.jit
+def _dv_bug(Q, KF, CD, DO, LSE, DV, n, scale, group_size, CQ: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
+            CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BUG: tl.constexpr):
+    # The solution's kernel with one planted bug: BUG = 1 leaves out the -inf mask after the convolution; 2 keeps
+    # the folded scores on the E near diagonals (no diagonal scores put in); 3 shifts the queries the transpose's
+    # way (r + (cq-1) - a); 4 leaves the scale out of P; 5 takes E_PAD near diagonals instead of E; 6 keeps the
+    # loaded dtype (fp16 P and dO products of mixed dtypes); 7 adds only the first query head of each group.
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kv_bh = tl.program_id(1)
+    offs_d = tl.arange(0, D)
+    key_ok = offs_n < n
+    dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    heads = 1 if BUG == 7 else group_size
+    for g in range(heads):
+        bh = kv_bh * group_size + g
+        for start_m in range(0, n, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < n
+            c = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for a in tl.static_range(CQ):
+                if BUG == 3:
+                    rows = offs_m + (CQ - 1) - a
+                else:
+                    rows = offs_m - (CQ - 1) + a
+                q_a = tl.load(Q + (bh * n + rows[:, None]) * D + offs_d[None, :],
+                              mask=((rows >= 0) & (rows < n) & row_ok)[:, None], other=0.0)
+                kf_a = tl.load(KF + ((bh * CQ + a) * n + offs_n[:, None]) * D + offs_d[None, :],
+                               mask=key_ok[:, None], other=0.0)
+                if BUG != 6:
+                    q_a = q_a.to(tl.float32)
+                    kf_a = kf_a.to(tl.float32)
+                c += tl.dot(q_a, tl.trans(kf_a), input_precision="ieee")
+            if CAUSAL:
+                delta = offs_m[:, None] - offs_n[None, :]
+                near = (delta >= 0) & (delta < (E_PAD if BUG == 5 else E))
+                cd = tl.load(CD + (bh * n + offs_m[:, None]) * E_PAD + delta, mask=near & row_ok[:, None],
+                             other=0.0)
+                if BUG != 2:
+                    c = tl.where(near, cd, c)
+                if BUG != 1:
+                    c = tl.where(delta >= 0, c, float("-inf"))
+            c = tl.where(key_ok[None, :], c, float("-inf"))
+            lse = tl.load(LSE + bh * n + offs_m, mask=row_ok, other=float("inf"))
+            if BUG == 4:
+                p = tl.exp(c - lse[:, None])
+            else:
+                p = tl.exp(scale * c - lse[:, None])
+            do = tl.load(DO + (bh * n + offs_m[:, None]) * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            if BUG != 6:
+                do = do.to(tl.float32)
+            dv += tl.dot(tl.trans(p), do, input_precision="ieee")
+    tl.store(DV + (kv_bh * n + offs_n[:, None]) * D + offs_d[None, :], dv, mask=key_ok[:, None])
+
+
+def _dv_with(bug):
+    def teaching_dv(q, kf, cd, do, lse, E, num_kv_heads, causal):
+        B, Hq, N, D = q.shape
+        dv = torch.empty(B, num_kv_heads, N, D, device=q.device)
+        _dv_bug[(triton.cdiv(N, 16), B * num_kv_heads)](q, kf, cd, do, lse, dv, N, D ** -0.5, Hq // num_kv_heads,
+                                                        CQ=kf.shape[2], E=E, E_PAD=cd.shape[-1], CAUSAL=causal, D=D,
+                                                        BLOCK_M=16, BLOCK_N=16, BUG=bug)
+        return dv
+    return teaching_dv
+
+
+def test_the_planted_dv_kernel_with_no_bug_passes():
+    assert ch05.check_teaching_dv(_dv_with(0)).passed
+
+
+@pytest.mark.parametrize("bug,case,what", [
+    (1, "N=3 < cq=4, 4x3, causal", "dv: max abs error"),        # with one token there is no future
+    (2, "N=3 < cq=4, 4x3, causal", "dv: max abs error"),
+    (3, "N=7 < ck=9, 2x9, causal", "dv: max abs error"),        # below N = E + 1 every past score is a near one
+    (4, "N=1, 3x5, causal (P = 1: dV sums dO over the group)", "dv: max abs error"),
+    (5, "N=7 < ck=9, 2x9, causal", "dv: max abs error"),        # diagonals 5 and 6 read cd's zero padding
+    (6, "float16, GQA 4:2, N=37, 3x5, causal", "raised"),
+    (7, "N=1, 3x5, causal (P = 1: dV sums dO over the group)", "dv: max abs error"),
+], ids=["no-mask-after-the-convolution", "no-diagonal-scores", "queries-shifted-the-other-way", "no-scale",
+        "E_PAD-diagonals", "fp16-operands-mixed", "one-head-per-group"])
+def test_wrong_5_kernel(bug, case, what):
+    result = ch05.check_teaching_dv(_dv_with(bug))
+    assert result.attempted and not result.passed
+    assert f"case '{case}'" in result.message and what in result.message, result.message
+
+
+def test_wrong_5_a_pytorch_answer():
+    # The right numbers from P rebuilt in PyTorch, without a kernel of one's own.
+    def in_pytorch(q, kf, cd, do, lse, E, num_kv_heads, causal):
+        B, Hq, N, D = q.shape
+        cq = kf.shape[2]
+        q_pad = F.pad(q.double(), (0, 0, cq - 1, 0))
+        c = sum(q_pad[:, :, a:a + N] @ kf[:, :, a].double().transpose(-1, -2) for a in range(cq))
+        if causal:
+            delta = torch.arange(N)[:, None] - torch.arange(N)[None, :]
+            near = (delta >= 0) & (delta < E)
+            c = torch.where(near, cd.double().gather(-1, delta.clamp(0, cd.shape[-1] - 1).expand(B, Hq, N, N)), c)
+            c = c.masked_fill(delta < 0, float("-inf"))
+        p = torch.exp(D ** -0.5 * c - lse.double()[..., None])
+        return (p.transpose(-1, -2) @ do.double()).reshape(B, num_kv_heads, -1, N, D).sum(2).float()
+
+    result = ch05.check_teaching_dv(in_pytorch)
+    assert "launched no Triton kernel of its own" in result.message, result.message
+
+
+def test_diagonal_scores_truth_is_the_package_s():
+    # The cd the checker hands over is what mta.conv.diagonal_scores makes (fp32, on the runtime's device), on
+    # every entry that names a key (i - delta >= 0; a kernel never reads the others).
+    from mta.conv import diagonal_scores
+    p = ch05.make_problem(*ch05.DV_CASES[4][1], seed=2)
+    dev = mta.runtime.DEVICE
+    got = diagonal_scores(*(x.float().to(dev) for x in (p.q, p.k, p.weight))).cpu().double()
+    want = ch05.diagonal_scores_truth(p)
+    N, width = want.shape[-2:]
+    a_key = torch.arange(N)[:, None] >= torch.arange(width)[None, :]
+    assert got.shape == want.shape
+    torch.testing.assert_close(got[..., a_key], want[..., a_key], atol=1e-5, rtol=1e-5)

@@ -54,8 +54,14 @@ def test_answers_without_the_running_max_fail_on_large_logits(capsys):
     assert "logits in the thousands" in result.message and "NaN or inf" in result.message
 
 
+def test_solution_4_passes(capsys):
+    assert ch06.check_band_scores(SOLUTIONS.band_scores).passed
+    assert f"all {len(ch06.BAND_CASES)} cases pass" in capsys.readouterr().out
+
+
 def test_stubs_are_not_attempted(capsys):
-    assert_stubs_not_attempted((ch06.check_split_kernel, ch06.check_combine, ch06.check_mta_decode_rows), capsys)
+    assert_stubs_not_attempted((ch06.check_split_kernel, ch06.check_combine, ch06.check_mta_decode_rows,
+                                ch06.check_band_scores), capsys)
 
     def stub(*args):
         raise NotImplementedError
@@ -358,6 +364,140 @@ def test_wrong_3_masks_with_minus_inf_before_the_convolution():
     # NaN, already where the window reaches above position 0.
     result = ch06.check_mta_decode_rows(lambda *a: _mta_rows(*a, pre_mask_value=float("-inf")))
     assert "case 'L=1, kernel 3x5' fails: o: contains NaN or inf" in result.message
+
+
+# --- exercise 4 ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _band_bug(Q, K, W, LENS, OUT, scale, num_heads, group_size, n_max, n_new, CQ: tl.constexpr, CK: tl.constexpr,
+              E: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BUG: tl.constexpr):
+    # The solution's kernel with one planted bug: BUG = 1 leaves out the zero before the convolution (every key
+    # below the length scored); 2 zeroes the future by multiplying with the mask after loading keys up to the
+    # cache's end (NaN x 0 is NaN); 3 reads only the new queries (the window's rows above them as zeros); 4 runs the
+    # kernel columns the wrong way (key j + pk - b); 5 gives query head h kv head h % Hkv; 6 writes 0, not -inf,
+    # where no key is; 7 leaves out the scale.
+    PK: tl.constexpr = (CK - 1) // 2
+    pid = tl.program_id(0)
+    b = pid // num_heads
+    h = pid % num_heads
+    if BUG == 5:
+        kv = b * (num_heads // group_size) + h % (num_heads // group_size)
+    else:
+        kv = b * (num_heads // group_size) + h // group_size
+    seq_len = tl.load(LENS + b)
+    t = tl.arange(0, BLOCK_T)
+    delta = tl.arange(0, BLOCK_E)
+    offs_d = tl.arange(0, D)
+    row_ok = t < n_new
+    i = seq_len - n_new + t
+    j = i[:, None] - delta[None, :]
+    c = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+    for a in tl.static_range(CQ):
+        r = i - (CQ - 1) + a
+        first = seq_len - n_new if BUG == 3 else 0
+        q = tl.load(Q + (pid * n_max + r[:, None]) * D + offs_d[None, :],
+                    mask=(row_ok & (r >= 0) & (r >= first))[:, None], other=0.0)
+        for kb in tl.static_range(CK):
+            if BUG == 4:
+                col = j + PK - kb
+            else:
+                col = j - PK + kb
+            if BUG == 1:
+                ok = row_ok[:, None] & (col >= 0) & (col < seq_len)
+            elif BUG == 2:
+                ok = row_ok[:, None] & (col >= 0) & (col < n_max)
+            else:
+                ok = row_ok[:, None] & (col >= 0) & (col <= r[:, None])
+            k = tl.load(K + (kv * n_max + col[:, :, None]) * D + offs_d[None, None, :], mask=ok[:, :, None],
+                        other=0.0)
+            s = tl.sum(q[:, None, :] * k, 2)
+            if BUG == 2:
+                s = s * (col <= r[:, None]).to(tl.float32)
+            c += tl.load(W + (h * CQ + a) * CK + kb) * s
+    if BUG != 7:
+        c = scale * c
+    c = tl.where(j >= 0, c, 0.0 if BUG == 6 else float("-inf"))
+    tl.store(OUT + (pid * n_new + t[:, None]) * E + delta[None, :], c, mask=row_ok[:, None] & (delta < E)[None, :])
+
+
+def _band_with(bug):
+    def band_scores(q_cache, k_cache, weight, lens, n):
+        B, Hq, n_max, D = q_cache.shape
+        cq, ck = weight.shape[1:]
+        E = cq - 1 + (ck - 1) // 2
+        out = torch.empty((B, Hq, n, E), device=q_cache.device)
+        _band_bug[(B * Hq,)](q_cache, k_cache, weight, lens, out, D ** -0.5, Hq, Hq // k_cache.shape[1], n_max, n,
+                             CQ=cq, CK=ck, E=E, D=D, BLOCK_T=triton.next_power_of_2(n),
+                             BLOCK_E=triton.next_power_of_2(E), BUG=bug)
+        return out
+    return band_scores
+
+
+def test_the_planted_band_kernel_with_no_bug_passes():
+    assert ch06.check_band_scores(_band_with(0)).passed
+
+
+@pytest.mark.parametrize("bug,case,what", [
+    (1, "L=4 < E=10, kernel 6x11, n=2", "c: max abs error"),     # with one position there is no future to zero
+    (2, "L=1, kernel 3x5 (keys before position 0: -inf)", "c: contains NaN or inf"),
+    (3, "L=4 < E=10, kernel 6x11, n=2", "c: max abs error"),     # at L = 1 the rows above are padding anyway
+    (4, "L=4 < E=10, kernel 6x11, n=2", "c: max abs error"),     # at L = 1 only the centre column sees a key
+    (5, "GQA 4:2, ragged [9, 30], kernel 3x5, n=3", "c: max abs error"),
+    (6, "L=1, kernel 3x5 (keys before position 0: -inf)", "c at (sequence, head, query, delta) (0, 0, 0, 1): got 0, "
+                                                          "expected -inf (key i - delta would be before position 0)"),
+    (7, "L=1, kernel 3x5 (keys before position 0: -inf)", "c: max abs error"),
+], ids=["no-zero-before-the-convolution", "mask-multiplied-after-loading-NaN", "only-the-new-queries",
+        "columns-the-wrong-way", "heads-tiled", "zero-where-no-key", "no-scale"])
+def test_wrong_4_kernel(bug, case, what):
+    result = ch06.check_band_scores(_band_with(bug))
+    assert result.attempted and not result.passed
+    assert f"case '{case}' fails: {what}" in result.message, result.message
+
+
+def test_wrong_4_a_pytorch_answer():
+    # The right numbers from the window in PyTorch, without a kernel of one's own.
+    def in_pytorch(q_cache, k_cache, weight, lens, n):
+        B, Hq, _, D = q_cache.shape
+        cq, ck = weight.shape[1:]
+        pk = (ck - 1) // 2
+        E = cq - 1 + pk
+        out = torch.full((B, Hq, n, E), float("-inf"))
+        for b, L in enumerate(lens.tolist()):
+            k = k_cache[b].cpu().repeat_interleave(Hq // k_cache.shape[1], 0)
+            for t in range(n):
+                i = L - n + t
+                for delta in range(min(E, i + 1)):
+                    total = torch.zeros(Hq)
+                    for a in range(cq):
+                        for kb in range(ck):
+                            r, c = i - (cq - 1) + a, i - delta - pk + kb
+                            if 0 <= c <= r:
+                                total += weight[:, a, kb].cpu() * (q_cache[b, :, r].cpu() * k[:, c]).sum(-1)
+                    out[b, :, t, delta] = D ** -0.5 * total
+        return out
+
+    result = ch06.check_band_scores(in_pytorch)
+    assert "launched no Triton kernel of its own" in result.message, result.message
+
+
+@pytest.mark.parametrize("name,shape", ch06.BAND_CASES)
+def test_band_truth_is_the_package_s_diagonal_scores(name, shape):
+    # The band's truth is what mta.conv.diagonal_scores (the prefill's band, C / scale) gives on each sequence's
+    # first L positions, times the scale, on the rows of the new queries.
+    from mta.conv import diagonal_scores
+    B, Hq, Hkv, n_max, D, cq, ck, lens, n = shape
+    (qc, k, _), gen = ch06.poisoned_caches(B, Hq, Hkv, n_max, D, lens, seed=6, with_q_cache=True)
+    w = 0.3 * torch.randn(Hq, cq, ck, generator=gen, dtype=torch.float64)
+    want = ch06.band_truth(qc, k, w, lens, n)
+    E = want.shape[-1]
+    dev = mta.runtime.DEVICE
+    for b, L in enumerate(lens):
+        cd = diagonal_scores(*(x.float().to(dev) for x in (qc[b:b + 1, :, :L], k[b:b + 1, :, :L], w)))
+        got = D ** -0.5 * cd[0, :, L - n:, :E].cpu().double()
+        i = torch.arange(L - n, L)[:, None] - torch.arange(E)[None, :]
+        got = got.masked_fill(i < 0, float("-inf"))
+        torch.testing.assert_close(got, want[b], atol=1e-5, rtol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("name,shape,options", ch06.SPLIT_CASES + ch06.DECODE_CASES)

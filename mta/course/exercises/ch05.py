@@ -2,16 +2,18 @@
 
 Each checker runs the learner's function on a few small, awkward problems (one token, a length that is not a
 multiple of the tile, grouped-query attention, causal and not) and compares its answer with float64 values:
-autograd's through the same steps as :func:`mta.conv_attention_reference` (exercises 1 and 2), the partial sums
-from their definition (exercise 3). With one token ``P = 1`` and ``dC = 0``, so every answer there is zero: that
-case checks shapes and finite values only. It prints one line and returns a :class:`mta.course.exercises.Result`; it
-never raises.
+autograd's through the same steps as :func:`mta.conv_attention_reference` (exercises 1, 2 and 5), the sums from
+their definition (exercises 3 and 4). With one token ``P = 1`` and ``dC = 0``, so every answer there but exercise 5's
+``dV`` is zero: that case checks shapes and finite values only. It prints one line and returns a
+:class:`mta.course.exercises.Result`; it never raises.
 
 * :func:`check_scores_grad`: ``dS`` from ``dC``, the transposed convolution and the pre-convolution mask;
 * :func:`check_kernel_grad`: ``dweight`` as a correlation of ``dC`` with the padded ``S0``;
 * :func:`check_dw_partials`: per-tile partials of the far part's ``dweight`` (a Triton kernel);
 * :func:`check_dq_far`: the far part of ``dq`` straight from a stored ``dC_far``, as the two-phase backward's
-  ``conv_dq_far_kernel`` makes it (a Triton kernel).
+  ``conv_dq_far_kernel`` makes it (a Triton kernel);
+* :func:`check_teaching_dv`: section 4's ``dV`` per key tile, ``P`` rebuilt from the convolved scores and the
+  log-sum-exp (a Triton kernel).
 """
 
 from __future__ import annotations
@@ -49,15 +51,21 @@ class Problem:
     grads: tuple
 
 
-def make_problem(B: int, Hq: int, Hkv: int, N: int, D: int, cq: int, ck: int, causal: bool, seed: int) -> Problem:
-    """A random problem (fixed seed, float64) with its forward and backward intermediates (see :class:`Problem`)."""
+def make_problem(B: int, Hq: int, Hkv: int, N: int, D: int, cq: int, ck: int, causal: bool, seed: int,
+                 round_to: torch.dtype | None = None) -> Problem:
+    """A random problem (fixed seed, float64) with its forward and backward intermediates (see :class:`Problem`).
+    ``round_to``: ``q, k, v, do`` hold values of that dtype (the problem of a kernel fed with them; the weight stays
+    as drawn)."""
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape, std=1.0):
         return std * torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    q, k, v = randn(B, Hq, N, D), randn(B, Hkv, N, D), randn(B, Hkv, N, D)
-    weight, do = randn(Hq, cq, ck, std=0.3), randn(B, Hq, N, D)
+    def rounded(x):
+        return x if round_to is None else x.to(round_to).double()
+
+    q, k, v = rounded(randn(B, Hq, N, D)), rounded(randn(B, Hkv, N, D)), rounded(randn(B, Hkv, N, D))
+    weight, do = randn(Hq, cq, ck, std=0.3), rounded(randn(B, Hq, N, D))
     scale = D ** -0.5
     pk = (ck - 1) // 2
     future = causal_future(N, N, "cpu")
@@ -253,6 +261,77 @@ def check_dq_far(fn: Callable) -> Result:
                       for i, (name, shape) in enumerate(DQ_CASES)])
 
 
+#: ``(name, (B, Hq, Hkv, N, D, cq, ck, causal), dtype)`` for exercise 5 (``D = 16``, the smallest ``tl.dot`` takes).
+DV_CASES = (
+    ("N=1, 3x5, causal (P = 1: dV sums dO over the group)", (1, 2, 1, 1, 16, 3, 5, True), torch.float32),
+    ("N=3 < cq=4, 4x3, causal", (1, 1, 1, 3, 16, 4, 3, True), torch.float32),
+    ("N=7 < ck=9, 2x9, causal", (1, 1, 1, 7, 16, 2, 9, True), torch.float32),
+    ("N=21, 3x5, non-causal", (1, 2, 2, 21, 16, 3, 5, False), torch.float32),
+    ("GQA 4:2, B=2, N=37, 4x7, causal", (2, 4, 2, 37, 16, 4, 7, True), torch.float32),
+    ("kernel 1x1, N=19, causal (E = 0: no diagonal scores)", (1, 2, 1, 19, 16, 1, 1, True), torch.float32),
+    ("float16, GQA 4:2, N=37, 3x5, causal", (1, 4, 2, 37, 16, 3, 5, True), torch.float16),
+)
+
+#: elementwise tolerances ``(atol, rtol)`` of exercise 5's ``dV``, by input dtype: fp16 rounds the folded keys
+#: (``C`` moves by about ``1e-3 |C|``), and a kernel may round ``P`` to fp16 for its product with ``dO``.
+DV_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2)}
+
+
+def convolved_scores(p: Problem) -> torch.Tensor:
+    """``C [B, Hq, N, N]`` float64: the convolved scores before the ``-inf`` mask (the scale included)."""
+    cq, ck = p.weight.shape[1:]
+    pk = (ck - 1) // 2
+    return F.conv2d(F.pad(p.S0, (pk, pk, cq - 1, 0)), p.weight[:, None], groups=p.weight.shape[0])
+
+
+def diagonal_scores_truth(p: Problem) -> torch.Tensor:
+    """``cd [B, Hq, N, max(16, next_pow2(E))]`` float64, laid out as :func:`mta.conv.diagonal_scores` makes it:
+    ``cd[b, h, i, delta] = C[i, i - delta] / scale`` for ``0 <= delta < E`` and ``i - delta >= 0``, 0 elsewhere
+    (where ``i - delta < 0`` no key is named, no kernel reads the entry, and the package's holds other values)."""
+    B, Hq, N, _ = p.q.shape
+    cq, ck = p.weight.shape[1:]
+    E = cq - 1 + (ck - 1) // 2
+    width = max(16, 1 << max(E - 1, 0).bit_length())
+    c = convolved_scores(p) / p.scale
+    cd = torch.zeros(B, Hq, N, width, dtype=torch.float64)
+    for delta in range(min(E, N)):
+        cd[:, :, delta:, delta] = torch.diagonal(c, -delta, dim1=-2, dim2=-1)   # C[i, i - delta], i >= delta
+    return cd
+
+
+def check_teaching_dv(fn: Callable) -> Result:
+    """``fn(q, kf, cd, do, lse, E, num_kv_heads, causal) -> dv [B, Hkv, N, D]`` fp32: section 4's
+    ``dV_j = sum_i P_ij dO_i``, ``P = exp(scale C - lse)`` with ``C`` rebuilt as the forward builds it, by a Triton
+    kernel of the learner's; for a kv head, the sum over its group's query heads.
+
+    ``q, do [B, Hq, N, D]`` and the folded keys ``kf [B, Hq, cq, N, D]`` (:func:`folded_keys`) fp32 or fp16;
+    ``cd [B, Hq, N, E_pad]`` (:func:`diagonal_scores_truth`: ``C / scale`` on the ``E`` near diagonals) and the
+    forward's ``lse [B, Hq, N]`` (natural log) fp32; all contiguous on :data:`mta.runtime.DEVICE`; ``D`` a power of
+    two >= 16, ``scale = D ** -0.5``. Compared with autograd's ``dv`` through
+    :func:`mta.conv_attention_reference` in float64."""
+    from ... import runtime
+
+    def make(shape, dtype, seed):
+        def case():
+            p = make_problem(*shape, seed=seed, round_to=None if dtype == torch.float32 else dtype)
+            B, Hq, Hkv, N, D, cq, ck, causal = shape
+            E = cq - 1 + (ck - 1) // 2
+            _, lse = conv_attention_reference(p.q, p.k, p.v, p.weight, causal=causal, return_lse=True)
+            dev = runtime.DEVICE
+            args = (p.q.to(dtype), folded_keys(p).to(dtype), diagonal_scores_truth(p).float(), p.do.to(dtype),
+                    lse.float())
+            with refusing(finished_attention()):
+                got = own_triton_kernel("teaching_dv", lambda: fn(*(x.to(dev).contiguous() for x in args), E, Hkv,
+                                                                  causal))
+            if not isinstance(got, torch.Tensor):
+                expect_equal("dv type", type(got).__name__, "Tensor")
+            expect_close("dv", got.cpu(), p.grads[2], atol=DV_TOL[dtype][0], rtol=DV_TOL[dtype][1])
+        return case
+
+    return run_cases("exercise 5 (Triton: the teaching dV kernel)",
+                     [(name, make(shape, dtype, 90 + i)) for i, (name, shape, dtype) in enumerate(DV_CASES)])
+
+
 def _far_dweight(p: Problem) -> torch.Tensor:
     """The far part's share of ``dweight``: ``dC_far`` correlated with the padded ``S0``, summed over the batch."""
     B, Hq, N, _ = p.q.shape
@@ -264,6 +343,6 @@ def _far_dweight(p: Problem) -> torch.Tensor:
                         for a in range(cq)], 1)
 
 
-__all__ = ["CASES", "DQ_CASES", "Problem", "check_dq_far", "check_dw_partials", "check_kernel_grad",
-           "check_scores_grad", "dq_far_truth", "dw_partials_truth", "far_dc", "far_part_u", "folded_keys",
-           "make_problem"]
+__all__ = ["CASES", "DQ_CASES", "DV_CASES", "DV_TOL", "Problem", "check_dq_far", "check_dw_partials",
+           "check_kernel_grad", "check_scores_grad", "check_teaching_dv", "convolved_scores", "diagonal_scores_truth",
+           "dq_far_truth", "dw_partials_truth", "far_dc", "far_part_u", "folded_keys", "make_problem"]

@@ -10,7 +10,9 @@ chapter 02's states). It prints one line and returns a :class:`mta.course.exerci
   per (sequence, kv head, split));
 * :func:`check_combine`: the merge of split states into outputs (a Triton kernel);
 * :func:`check_split_k_decode`: the two kernels together, a whole decode step;
-* :func:`check_mta_decode_rows`: MTA's newest rows from the query window (plain PyTorch).
+* :func:`check_mta_decode_rows`: MTA's newest rows from the query window (plain PyTorch);
+* :func:`check_band_scores`: the convolved scores of the ``E`` keys next to each new query's diagonal, from the
+  query window (a Triton kernel).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from ...online_softmax import attention_state, finalize_state
 from ...reference import conv_attention_reference, naive_attention
@@ -388,7 +391,90 @@ def check_mta_decode_rows(fn: Callable) -> Result:
                      + [("L=30, kernel 3x5, n=3: only the window's 5 queries' scores", window_only)])
 
 
-__all__ = ["COMBINE_CASES", "DECODE_CASES", "GRID_CASE", "LaunchedPrograms", "MTA_CASES", "SPLIT_CASES",
-           "check_combine", "check_mta_decode_rows", "check_split_k_decode", "check_split_kernel", "combine_problem",
-           "mta_rows_truth", "poisoned_caches", "split_decode_truth", "split_problem", "split_ranges",
-           "split_states_truth"]
+# --- exercise 4: the band's scores ---------------------------------------------------------------------------
+
+#: ``(name, (B, Hq, Hkv, Nmax, D, cq, ck, lens, n))``: each cache holds 6 positions past the longest length (NaN),
+#: more than the ``pk <= 5`` keys a band reaches past its row.
+BAND_CASES = (
+    ("L=1, kernel 3x5 (keys before position 0: -inf)", (1, 2, 1, 7, 16, 3, 5, [1], 1)),
+    ("L=4 < E=10, kernel 6x11, n=2", (1, 2, 2, 10, 16, 6, 11, [4], 2)),
+    ("L=7 < ck=9, kernel 2x9", (1, 2, 1, 13, 16, 2, 9, [7], 1)),
+    ("GQA 4:2, ragged [9, 30], kernel 3x5, n=3", (2, 4, 2, 36, 16, 3, 5, [9, 30], 3)),
+    ("kernel 4x1 (ck = 1: E = cq - 1), L=19, n=2", (1, 2, 1, 25, 16, 4, 1, [19], 2)),
+    ("kernel 1x3 (cq = 1: E = 1), L=12, n=4", (1, 2, 1, 18, 16, 1, 3, [12], 4)),
+)
+
+
+def band_truth(q_cache, k_cache, weight, lens, n):
+    """``[B, Hq, n, E]`` float64: ``C[i, i - delta]`` of :func:`mta.conv_attention_reference`'s causal convolved
+    scores (the scale included) on each sequence's first ``L`` positions, for the new queries ``i = L - n + t`` and
+    ``0 <= delta < E = cq - 1 + pk``; ``-inf`` where ``i - delta < 0``."""
+    B, Hq, _, D = q_cache.shape
+    cq, ck = weight.shape[1:]
+    pk = (ck - 1) // 2
+    E = cq - 1 + pk
+    out = torch.full((B, Hq, n, E), float("-inf"), dtype=torch.float64)
+    for b, L in enumerate(lens):
+        q = q_cache[b, :, :L].double()
+        k = k_cache[b, :, :L].double().repeat_interleave(Hq // k_cache.shape[1], 0)
+        keys = torch.arange(L)
+        s0 = (D ** -0.5 * q @ k.transpose(-1, -2)).masked_fill(keys[None, :] > keys[:, None], 0.0)
+        c = F.conv2d(F.pad(s0, (pk, pk, cq - 1, 0))[None], weight.double()[:, None], groups=Hq)[0]   # [Hq, L, L]
+        for t in range(n):
+            i = L - n + t
+            for delta in range(min(E, i + 1)):
+                out[b, :, t, delta] = c[:, i, i - delta]
+    return out
+
+
+def check_band_scores(fn: Callable) -> Result:
+    """``fn(q_cache, k_cache, weight, cache_seqlens, num_queries) -> c [B, Hq, n, E]`` fp32: the band's scores
+    (:func:`band_truth`) by a Triton kernel of the learner's. ``q_cache [B, Hq, Nmax, D]``, ``k_cache
+    [B, Hkv, Nmax, D]``, ``weight [Hq, cq, ck]`` fp32 and ``cache_seqlens`` int32 ``[B]``, contiguous, on
+    :data:`mta.runtime.DEVICE`; the caches hold NaN past each length, ``q_cache`` also before the window of the
+    last ``cq - 1 + n`` queries; ``E = cq - 1 + pk >= 1``, ``D`` a power of two."""
+    from ... import conv, runtime
+
+    def make(shape, seed):
+        B, Hq, Hkv, n_max, D, cq, ck, lens, n = shape
+
+        def case():
+            (qc, k, _), gen = poisoned_caches(B, Hq, Hkv, n_max, D, lens, seed, with_q_cache=True)
+            w = _randn(gen, Hq, cq, ck, std=0.3)
+            qc, k, w = qc.float(), k.float(), w.float()           # the truth from the fp32 values handed over
+            want = band_truth(qc, k, w, lens, n)
+            for b, L in enumerate(lens):
+                qc[b, :, :max(L - n - (cq - 1), 0)] = float("nan")   # before the window: never needed
+            dev = runtime.DEVICE
+            with refusing({**finished_attention(), band_truth: "it calls band_truth, the checker's own answer",
+                           conv.diagonal_scores: "it calls mta.conv.diagonal_scores, the prefill's band; compute "
+                                                 "the new queries' band from the window"}):
+                got = own_triton_kernel("band_scores", lambda: fn(
+                    qc.to(dev), k.to(dev), w.to(dev), torch.tensor(lens, dtype=torch.int32, device=dev), n))
+            _expect_band(got, want)
+        return case
+
+    return run_cases("exercise 4 (Triton: the band's scores from the query window)",
+                     [(name, make(shape, 100 + i)) for i, (name, shape) in enumerate(BAND_CASES)])
+
+
+def _expect_band(got, want):
+    """``got`` against ``want``: ``-inf`` exactly where the truth has it (no key), the rest close."""
+    if not isinstance(got, torch.Tensor):
+        raise CaseFailed(f"c: expected a tensor, got {type(got).__name__}")
+    if tuple(got.shape) != tuple(want.shape):
+        raise CaseFailed(f"c: shape {tuple(got.shape)}, expected {tuple(want.shape)} [B, Hq, n, E]")
+    got = got.detach().double().cpu()
+    none = torch.isneginf(want)
+    if not torch.equal(torch.isneginf(got), none):
+        index = tuple(int(x) for x in torch.nonzero(torch.isneginf(got) != none)[0])
+        raise CaseFailed(f"c at (sequence, head, query, delta) {index}: got {got[index].item():.6g}, expected "
+                         f"{want[index].item():.6g}" + (" (key i - delta would be before position 0)"
+                                                        if none[index] else ""))
+    expect_close("c", got.masked_fill(none, 0.0), want.masked_fill(none, 0.0), atol=1e-4, rtol=1e-4)
+
+
+__all__ = ["BAND_CASES", "COMBINE_CASES", "DECODE_CASES", "GRID_CASE", "LaunchedPrograms", "MTA_CASES",
+           "SPLIT_CASES", "band_truth", "check_band_scores", "check_combine", "check_mta_decode_rows",
+           "check_split_k_decode", "check_split_kernel", "combine_problem", "mta_rows_truth", "poisoned_caches",
+           "split_decode_truth", "split_problem", "split_ranges", "split_states_truth"]
