@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import linecache
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -148,11 +149,13 @@ def finished_attention() -> dict[Callable, str]:
 
 
 class TritonLaunches:
-    """Counts the launches of Triton kernels defined outside the ``mta`` package (the learner's) while active, on
-    a GPU and in the interpreter alike: ``with TritonLaunches() as launches: ...; launches.count``."""
+    """Counts the launches of Triton kernels defined outside the ``mta`` package (the learner's) while active, and
+    their programs (from each launch's grid), on a GPU and in the interpreter alike:
+    ``with TritonLaunches() as launches: ...; launches.count, launches.programs``."""
 
     def __init__(self):
         self.count = 0
+        self.programs = 0
 
     def _classes(self):
         from triton.runtime.jit import JITFunction
@@ -171,11 +174,15 @@ class TritonLaunches:
             if original is None:
                 continue
 
-            def run(kernel, *args, _original=original, **kwargs):
+            def run(kernel, *args, _original=original, grid, warmup, **kwargs):
                 module = getattr(getattr(kernel, "fn", None), "__module__", "") or ""
-                if not kwargs.get("warmup") and module != "mta" and not module.startswith("mta."):
+                if not warmup and module != "mta" and not module.startswith("mta."):
+                    size = grid
+                    if callable(grid):   # grid(meta): the launch's arguments by name
+                        size = grid({**dict(zip(getattr(kernel, "arg_names", []), args)), **kwargs})
                     self.count += 1
-                return _original(kernel, *args, **kwargs)
+                    self.programs += math.prod(int(n) for n in tuple(size))
+                return _original(kernel, *args, grid=grid, warmup=warmup, **kwargs)
             self._saved.append((cls, original))
             cls.run = run
         return self

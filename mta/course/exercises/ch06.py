@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 from ...online_softmax import attention_state, finalize_state
 from ...reference import conv_attention_reference, naive_attention
-from . import (CaseFailed, Result, WatchNaNProducts, WatchScores, expect_close, expect_equal, finished_attention,
-               own_triton_kernel, refusing, run_cases)
+from . import (CaseFailed, Result, TritonLaunches, WatchNaNProducts, WatchScores, expect_close, expect_equal,
+               finished_attention, own_triton_kernel, refusing, run_cases)
 
 
 def _randn(gen, *shape, std=1.0):
@@ -142,50 +142,6 @@ def _split_call(fn, q, k, v, lens, splits):
                   torch.tensor(lens, dtype=torch.int32, device=dev), splits)
 
 
-class LaunchedPrograms:
-    """Counts the programs of the Triton kernels defined outside the ``mta`` package (the learner's) launched while
-    active, from each launch's grid: ``with LaunchedPrograms() as launched: ...; launched.programs``."""
-
-    def __init__(self):
-        self.programs = 0
-        self.launches = 0
-
-    def __enter__(self):
-        from triton.runtime.jit import JITFunction
-        classes = [JITFunction]
-        try:
-            from triton.runtime.interpreter import InterpretedFunction
-            classes.append(InterpretedFunction)
-        except ImportError:  # pragma: no cover  (a Triton without the interpreter)
-            pass
-        self._saved = []
-        for cls in classes:
-            original = cls.__dict__.get("run")
-            if original is None:
-                continue
-
-            def run(kernel, *args, _original=original, grid, warmup, **kwargs):
-                module = getattr(getattr(kernel, "fn", None), "__module__", "") or ""
-                if not warmup and module != "mta" and not module.startswith("mta."):
-                    size = grid
-                    if callable(grid):   # grid(meta): the launch's arguments by name
-                        size = grid({**dict(zip(getattr(kernel, "arg_names", []), args)), **kwargs})
-                    count = 1
-                    for n in tuple(size):
-                        count *= int(n)
-                    self.programs += count
-                    self.launches += 1
-                return _original(kernel, *args, grid=grid, warmup=warmup, **kwargs)
-            self._saved.append((cls, original))
-            cls.run = run
-        return self
-
-    def __exit__(self, *exc):
-        for cls, original in self._saved:
-            cls.run = original
-        return False
-
-
 def check_split_kernel(fn: Callable) -> Result:
     """``fn(q, k_cache, v_cache, cache_seqlens, num_splits) -> (m, l, acc)``: ``q [B, Hq, Nq, D]``, caches
     ``[B, Hkv, Nmax, D]`` (fp32 or fp16, contiguous, on :data:`mta.runtime.DEVICE`, NaN past each length),
@@ -206,7 +162,7 @@ def check_split_kernel(fn: Callable) -> Result:
     def one_program_per_group():
         B, Hq, Hkv, splits = GRID_CASE
         q, k, v = split_problem(B, Hq, Hkv, 24, 16, 1, [24, 19], seed=99)
-        with LaunchedPrograms() as launched:
+        with TritonLaunches() as launched:
             got = _split_call(fn, q, k, v, [24, 19], splits)
         _expect_states(got, split_states_truth(q.double(), k.double(), v.double(), [24, 19], splits),
                        *TOL[torch.float32])
@@ -474,7 +430,7 @@ def _expect_band(got, want):
     expect_close("c", got.masked_fill(none, 0.0), want.masked_fill(none, 0.0), atol=1e-4, rtol=1e-4)
 
 
-__all__ = ["BAND_CASES", "COMBINE_CASES", "DECODE_CASES", "GRID_CASE", "LaunchedPrograms", "MTA_CASES",
+__all__ = ["BAND_CASES", "COMBINE_CASES", "DECODE_CASES", "GRID_CASE", "MTA_CASES",
            "SPLIT_CASES", "band_truth", "check_band_scores", "check_combine", "check_mta_decode_rows",
            "check_split_k_decode", "check_split_kernel", "combine_problem", "mta_rows_truth", "poisoned_caches",
            "split_decode_truth", "split_problem", "split_ranges", "split_states_truth"]
