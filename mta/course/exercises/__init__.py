@@ -222,6 +222,26 @@ def expect_close(what: str, got, want, *, atol: float, rtol: float) -> None:
                          f"got {got64[index].item():.6g}, expected {want64[index].item():.6g})")
 
 
+def expect_close_beside_neginf(what: str, got, want, *, atol: float, rtol: float, axes: str = "index",
+                               shape_axes: str = "", neginf_means: str = "") -> None:
+    """:func:`expect_close` where ``want`` holds ``-inf`` (a query that sees no key, a key before position 0):
+    ``got`` must be ``-inf`` exactly there, and close everywhere else. ``axes`` names the index in the message
+    (e.g. ``"(sequence, head, query, delta)"``), ``shape_axes`` follows a wrong shape, ``neginf_means`` says why an
+    entry is ``-inf`` where ``got`` misses one."""
+    if not isinstance(got, torch.Tensor):
+        raise CaseFailed(f"{what}: expected a tensor, got {type(got).__name__}")
+    if tuple(got.shape) != tuple(want.shape):
+        raise CaseFailed(f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+                         + (f" {shape_axes}" if shape_axes else ""))
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    neg = torch.isneginf(want)
+    if not torch.equal(torch.isneginf(got), neg):
+        index = tuple(int(i) for i in torch.nonzero(torch.isneginf(got) != neg)[0])
+        raise CaseFailed(f"{what} at {axes} {index}: got {got[index].item():.6g}, expected "
+                         f"{want[index].item():.6g}" + (f" ({neginf_means})" if neginf_means and neg[index] else ""))
+    expect_close(what, got.masked_fill(neg, 0.0), want.masked_fill(neg, 0.0), atol=atol, rtol=rtol)
+
+
 def call_on_copies(fn: Callable, *args, **kwargs):
     """``fn(*args, **kwargs)`` on copies of the tensor arguments, failing the case if it changed one of them in
     place: a caller's tensors are not the function's to change (and the checker's reference is computed from

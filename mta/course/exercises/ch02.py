@@ -15,8 +15,8 @@ import torch
 
 from ...online_softmax import AttentionState, attention_state, empty_state, merge_states
 from ...reference import naive_attention
-from . import (CaseFailed, Result, WatchScores, call_on_copies, expect_close, finished_attention, refusing,
-               run_cases)
+from . import (CaseFailed, Result, WatchScores, call_on_copies, expect_close_beside_neginf,
+               finished_attention, refusing, run_cases)
 
 __all__ = ["check_stream_normalizer", "check_my_merge", "check_block_state", "check_online_attention"]
 
@@ -26,23 +26,6 @@ INF = float("inf")
 
 def _randn(gen, *shape, scale=1.0):
     return torch.randn(*shape, generator=gen, dtype=F64) * scale
-
-
-def _expect_same(what, got, want, *, atol=1e-12, rtol=1e-12):
-    """Like expect_close, but ``-inf`` in ``want`` must be ``-inf`` in ``got`` (masked rows)."""
-    if not isinstance(got, torch.Tensor):
-        raise CaseFailed(f"{what}: expected a tensor, got {type(got).__name__}")
-    if tuple(got.shape) != tuple(want.shape):
-        raise CaseFailed(f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
-    got, want = got.detach().double().cpu(), want.detach().double().cpu()
-    if torch.isnan(got).any():
-        index = tuple(int(i) for i in torch.nonzero(torch.isnan(got))[0])
-        raise CaseFailed(f"{what}: NaN at index {index} (expected {want[index].item():.6g})")
-    neg = torch.isneginf(want)
-    if not torch.equal(torch.isneginf(got), neg):
-        index = tuple(int(i) for i in torch.nonzero(torch.isneginf(got) != neg)[0])
-        raise CaseFailed(f"{what}: at index {index} got {got[index].item():.6g}, expected {want[index].item():.6g}")
-    expect_close(what, got.masked_fill(neg, 0.0), want.masked_fill(neg, 0.0), atol=atol, rtol=rtol)
 
 
 def _expect_state(got, want, *, exact=False):
@@ -62,7 +45,7 @@ def _expect_state(got, want, *, exact=False):
                 raise CaseFailed(f"{name}: at index {index} got {g[index].item():.17g}, "
                                  f"expected {w[index].item():.17g} exactly")
         else:
-            _expect_same(name, g, w)
+            expect_close_beside_neginf(name, g, w, atol=1e-12, rtol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,8 +305,8 @@ def check_online_attention(online_attention) -> Result:
             if not (isinstance(got, (tuple, list)) and len(got) == 2):
                 raise CaseFailed(f"expected a pair (o, lse), got {type(got).__name__}")
             o_ref, lse_ref = naive_attention(q, k, v, causal=causal, return_lse=True)
-            _expect_same("o", got[0], o_ref, atol=1e-10, rtol=1e-10)
-            _expect_same("lse", got[1], lse_ref, atol=1e-10, rtol=1e-10)
+            expect_close_beside_neginf("o", got[0], o_ref, atol=1e-10, rtol=1e-10)
+            expect_close_beside_neginf("lse", got[1], lse_ref, atol=1e-10, rtol=1e-10)
         return run
 
     def no_score_matrix():

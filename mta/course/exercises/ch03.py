@@ -28,8 +28,8 @@ import torch
 
 from ... import runtime
 from ...reference import causal_future, naive_attention
-from . import (CaseFailed, Result, expect_close, expect_equal, finished_attention, own_triton_kernel, refusing,
-               run_cases)
+from . import (CaseFailed, Result, expect_close, expect_close_beside_neginf, expect_equal, finished_attention,
+               own_triton_kernel, refusing, run_cases)
 
 __all__ = ["BACKWARD_CASES", "FORWARD_CASES", "check_dkdv_kernel", "check_dq_kernel",
            "check_ds_formula", "check_forward_kernel", "check_key_tiles_visited", "check_rowsum_do_o",
@@ -70,20 +70,6 @@ def poisoned_keys(n_q: int, n_k: int, T_q: int, T_k: int, tile: int) -> int:
     its diagonal tile (``n_k`` when there is none)."""
     _, masked_stop = _stage_bounds(tile * T_q, n_q, n_k, T_q, T_k)
     return min(_cdiv(masked_stop, T_k) * T_k, n_k)
-
-
-def _expect_lse(what, got, want, *, atol, rtol):
-    """``-inf`` in ``want`` (a query that sees no key) must be ``-inf`` in ``got``; the rest close."""
-    if not isinstance(got, torch.Tensor):
-        raise CaseFailed(f"{what}: expected a tensor, got {type(got).__name__}")
-    if tuple(got.shape) != tuple(want.shape):
-        raise CaseFailed(f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
-    got, want = got.detach().double().cpu(), want.detach().double().cpu()
-    neg = torch.isneginf(want)
-    if not torch.equal(torch.isneginf(got), neg):
-        index = tuple(int(i) for i in torch.nonzero(torch.isneginf(got) != neg)[0])
-        raise CaseFailed(f"{what}: at index {index} got {got[index].item():.6g}, expected {want[index].item():.6g}")
-    expect_close(what, got.masked_fill(neg, 0.0), want.masked_fill(neg, 0.0), atol=atol, rtol=rtol)
 
 
 # ---------------------------------------------------------------------------------------------------- exercise 1
@@ -143,7 +129,7 @@ def _forward_case(fn: Callable, Nq, Nk, D, T_q, T_k, dtype, causal, low=False, *
         raise CaseFailed(f"attention_forward must return (o, lse, visits), got {type(out).__name__}")
     o, lse, visits = out
     expect_close("o", o, ref.to(dtype), atol=atol, rtol=rtol)
-    _expect_lse("lse", lse, ref_lse, atol=10 * atol, rtol=10 * rtol)
+    expect_close_beside_neginf("lse", lse, ref_lse, atol=10 * atol, rtol=10 * rtol)
 
     # 2. The loads (causal). Head t's keys and values are NaN from the first key tile right of query tile t's
     # diagonal tile on. The rows of query tiles 0..t of head t never need those keys: a kernel that never loads a
@@ -163,7 +149,7 @@ def _forward_case(fn: Callable, Nq, Nk, D, T_q, T_k, dtype, causal, low=False, *
             first = poisoned_keys(Nq, Nk, T_q, T_k, t)
             what = f"query tile {t}, with keys and values NaN from key {first} on (right of its diagonal tile)"
             expect_close(f"o of {what}", o_bad[0, t, :rows], ref[0, t, :rows].to(dtype), atol=atol, rtol=rtol)
-            _expect_lse(f"lse of {what}", lse_bad[0, t, :rows], ref_lse[0, t, :rows], atol=10 * atol,
+            expect_close_beside_neginf(f"lse of {what}", lse_bad[0, t, :rows], ref_lse[0, t, :rows], atol=10 * atol,
                         rtol=10 * rtol)
 
     # 3. The stages each program reports: (unmasked key tiles, masked key tiles).
@@ -186,7 +172,7 @@ def _batched_case(fn: Callable, seed: int):
     atol, rtol = TOL[torch.float32]
     o, lse, visits = _forward(fn, q.float(), k.float(), v.float(), T_q, T_k, True)
     expect_close("o", o, ref.float(), atol=atol, rtol=rtol)
-    _expect_lse("lse", lse, ref_lse, atol=10 * atol, rtol=10 * rtol)
+    expect_close_beside_neginf("lse", lse, ref_lse, atol=10 * atol, rtol=10 * rtol)
     want = stage_counts(Nq, Nk, T_q, T_k)
     expect_equal("visits shape", tuple(visits.shape), (B * H, _cdiv(Nq, T_q), 2))
     for p in range(B * H):

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 from ...online_softmax import attention_state, finalize_state
 from ...reference import conv_attention_reference, naive_attention
-from . import (CaseFailed, Result, TritonLaunches, WatchNaNProducts, WatchScores, expect_close, expect_equal,
-               finished_attention, own_triton_kernel, refusing, run_cases)
+from . import (CaseFailed, Result, TritonLaunches, WatchNaNProducts, WatchScores, expect_close,
+               expect_close_beside_neginf, expect_equal, finished_attention, own_triton_kernel, refusing, run_cases)
 
 
 def _randn(gen, *shape, std=1.0):
@@ -108,18 +108,8 @@ def _expect_states(got, want, atol, rtol):
         raise CaseFailed(f"split_states must return (m, l, acc), got {type(got).__name__}")
     m, l, acc = got
     m_want, l_want, acc_want = want
-    if not isinstance(m, torch.Tensor):
-        raise CaseFailed(f"m: expected a tensor, got {type(m).__name__}")
-    if tuple(m.shape) != tuple(m_want.shape):
-        raise CaseFailed(f"m: shape {tuple(m.shape)}, expected {tuple(m_want.shape)} [S, B, Hq, Nq]")
-    m = m.detach().double().cpu()
-    empty = torch.isneginf(m_want)
-    if not torch.equal(torch.isneginf(m), empty):
-        index = tuple(int(i) for i in torch.nonzero(torch.isneginf(m) != empty)[0])
-        raise CaseFailed(f"m at (split, sequence, head, query) {index}: got {m[index].item():.6g}, expected "
-                         f"{m_want[index].item():.6g}" + (" (this split holds no key the query sees)"
-                                                          if empty[index] else ""))
-    expect_close("m", m.masked_fill(empty, 0.0), m_want.masked_fill(empty, 0.0), atol=atol, rtol=rtol)
+    expect_close_beside_neginf("m", m, m_want, atol=atol, rtol=rtol, axes="(split, sequence, head, query)",
+                               shape_axes="[S, B, Hq, Nq]", neginf_means="this split holds no key the query sees")
     expect_close("l", l, l_want, atol=atol, rtol=rtol)
     expect_close("acc", acc, acc_want, atol=atol, rtol=rtol)
 
@@ -407,27 +397,13 @@ def check_band_scores(fn: Callable) -> Result:
                                                  "the new queries' band from the window"}):
                 got = own_triton_kernel("band_scores", lambda: fn(
                     qc.to(dev), k.to(dev), w.to(dev), torch.tensor(lens, dtype=torch.int32, device=dev), n))
-            _expect_band(got, want)
+            expect_close_beside_neginf("c", got, want, atol=1e-4, rtol=1e-4, axes="(sequence, head, query, delta)",
+                                       shape_axes="[B, Hq, n, E]",
+                                       neginf_means="key i - delta would be before position 0")
         return case
 
     return run_cases("exercise 4 (Triton: the band's scores from the query window)",
                      [(name, make(shape, 100 + i)) for i, (name, shape) in enumerate(BAND_CASES)])
-
-
-def _expect_band(got, want):
-    """``got`` against ``want``: ``-inf`` exactly where the truth has it (no key), the rest close."""
-    if not isinstance(got, torch.Tensor):
-        raise CaseFailed(f"c: expected a tensor, got {type(got).__name__}")
-    if tuple(got.shape) != tuple(want.shape):
-        raise CaseFailed(f"c: shape {tuple(got.shape)}, expected {tuple(want.shape)} [B, Hq, n, E]")
-    got = got.detach().double().cpu()
-    none = torch.isneginf(want)
-    if not torch.equal(torch.isneginf(got), none):
-        index = tuple(int(x) for x in torch.nonzero(torch.isneginf(got) != none)[0])
-        raise CaseFailed(f"c at (sequence, head, query, delta) {index}: got {got[index].item():.6g}, expected "
-                         f"{want[index].item():.6g}" + (" (key i - delta would be before position 0)"
-                                                        if none[index] else ""))
-    expect_close("c", got.masked_fill(none, 0.0), want.masked_fill(none, 0.0), atol=1e-4, rtol=1e-4)
 
 
 __all__ = ["BAND_CASES", "COMBINE_CASES", "DECODE_CASES", "GRID_CASE", "MTA_CASES",
