@@ -9,6 +9,10 @@ constant tail of its argument list, and launches it directly the next time. A la
 once per call signature (:class:`mta.launch.LaunchPlan`) keeps its compiled kernels itself
 (:func:`run_kept`) and skips even the signature.
 
+A kept launch also skips Triton's per-launch wrapper where no launch hook is installed (:func:`direct_launch`):
+that wrapper looks up the device and stream and builds a dictionary for the hooks at every launch, whether or not
+a hook reads it. With a hook installed (a profiler such as Proton), kept launches go through Triton's wrapper.
+
 The signature holds everything the compile can depend on: the kernel, the grid, the current GPU, every
 argument but a tensor's address (a tensor's dtype and alignment, an int's or float's type and value, a TMA
 descriptor's shapes, strides and box) and every keyword. A call whose signature matches is the same compile,
@@ -22,6 +26,11 @@ from collections import OrderedDict
 import torch
 import triton
 from triton.runtime.autotuner import Heuristics
+
+try:  # Triton >= 3.4: the runtime's switches, launch hooks among them
+    from triton import knobs
+except ImportError:  # pragma: no cover
+    knobs = None
 
 try:  # Triton >= 3.4: TMA descriptors made on the host
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -71,7 +80,7 @@ def launch_again(kernel, grid: tuple, args: tuple, meta: dict):
         return None
     compiled = kernel[grid](*args, **meta)
     if key is not None and compiled is not None:
-        _made[key] = (compiled[grid + (1,) * (3 - len(grid))], _tail(kernel, len(args), meta))  # x, y, z
+        _made[key] = (direct_launch(compiled, grid, key[2]), _tail(kernel, len(args), meta))
         if len(_made) > MAX_SIGNATURES:
             _made.popitem(last=False)
     return compiled
@@ -88,17 +97,49 @@ def with_heuristics(kernel: Heuristics, args: tuple, meta: dict) -> dict:
 
 def run_kept(kept: dict, kernel, grid: tuple, tensors: tuple, fixed: tuple, meta: dict, device: int):
     """``kernel[grid](*tensors, *fixed, **meta)`` on the current GPU ``device``, for a launch whose arguments but
-    its leading ``tensors`` (None for an optional one) were fixed once: from ``kept`` (a plan's own dict: the
-    compiled kernel per GPU and alignment of the tensors) where launched so before, else through Triton."""
-    key = (device, *[None if t is None else t.data_ptr() % 16 == 0 for t in tensors])
+    its leading ``tensors`` (None for an optional one; a TMA descriptor stands for its tensor) were fixed once:
+    from ``kept`` (a plan's own dict: the compiled kernel per GPU and alignment of the tensors) where launched so
+    before, else through Triton."""
+    key = (device, *[None if t is None else getattr(t, "base", t).data_ptr() % 16 == 0 for t in tensors])
     made = kept.get(key)
     if made is not None:
         run, rest = made
         return run(*tensors, *rest)
     compiled = kernel[grid](*tensors, *fixed, **meta)
     if compiled is not None:
-        kept[key] = (compiled[grid + (1,) * (3 - len(grid))], fixed + _tail(kernel, len(tensors) + len(fixed), meta))
+        kept[key] = (direct_launch(compiled, grid, device), fixed + _tail(kernel, len(tensors) + len(fixed), meta))
     return compiled
+
+
+def direct_launch(compiled, grid: tuple, device: int):
+    """``compiled[grid]`` (Triton's launch of a compiled kernel, taking every argument but the constexprs), made
+    to call the kernel's C launcher directly, on the current stream of GPU ``device``, while no launch hook is
+    installed; through Triton's own wrapper (which calls the hooks) otherwise, or where this Triton's compiled
+    kernel lacks what the direct call needs."""
+    grid = tuple(grid) + (1,) * (3 - len(grid))  # a compiled kernel's launch takes all three grid axes
+    wrapped = compiled[grid]
+    try:
+        run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+        current_stream = torch._C._cuda_getCurrentRawStream
+    except AttributeError:
+        return wrapped
+    if knobs is None:
+        return wrapped
+    gx, gy, gz = grid
+    hooks = knobs.runtime
+
+    def launch(*args):
+        if hook_installed(hooks.launch_enter_hook) or hook_installed(hooks.launch_exit_hook):
+            return wrapped(*args)
+        return run(gx, gy, gz, current_stream(device), function, packed, None, None, None, *args)
+
+    return launch
+
+
+def hook_installed(hook) -> bool:
+    """Whether Triton's launch hook ``hook`` calls anything: a chain of hooks (Triton >= 3.5) holding one, or a
+    function (older Triton)."""
+    return bool(getattr(hook, "calls", hook))
 
 
 def _tail(kernel, positional: int, meta: dict) -> tuple:

@@ -8,6 +8,7 @@ launches them and ties them together with ``torch.autograd.Function``.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from triton.runtime.errors import OutOfResources
@@ -24,10 +25,10 @@ from .conv_forward import (MAX_CK, MAX_CQ, query_shift_groups, conv_forward_kern
                            past_scores_kernel, past_scores_product_kernel)
 from .conv_plan import ConvPlan, fit_backward_tile, plan_conv, post_pass_tile
 from .flash_backward import rowsum_do_o_kernel
-from .launch import (Launch, batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
+from .launch import (Launch, LaunchPlan, LaunchPlans, batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
                      dot_precision, empty_contiguous, head_dim_block, launch, launch_tiled, next_power_of_2, tiled_launch,
                      shared_memory_limit, shifted_head_dim_block, wants_gradients, within_int32_indexing)
-from .tma import stream_descriptors
+from .tma import descriptor, stream_descriptors, tma_ready
 from .tuning import size_bucket
 
 
@@ -50,26 +51,33 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int, keys_majo
     """
     check_kernel_device(k=k, weight=weight)
     B, Hkv, N, D = k.shape
-    _, cq, ck = weight.shape
+    cq = weight.shape[1]
     w = weight.detach().float().contiguous()
     if keys_major:
         kf = torch.empty((B, num_q_heads, N, cq, D), device=k.device, dtype=k.dtype).permute(0, 1, 3, 2, 4)
     else:
         kf = torch.empty((B, num_q_heads, cq, N, D), device=k.device, dtype=k.dtype)
+    fold_keys_launch(k, w, kf, by_product)()
+    return kf
+
+
+def fold_keys_launch(k: torch.Tensor, w: torch.Tensor, kf: torch.Tensor, by_product: bool) -> Launch:
+    """:func:`fold_keys`'s :class:`mta.launch.Launch` from ``k [B, Hkv, N, D]`` and ``w [Hq, cq, ck]`` (fp32,
+    contiguous) into ``kf [B, Hq, cq, N, D]`` (any strides)."""
+    B, Hkv, N, D = k.shape
+    num_q_heads, cq, ck = w.shape
     block_d = head_dim_block(D)
+    args = (k, w, kf, *k.stride(), *kf.stride(), N, num_q_heads, num_q_heads // Hkv)
     if by_product and k.dtype in (torch.float16, torch.bfloat16):
         block_n, warps = FOLD_PRODUCT_TILE
-        launch(fold_keys_product_kernel, (cdiv(N, block_n), B * num_q_heads),
-            k, w, kf, *k.stride(), *kf.stride(), N, num_q_heads, num_q_heads // Hkv, CQ=cq, CK=ck, D=D,
-            BLOCK_D=block_d, BLOCK_N=block_n, WINDOW=next_power_of_2(block_n + ck - 1), num_warps=warps)
-        return kf
+        return Launch(fold_keys_product_kernel, (cdiv(N, block_n), B * num_q_heads), args,
+                      dict(CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_N=block_n,
+                           WINDOW=next_power_of_2(block_n + ck - 1), num_warps=warps))
     # The interpreter pays per operation, not per element. On a GPU short tiles keep the ck shifted
     # loads of a tile in L1 across the cq kernel rows (8 rows, 2 warps: fastest on an H200 at d = 128).
     block_n, warps = (128, 4) if runtime.INTERPRET else (8, 2)
-    launch(fold_keys_kernel, (cdiv(N, block_n), B * num_q_heads),
-        k, w, kf, *k.stride(), *kf.stride(), N, num_q_heads, num_q_heads // Hkv,
-        CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=warps)
-    return kf
+    return Launch(fold_keys_kernel, (cdiv(N, block_n), B * num_q_heads), args,
+                  dict(CQ=cq, CK=ck, D=D, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=warps))
 
 
 #: ``(keys, warps)`` of the band-matrix fold's programs: 16 keys on 2 warps, the fastest on Hopper at d = 64 and 128.
@@ -105,18 +113,24 @@ def past_scores(q: torch.Tensor, k: torch.Tensor, reach: int, *, by_product: boo
         ``[B, Hq, N, max(16, next_pow2(reach + 1))]`` fp32; columns past ``reach`` are 0.
     """
     check_kernel_device(q=q, k=k)
+    B, Hq, N, _ = q.shape
+    p = torch.empty((B, Hq, N, _pad16(reach + 1)), device=q.device, dtype=torch.float32)
+    past_scores_launch(q, k, p, reach, by_product)()
+    return p
+
+
+def past_scores_launch(q: torch.Tensor, k: torch.Tensor, p: torch.Tensor, reach: int, by_product: bool) -> Launch:
+    """:func:`past_scores`'s :class:`mta.launch.Launch` into ``p [B, Hq, N, max(16, next_pow2(reach + 1))]``."""
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
-    width = _pad16(reach + 1)
-    p = torch.empty((B, Hq, N, width), device=q.device, dtype=torch.float32)
+    width = p.shape[-1]
     if by_product and q.dtype in (torch.float16, torch.bfloat16) and width <= PAST_PRODUCT_TILE[0]:
         kernel, (block_r, warps) = past_scores_product_kernel, PAST_PRODUCT_TILE
     else:  # 16 rows per program is the fastest on Hopper at d = 64 and 128; the interpreter pays per operation
         kernel, block_r, warps = past_scores_kernel, 128 if runtime.INTERPRET else 16, 4
-    launch(kernel, (cdiv(N, block_r), B * Hq),
-        q, k, p, *q.stride(), *k.stride(), *p.stride()[:3], N, Hq, Hq // Hkv,
-        EP=reach, EP_PAD=width, D=D, BLOCK_D=head_dim_block(D), BLOCK_R=block_r, num_warps=warps)
-    return p
+    return Launch(kernel, (cdiv(N, block_r), B * Hq),
+                  (q, k, p, *q.stride(), *k.stride(), *p.stride()[:3], N, Hq, Hq // Hkv),
+                  dict(EP=reach, EP_PAD=width, D=D, BLOCK_D=head_dim_block(D), BLOCK_R=block_r, num_warps=warps))
 
 
 def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None = None, *,
@@ -141,11 +155,20 @@ def diagonal_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor, past
     e, e_past = diagonal_reach(cq, ck)
     p = past_scores(q, k, e_past, by_product=by_product) if past is None else past
     cd = torch.empty((B, Hq, N, _pad16(e)), device=q.device, dtype=torch.float32)
-    block_r = 16 if runtime.INTERPRET else 64
-    launch(diagonal_scores_kernel, (cdiv(N, block_r), B * Hq),
-        p, weight, cd, *p.stride()[:3], N, Hq, CQ=cq, CK=ck, E=e, E_PAD=cd.shape[-1], EP_PAD=p.shape[-1],
-        BLOCK_R=block_r, num_warps=4)
+    diagonal_scores_launch(p, weight, cd)()
     return cd
+
+
+def diagonal_scores_launch(p: torch.Tensor, w: torch.Tensor, cd: torch.Tensor) -> Launch:
+    """:func:`diagonal_scores`'s :class:`mta.launch.Launch` from the past scores ``p`` and ``w [Hq, cq, ck]``
+    (fp32, contiguous) into ``cd [B, Hq, N, max(16, next_pow2(E))]``."""
+    B, Hq, N, _ = p.shape
+    cq, ck = w.shape[1:]
+    e, _ = diagonal_reach(cq, ck)
+    block_r = 16 if runtime.INTERPRET else 64
+    return Launch(diagonal_scores_kernel, (cdiv(N, block_r), B * Hq),
+                  (p, w, cd, *p.stride()[:3], N, Hq),
+                  dict(CQ=cq, CK=ck, E=e, E_PAD=cd.shape[-1], EP_PAD=p.shape[-1], BLOCK_R=block_r, num_warps=4))
 
 
 def conv_prepasses(q, k, weight, causal: bool, plan: ConvPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,18 +210,9 @@ def _hold_or_stream(config: dict, q: torch.Tensor, cq: int, causal: bool, hold: 
 
 def conv_forward_config(q: torch.Tensor, cq: int, causal: bool, hold: bool = True) -> dict:
     """The table's tile for the fused kernel on ``q [B, Hq, N, D]``: the held-query tile where its ``cq`` shifted
-    query tiles fit on chip (and ``hold``), else the streamed tile (what :func:`launch_conv_forward` launches)."""
+    query tiles fit on chip (and ``hold``), else the streamed tile (what :func:`conv_forward_launch` launches)."""
     config = tuning.config_for("conv_forward", shifted_head_dim_block(q.shape[-1], q.dtype), q.dtype, causal)
     return _hold_or_stream(config, q, cq, causal, hold)
-
-
-def launch_conv_forward(q, v, kf, cd, kernel_size: tuple[int, int], causal: bool, scale: float, plan: ConvPlan):
-    """Launch the fused kernel on the pre-passes' ``kf, cd`` (:func:`conv_prepasses`) for a ``(cq, ck)`` kernel:
-    ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32)."""
-    o = empty_contiguous(q)
-    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
-    conv_forward_launch(q, v, kf, cd, o, lse, kernel_size, causal, scale, plan)()
-    return o, lse
 
 
 def conv_forward_launch(q, v, kf, cd, o, lse, kernel_size: tuple[int, int], causal: bool, scale: float,
@@ -227,11 +241,75 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float, plan: Co
         return concat_chunks(chunks, conv_attention_forward, (q, k, v), weight, causal, scale, plan)
     compile_ahead("conv_forward", lambda *x: conv_attention_forward(*x, scale, plan), q, k, v, weight, causal)
     q, k, v = within_int32_indexing(q, k, v, rows_per_head=weight.shape[1])
-    kf, cd = conv_prepasses(q, k, weight, causal, plan)
     try:
-        return launch_conv_forward(q, v, kf, cd, tuple(weight.shape[1:]), causal, scale, plan)
+        return planned_forward(q, k, v, weight, causal, scale, plan)
     except OutOfResources:  # a tile this GPU's shared memory cannot hold: the same outputs, unfused
         return conv_attention_forward_chunked(q, k, v, weight, causal, scale)
+
+
+@dataclass(frozen=True, eq=False)
+class ForwardLaunches:
+    """The forward's launches for one call signature (:data:`FORWARD_PLANS`): the fold, the past and diagonal
+    scores (None where no diagonal needs them), the fused kernel, the TMA boxes of ``q, kf, v`` (None without the
+    copy engine), and the all-zero diagonal scores that the fused kernel reads where none are needed."""
+
+    fold: LaunchPlan
+    past: LaunchPlan | None
+    diagonal: LaunchPlan | None
+    fused: LaunchPlan
+    boxes: tuple | None
+    no_diagonals: torch.Tensor
+
+
+#: :class:`ForwardLaunches` per call signature: everything the launches depend on but the tensors' addresses.
+FORWARD_PLANS = LaunchPlans()
+
+
+def planned_forward(q, k, v, weight, causal: bool, scale: float, plan: ConvPlan):
+    """The pre-passes (:func:`conv_prepasses`) and the fused kernel (:func:`conv_forward_launch`), their launches
+    made once per call signature:
+    ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32)."""
+    B, Hq, N, D = q.shape
+    w = weight.detach().float().contiguous()
+    cq, ck = w.shape[1:]
+    e, e_past = diagonal_reach(cq, ck)
+    kf = torch.empty((B, Hq, cq, N, D), device=q.device, dtype=k.dtype)
+    diagonals = causal and e > 0
+    p = torch.empty((B, Hq, N, _pad16(e_past + 1)), device=q.device, dtype=torch.float32) if diagonals else None
+    cd = torch.empty((B, Hq, N, _pad16(e)), device=q.device, dtype=torch.float32) if diagonals else None
+    o = empty_contiguous(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    signature = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, w.shape, causal,
+                 scale, plan, tma_ready(q), tma_ready(v))
+    launches = FORWARD_PLANS.get(signature, lambda: _forward_launches(q, k, v, w, kf, p, cd, o, lse, causal, scale,
+                                                                      plan))
+    launches.fold(k, w, kf)
+    if diagonals:
+        launches.past(q, k, p)
+        launches.diagonal(p, w, cd)
+    else:
+        cd = launches.no_diagonals
+    qd = kfd = vd = None
+    if launches.boxes is not None:
+        qd, kfd, vd = (descriptor(t, box) for t, box in zip((q, kf, v), launches.boxes))
+    launches.fused(q, kf, v, cd, o, lse, qd, kfd, vd)
+    return o, lse
+
+
+def _forward_launches(q, k, v, w, kf, p, cd, o, lse, causal: bool, scale: float, plan: ConvPlan) -> ForwardLaunches:
+    check_kernel_device(q=q, k=k, weight=w)
+    cq, ck = w.shape[1:]
+    past = diagonal = None
+    no_diagonals = torch.zeros(16, device=q.device, dtype=torch.float32)
+    if cd is not None:
+        _, e_past = diagonal_reach(cq, ck)
+        past = past_scores_launch(q, k, p, e_past, plan.past_by_product).plan(3)
+        diagonal = diagonal_scores_launch(p, w, cd).plan(3)
+    fused = conv_forward_launch(q, v, kf, no_diagonals if cd is None else cd, o, lse, (cq, ck), causal, scale, plan)
+    descriptors = fused.args[6:9]
+    boxes = None if descriptors[0] is None else tuple(list(d.block_shape) for d in descriptors)
+    return ForwardLaunches(fold_keys_launch(k, w, kf, plan.fold_by_product).plan(3), past, diagonal, fused.plan(9),
+                           boxes, no_diagonals)
 
 
 def plan_of(q: torch.Tensor, weight: torch.Tensor, causal: bool) -> ConvPlan:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 import triton
+from triton.runtime.autotuner import Heuristics
 
 try:  # Triton >= 3.5: a launch inside this mode queues its compile in an executor
     from triton import AsyncCompileMode
@@ -34,7 +35,7 @@ except ImportError:  # pragma: no cover - older Triton compiles at each launch
 
 from . import runtime, tuning
 from .checks import check_qkv
-from .compiled_launches import launch_again, run_kept
+from .compiled_launches import launch_again, run_kept, with_heuristics
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -199,7 +200,10 @@ class Launch:
         if isinstance(self.grid, tuple) and max(self.grid[1:], default=0) > MAX_GRID_AXIS_1:
             raise RuntimeError(f"grid {self.grid} is over CUDA's {MAX_GRID_AXIS_1} programs on its second or third "
                                "axis")
-        return LaunchPlan(self.kernel, self.grid, self.args[tensors:], self.meta)
+        kernel, meta = self.kernel, self.meta
+        if isinstance(kernel, Heuristics):  # their values depend on what the plan fixes: made once, here
+            kernel, meta = kernel.fn, with_heuristics(kernel, self.args, meta)
+        return LaunchPlan(kernel, self.grid, self.args[tensors:], meta)
 
 
 @dataclass(frozen=True, eq=False)

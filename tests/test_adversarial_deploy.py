@@ -62,7 +62,7 @@ def test_the_unfused_fallbacks_compute_in_fp32_under_autocast(monkeypatch):
     :mod:`mta.conv_decode_rows`); under autocast its products and convolutions ran in fp16 (bf16 on a GPU) where the
     fused kernels compute in fp32: the answer depended on whether a tile fits. Backward inside the autocast region
     too."""
-    monkeypatch.setattr(mta.conv, "launch_conv_forward", refused)
+    monkeypatch.setattr(mta.conv, "planned_forward", refused)
     chunked_by_default(monkeypatch)
     monkeypatch.setattr(mta.conv_decode, "run_decode", refused)
     q, k, v = (x.requires_grad_() for x in rand_qkv(1, 2, 1, 12, 12, 16))

@@ -108,3 +108,28 @@ def test_kept_launches_give_the_results_of_fresh_ones():
                              (mta.conv_attention(q, k, v, w), mta.conv_attention_reference(q, k, v, w))):
                 outs.append((out.float() - ref.float()).abs().max().item())
         assert max(outs) < (2e-2 if dtype == torch.float16 else 5e-3), outs
+
+
+@pytest.mark.skipif(runtime.INTERPRET, reason="compiled kernels need a GPU")
+def test_a_launch_hook_sees_kept_launches_and_results_stay_the_same():
+    # Kept launches call the C launcher directly while no hook is installed; a profiler's hook must still see them.
+    knobs = pytest.importorskip("triton.knobs")
+    if not hasattr(knobs.runtime.launch_enter_hook, "add"):
+        pytest.skip("this Triton's launch hook is not a chain")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 32, device="cuda", dtype=torch.float16) for _ in range(3))
+    w = 0.3 * torch.randn(2, 3, 5, device="cuda")
+    before = [mta.conv_attention(q, k, v, w) for _ in range(2)]  # compiled, then kept
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata)
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        during = mta.conv_attention(q, k, v, w)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(seen) >= 2  # the fold and the fused kernel at least
+    after = mta.conv_attention(q, k, v, w)
+    assert torch.equal(before[1], during) and torch.equal(during, after)

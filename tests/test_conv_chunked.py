@@ -117,7 +117,7 @@ def test_refused_launches_fall_back_to_the_chunks(monkeypatch):
     which the shared-memory model can miss) gives the chunks' results instead of the error."""
     def refused(*args, **kwargs):
         raise OutOfResources(237568, 232448, "shared memory")
-    monkeypatch.setattr(mta.conv, "launch_conv_forward", refused)
+    monkeypatch.setattr(mta.conv, "planned_forward", refused)
     monkeypatch.setattr(mta.conv, "_fused_backward", refused)
     q, k, v = rand_qkv(1, 4, 2, 30, 30, 16)
     weight, do = rand(4, 8, 17, scale=0.2), rand(1, 4, 30, 16)

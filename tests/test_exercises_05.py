@@ -336,7 +336,7 @@ def test_wrong_5_a_pytorch_answer():
         q_pad = F.pad(q.double(), (0, 0, cq - 1, 0))
         c = sum(q_pad[:, :, a:a + N] @ kf[:, :, a].double().transpose(-1, -2) for a in range(cq))
         if causal:
-            delta = torch.arange(N)[:, None] - torch.arange(N)[None, :]
+            delta = torch.arange(N, device=q.device)[:, None] - torch.arange(N, device=q.device)[None, :]
             near = (delta >= 0) & (delta < E)
             c = torch.where(near, cd.double().gather(-1, delta.clamp(0, cd.shape[-1] - 1).expand(B, Hq, N, N)), c)
             c = c.masked_fill(delta < 0, float("-inf"))
