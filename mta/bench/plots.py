@@ -51,11 +51,29 @@ def select(results: list[dict], **where) -> list[dict]:
     return [r for r in results if all(r.get(k) == v for k, v in where.items())]
 
 
+def _provenance_pieces(prov: dict) -> tuple[list[str], Optional[str]]:
+    """``[GPU, "torch x", "triton y"]`` and the commit's first 8 hex digits (``+dirty`` where the run had uncommitted
+    changes), None where the provenance names no commit."""
+    commit = prov.get("git_commit")
+    commit = commit[:8] + ("+dirty" if prov.get("git_dirty") else "") if commit else None
+    return [prov.get("gpu", "?"), f"torch {prov.get('torch', '?')}", f"triton {prov.get('triton', '?')}"], commit
+
+
 def provenance_line(prov: dict) -> str:
     """``GPU · torch x · triton y · commit`` for a figure title."""
-    commit = prov.get("git_commit")
-    commit = "commit ?" if not commit else commit[:8] + ("+dirty" if prov.get("git_dirty") else "")
-    return f"{prov.get('gpu', '?')} · torch {prov.get('torch', '?')} · triton {prov.get('triton', '?')} · {commit}"
+    pieces, commit = _provenance_pieces(prov)
+    return " · ".join([*pieces, commit or "commit ?"])
+
+
+def measured_on(data: dict) -> str:
+    """``measured on GPU · torch x · triton y · mta commit c · YYYY-MM-DD``: one line saying where and from which code
+    a loaded benchmark JSON's numbers come, for a chapter to print beside them ("commit unknown" where the
+    provenance names none; no date where it has no time)."""
+    prov = data["provenance"]
+    pieces, commit = _provenance_pieces(prov)
+    date = (prov.get("utc_time") or "")[:10]
+    return "measured on " + " · ".join([*pieces, f"mta commit {commit}" if commit else "commit unknown"]
+                                       + ([date] if date else []))
 
 
 def seq_len_label(n: int) -> str:
