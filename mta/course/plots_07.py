@@ -1,6 +1,7 @@
 """Figures of chapter 07 (the MTA layer and the toy task), so that the notebook's cells show the idea.
 
-* :func:`plot_toy_runs`: training loss and held-out per-sequence error of toy runs, by arm (``mta.course.toy``'s JSON);
+* :func:`plot_toy_runs`: training loss and held-out per-sequence error of toy runs, by arm (``mta.course.toy``'s JSON),
+  beside the paper's errors;
 * :func:`plot_attention_rows`: attention weights of one query over a lettered sequence, plain beside MTA;
 * :func:`plot_layer_attention`: what the heads of each layer of trained models attend to from the target rows;
 * :func:`plot_target_attention`: how much of that attention lands on the target block, per layer and head.
@@ -17,9 +18,10 @@ ARM_COLORS = {"plain": "#4C72B0", "mta": "#DD8452"}
 ARM_LABELS = {"plain": "plain attention", "mta": "MTA"}
 
 
-def plot_toy_runs(results: dict):
+def plot_toy_runs(results: dict, reference: dict | None = None):
     """Two panels from ``python -m mta.course.toy``'s results: training loss (target tokens) and held-out per-sequence
-    error against the step, one line per (arm, seed). Returns the Figure."""
+    error against the step, one line per (arm, seed). ``reference`` (arm -> error, e.g.
+    ``mta.course.toy.PAPER_ERRORS``): dashed lines on the error panel, labelled as the paper's. Returns the Figure."""
     fig, (ax_loss, ax_err) = plt.subplots(1, 2, figsize=(11, 4))
     seen = set()
     for run in results["runs"]:
@@ -30,6 +32,9 @@ def plot_toy_runs(results: dict):
         ax_loss.plot(run["curve"]["step"], run["curve"]["loss"], color=color, alpha=0.7, linewidth=1, label=label)
         ax_err.plot(run["eval"]["step"], run["eval"]["error"], color=color, alpha=0.8, linewidth=1.3,
                     marker="o", markersize=2.5, label=label)
+    for arm, error in (reference or {}).items():
+        ax_err.axhline(error, color=ARM_COLORS.get(arm, "gray"), linestyle="--", linewidth=1,
+                       label=f"{ARM_LABELS.get(arm, arm)}, the paper")
     ax_loss.set_yscale("log")
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("training loss on the target block")
@@ -67,33 +72,38 @@ def plot_attention_rows(text: str, rows: dict, *, title: str = ""):
     return fig
 
 
-def plot_layer_attention(text: str, maps: dict, rows: range, target: range):
+def plot_layer_attention(text: str, maps: dict, rows: range, target: range, keys: range | None = None):
     """One row of panels per model, one panel per layer: the attention of the query rows ``rows`` (heads stacked)
     over the keys of ``text``, the target block's span ``target`` outlined. ``maps`` maps a label to that
-    model's per-layer ``[H, N, N]`` probabilities of one sample (``mta.course.toy.attention_maps``). The key axis is
-    labelled at the target block (its letters) and at the last ``#`` (with the query after it). Returns the
-    Figure."""
+    model's per-layer ``[H, N, N]`` probabilities of one sample (``mta.course.toy.attention_maps``). ``keys``: the
+    key positions drawn (default all; a window around the target keeps a long sample's block readable). The key
+    axis is labelled at the target block (its letters) and, when drawn, at the last ``#`` (with the query after
+    it). Returns the Figure."""
     labels = list(maps)
     layers = len(maps[labels[0]])
     heads = maps[labels[0]][0].shape[0]
+    keys = range(len(text)) if keys is None else keys
     fig, axes = plt.subplots(len(labels), layers, figsize=(3.4 * layers + 1, 0.8 + 0.3 * len(rows) * heads *
                              len(labels)), squeeze=False)
     hash_at = text.rfind("#")
-    ticks = [(target.start + target.stop - 1) / 2, hash_at]
-    tick_labels = [text[target.start:target.stop], text[hash_at:len(text) - len(rows)]]
+    ticks = [((target.start + target.stop - 1) / 2, text[target.start:target.stop]),
+             (hash_at, text[hash_at:len(text) - len(rows)])]
+    ticks = [(x, label) for x, label in ticks if keys.start <= x < keys.stop]
+    extent = (keys.start - 0.5, keys.stop - 0.5, len(rows) * heads - 0.5, -0.5)
     for i, label in enumerate(labels):
         for layer, probs in enumerate(maps[label]):
             probs = np.asarray(probs, dtype=float)
-            image = np.concatenate([probs[h, rows.start:rows.stop] for h in range(heads)], axis=0)
+            image = np.concatenate([probs[h, rows.start:rows.stop, keys.start:keys.stop] for h in range(heads)],
+                                   axis=0)
             ax = axes[i][layer]
-            ax.imshow(image, aspect="auto", cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
+            ax.imshow(image, aspect="auto", cmap="Greys", vmin=0, vmax=1, interpolation="nearest", extent=extent)
             for h in range(heads):
                 ax.add_patch(plt.Rectangle((target.start - 0.5, h * len(rows) - 0.5), len(target), len(rows),
                                            fill=False, edgecolor=ARM_COLORS["mta"], linewidth=1.2))
                 if h:
                     ax.axhline(h * len(rows) - 0.5, color="black", linewidth=0.6)
-            ax.set_xticks(ticks)
-            ax.set_xticklabels(tick_labels, fontfamily="monospace", fontsize=7)
+            ax.set_xticks([x for x, _ in ticks])
+            ax.set_xticklabels([t for _, t in ticks], fontfamily="monospace", fontsize=7)
             ax.set_yticks([h * len(rows) for h in range(heads)])
             ax.set_yticklabels([f"head {h}" for h in range(heads)], fontsize=7)
             ax.set_title(f"{ARM_LABELS.get(label, label)}, layer {layer}", fontsize=9)
