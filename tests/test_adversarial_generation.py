@@ -78,26 +78,26 @@ def test_a_sequence_spanning_2_to_the_31_elements_is_addressed_in_int64():
 
 
 def test_a_task_whose_blocks_all_hold_every_letter_is_refused_not_redrawn_forever():
-    from mta.course import toy
+    from mta.course import toy_task
     with pytest.raises(ValueError, match="letters == block_len"):
-        toy.TaskConfig(num_blocks=2, block_len=5, query_len=2, letters=5)     # make_batch looped forever
-    one = toy.TaskConfig(num_blocks=1, block_len=5, query_len=2, letters=5)   # one block: nothing to redraw
-    assert toy.make_batch(one, 2, torch.Generator().manual_seed(0))[0].shape == (2, one.seq_len)
+        toy_task.TaskConfig(num_blocks=2, block_len=5, query_len=2, letters=5)     # make_batch looped forever
+    one = toy_task.TaskConfig(num_blocks=1, block_len=5, query_len=2, letters=5)   # one block: nothing to redraw
+    assert toy_task.make_batch(one, 2, torch.Generator().manual_seed(0))[0].shape == (2, one.seq_len)
 
 
 @pytest.mark.parametrize("kwargs,error", [(dict(num_blocks=2.0), TypeError), (dict(block_len=True), TypeError),
                                           (dict(letters=8.5, block_len=3), TypeError)])
 def test_task_sizes_must_be_ints(kwargs, error):
-    from mta.course import toy
+    from mta.course import toy_task
     with pytest.raises(error, match=next(iter(kwargs))):
-        toy.TaskConfig(**kwargs)
+        toy_task.TaskConfig(**kwargs)
 
 
 @pytest.mark.parametrize("batch,error", [(0, ValueError), (-1, ValueError), (2.0, TypeError)])
 def test_make_batch_names_a_bad_batch(batch, error):
-    from mta.course import toy
+    from mta.course import toy_task
     with pytest.raises(error, match="batch"):
-        toy.make_batch(toy.TaskConfig(), batch, torch.Generator().manual_seed(0))
+        toy_task.make_batch(toy_task.TaskConfig(), batch, torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize("lr", ["nan", "inf", "-1", "0"])

@@ -16,14 +16,15 @@ import pytest
 import torch
 
 from mta import runtime
-from mta.course import toy
+from mta.course import toy, toy_model, toy_task
 
 pytestmark = pytest.mark.skipif(runtime.INTERPRET or not runtime.HAS_CUDA, reason="CUDA graphs need a GPU")
 
 ROOT = Path(__file__).resolve().parents[1]
 # The paper's kind of model and optimizer (SwiGLU, truncated-normal init, clipping, a schedule that moves), small.
-SMALL = toy.ToyConfig(toy.TaskConfig(num_blocks=8),
-                      toy.ModelConfig(dim=64, n_layers=2, n_heads=2, mta_layers=(1,), mlp="swiglu", init_std=None),
+SMALL = toy.ToyConfig(toy_task.TaskConfig(num_blocks=8),
+                      toy_model.ModelConfig(dim=64, n_layers=2, n_heads=2, mta_layers=(1,), mlp="swiglu",
+                                            init_std=None),
                       toy.TrainConfig(steps=6, batch=8, lr=1e-3, warmup=2, schedule="cosine", grad_clip=1.0,
                                       eval_samples=16, eval_every=3, log_every=1))
 

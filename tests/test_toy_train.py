@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mta.course import toy, toy_train
+from mta.course import toy, toy_model, toy_task, toy_train
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = toy.PRESETS["cpu"]
@@ -60,7 +60,7 @@ def test_the_data_depends_on_the_seed_and_the_step_alone():
     assert pool.shape == (8, cfg.task.seq_len) and pool.dtype == torch.uint8
     assert torch.equal(pool, toy.training_pool(cfg, 0, "cpu"))
     assert not torch.equal(pool, toy.training_pool(cfg, 1, "cpu"))
-    tokens, _ = toy.make_batch(cfg.task, 8, torch.Generator().manual_seed(1000))
+    tokens, _ = toy_task.make_batch(cfg.task, 8, torch.Generator().manual_seed(1000))
     assert torch.equal(pool.long(), tokens)                            # the pool is make_batch's samples
     order = toy_train.batch_order(5, 4, 8, seed=0)
     assert order.shape == (5, 4) and torch.equal(order, toy_train.batch_order(5, 4, 8, seed=0))
@@ -187,7 +187,7 @@ def test_cli_refuses_options_that_do_not_go_together(args, message, capsys):
 def test_the_paper_preset_is_the_papers_run():
     paper = toy.PAPER_PRESETS["paper"]
     assert paper.task.seq_len == 319
-    model = toy.ToyDecoder(paper.model)
+    model = toy_model.ToyDecoder(paper.model)
     assert model.blocks[0].mlp.w1.weight.shape == (768, 256)
     assert all(block.attn.kernel_size == (2, 9) for block in model.blocks)
     assert toy.deviations(paper) == toy.ALWAYS_DEVIATES

@@ -75,10 +75,10 @@ def plot_attention_rows(text: str, rows: dict, *, title: str = ""):
 def plot_layer_attention(text: str, maps: dict, rows: range, target: range, keys: range | None = None):
     """One row of panels per model, one panel per layer: the attention of the query rows ``rows`` (heads stacked)
     over the keys of ``text``, the target block's span ``target`` outlined. ``maps`` maps a label to that
-    model's per-layer ``[H, N, N]`` probabilities of one sample (``mta.course.toy.attention_maps``). ``keys``: the
-    key positions drawn (default all; a window around the target keeps a long sample's block readable). The key
-    axis is labelled at the target block (its letters) and, when drawn, at the last ``#`` (with the query after
-    it). Returns the Figure."""
+    model's per-layer ``[H, N, N]`` probabilities of one sample (``mta.course.toy_model.attention_maps``).
+    ``keys``: the key positions drawn (default all; a window around the target keeps a long sample's block
+    readable). The key axis is labelled at the target block (its letters) and, when drawn, at the last ``#`` (with
+    the query after it). Returns the Figure."""
     labels = list(maps)
     layers = len(maps[labels[0]])
     heads = maps[labels[0]][0].shape[0]
@@ -114,7 +114,8 @@ def plot_layer_attention(text: str, maps: dict, rows: range, target: range, keys
 def plot_target_attention(shares: dict):
     """Two panels of bars, one bar per (layer, head) and model: the attention weight that the row of the last
     query letter (left) and the rows of the target's letters (right, their mean) put on the target block.
-    ``shares`` maps a label to ``[layers, H, rows]`` (``mta.course.toy.attention_on_target``). Returns the Figure."""
+    ``shares`` maps a label to ``[layers, H, rows]`` (``mta.course.toy_model.attention_on_target``). Returns the
+    Figure."""
     labels = list(shares)
     layers, heads, _ = shares[labels[0]].shape
     x = np.arange(layers * heads)

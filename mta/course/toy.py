@@ -1,19 +1,7 @@
-"""The MTA paper's toy task, "find the block", and a small decoder to train on it.
+"""Train the MTA paper's toy task, "find the block", on a small decoder: presets, runs, results file, command line.
 
-**Task** (arXiv 2504.00927, section 3). A sequence holds blocks of ``block_len`` distinct letters separated by
-``.``; after ``#`` comes a query of ``query_len`` letters taken from one block, and no other block holds all of
-them; the model must then write out that whole block::
-
-    hkbqe.tgfzx.ocmwa.#zx tgfzx        (spaces for reading only)
-
-The loss covers the target block only; the metric is the per-sequence error: with teacher forcing, a sequence is
-wrong if the argmax at any of its target positions is wrong. One attention score compares one query with one
-key, so a plain head can find the letters of the query but not the block where they occur *together*; MTA's
-convolution combines neighbouring query-key matches into one score.
-
-**Model.** Embedding, ``n_layers`` pre-norm blocks (RMSNorm, :class:`mta.MultiTokenAttention`, RMSNorm, MLP),
-final RMSNorm, head tied to the embedding. The layers listed in ``mta_layers`` use a ``(2, 9)`` kernel (the
-paper's toy setting, identity init), the others plain causal attention (``kernel_size=(1, 1)``).
+The task (samples, loss, metric) is :mod:`mta.course.toy_task`, the model :mod:`mta.course.toy_model` and the
+training machinery :mod:`mta.course.toy_train`; this module puts them together into runs and records them.
 
 **Presets** (:data:`PAPER_PRESETS`, :data:`PRESETS`). ``paper`` is the paper's run as its public code (facebookresearch/RAM, ``projects/mta/toy_task``)
 configures it: 52 blocks of 5 letters, queries of 2 (319 tokens); width 256, 4 layers, 2 heads, SwiGLU MLP of
@@ -45,7 +33,7 @@ set, and writes JSON (provenance, config, deviations, loss curves, errors, times
 DIR`` each run checkpoints there and resumes from there; ``--jobs N`` trains the runs side by side, one process
 each; ``--time-limit S`` stops them, checkpointed, at their first loss read after ``S`` seconds (the same command
 again goes on); ``--merge-only`` rebuilds ``--out`` from the runs recorded in the checkpoint directory. Under ``torchrun``, ``--parallel ddp`` or ``--parallel fsdp2`` splits each
-step's batch over the processes. The training machinery is in :mod:`mta.course.toy_train`.
+step's batch over the processes.
 """
 
 from __future__ import annotations
@@ -60,234 +48,14 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import runtime
 from ..checks import check_count
-from ..layer import MultiTokenAttention
+from .toy_model import ModelConfig, ToyDecoder, check_mta_layers
+from .toy_task import TaskConfig, loss_and_error, make_batch, target_loss
 from .toy_train import (Trainer, atomic_save, atomic_write_text, autocast, batch_order, init_distributed,
                         rank_and_world, run_processes)
-
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
-DOT, HASH = 26, 27            # token ids of "." and "#"; letters are 0 .. 25
-VOCAB = 28
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The task
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """Sizes of a "find the block" sample. The paper: 52 blocks of 5 letters of 26, queries of 2 (319 tokens)."""
-
-    num_blocks: int = 16
-    block_len: int = 5
-    query_len: int = 2
-    letters: int = 26
-
-    def __post_init__(self):
-        for name in ("num_blocks", "block_len", "query_len", "letters"):  # a float or a bool failed deep in torch
-            check_count(name, getattr(self, name))  # ints, at least 1
-        if not 1 <= self.query_len <= self.block_len <= self.letters <= 26:
-            raise ValueError(f"need 1 <= query_len <= block_len <= letters <= 26, got {self}")
-        if self.query_len == self.block_len and self.num_blocks > 1:
-            raise ValueError("query_len == block_len leaves no room for other blocks without the query letters")
-        if self.letters == self.block_len and self.num_blocks > 1:  # make_batch would redraw them forever
-            raise ValueError(f"letters == block_len ({self.letters}) makes every block hold every letter: no block "
-                             f"but the target can be without the query letters; use more letters or one block")
-
-    @property
-    def seq_len(self) -> int:
-        """Tokens per sample: the blocks and their separators, ``#``, the query, the target block."""
-        return self.num_blocks * (self.block_len + 1) - 1 + 1 + self.query_len + self.block_len
-
-
-def make_batch(task: TaskConfig, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tokens [batch, seq_len] int64, target_block [batch] int64)``, on ``generator``'s device.
-
-    Every block has ``block_len`` distinct letters; the query is ``query_len`` distinct letters of block
-    ``target_block`` in random order; any other block that holds all the query letters is redrawn until none does.
-    The last ``block_len`` tokens are the target block.
-    """
-    batch = check_count("batch", batch)
-    nb, L, Q = task.num_blocks, task.block_len, task.query_len
-    device = generator.device
-
-    def draw_blocks(n):  # n blocks of L distinct letters: the first L of a random permutation
-        return torch.rand(n, task.letters, generator=generator, device=device).argsort(-1)[:, :L]
-
-    rows = torch.arange(batch, device=device)
-    blocks = draw_blocks(batch * nb).view(batch, nb, L)
-    target = torch.randint(nb, (batch,), generator=generator, device=device)
-    picks = torch.rand(batch, L, generator=generator, device=device).argsort(-1)[:, :Q]   # Q distinct slots
-    query = blocks[rows, target].gather(1, picks)                                         # [batch, Q]
-    is_target = torch.arange(nb, device=device)[None, :] == target[:, None]
-    while True:
-        holds_all = (blocks[:, :, :, None] == query[:, None, None, :]).any(2).all(-1)   # [batch, nb]
-        bad = holds_all & ~is_target
-        if not bad.any():
-            break
-        blocks[bad] = draw_blocks(int(bad.sum()))
-    body = torch.cat([blocks, torch.full((batch, nb, 1), DOT, device=device)], dim=2).view(batch, -1)[:, :-1]
-    tokens = torch.cat([body, torch.full((batch, 1), HASH, device=device), query, blocks[rows, target]], dim=1)
-    return tokens, target
-
-
-def decode_tokens(tokens) -> str:
-    """Token ids -> text (letters, ``.`` and ``#``)."""
-    return "".join((LETTERS + ".#")[int(t)] for t in tokens)
-
-
-def target_mask(task: TaskConfig, length: int) -> torch.Tensor:
-    """Boolean ``[length]`` over the *next-token* targets ``tokens[:, 1:]``: True on the target block."""
-    mask = torch.zeros(length, dtype=torch.bool)
-    mask[length - task.block_len:] = True
-    return mask
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The model
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """A small decoder. ``mta_layers``: indices of the layers with an MTA kernel of ``kernel_size``.
-
-    ``mlp``: ``"gelu"`` (``dim -> ffn_dim -> dim``, ``ffn_dim`` default ``mlp_ratio * dim``) or ``"swiglu"`` (the
-    paper's, ``w2(silu(w1 x) * w3 x)``, ``ffn_dim`` default ``8 dim / 3`` rounded up to a multiple of 256: 768 at
-    width 256). ``init_std``: a number, every projection and the embedding drawn from ``N(0, init_std)``; None, the
-    paper's: truncated normals (at 3 sigma) of std ``dim ** -0.5``, ``ffn_dim ** -0.5`` for the MLP's output.
-    """
-
-    dim: int = 128
-    n_layers: int = 4
-    n_heads: int = 2
-    mta_layers: tuple = (0, 1, 2, 3)
-    kernel_size: tuple = (2, 9)
-    rope_theta: float = 1e5
-    mlp_ratio: int = 4
-    mlp: str = "gelu"
-    ffn_dim: Optional[int] = None
-    norm_eps: float = 1e-5
-    init_std: Optional[float] = 0.02
-
-    def __post_init__(self):
-        if self.mlp not in ("gelu", "swiglu"):
-            raise ValueError(f"mlp must be 'gelu' or 'swiglu', got {self.mlp!r}")
-        if self.ffn_dim is not None:
-            check_count("ffn_dim", self.ffn_dim)
-        if self.init_std is not None and not (isinstance(self.init_std, numbers.Real) and self.init_std > 0):
-            raise ValueError(f"init_std must be a positive number or None, got {self.init_std!r}")
-
-    @property
-    def hidden_dim(self) -> int:
-        """The MLP's hidden width."""
-        if self.ffn_dim is not None:
-            return self.ffn_dim
-        if self.mlp == "gelu":
-            return self.mlp_ratio * self.dim
-        return 256 * math.ceil(int(8 * self.dim / 3) / 256)
-
-
-class RMSNorm(nn.Module):
-    """``x / rms(x) * weight`` over the last axis (arXiv 1910.07467), computed in fp32."""
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
-
-
-class SwiGLU(nn.Module):
-    """``w2(silu(w1 x) * w3 x)`` (arXiv 2002.05202), bias-free: ``[..., dim] -> [..., dim]``."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    """Pre-norm residual block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
-
-    def __init__(self, cfg: ModelConfig, mta: bool):
-        super().__init__()
-        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.attn = MultiTokenAttention(cfg.dim, cfg.n_heads, kernel_size=cfg.kernel_size if mta else (1, 1),
-                                        rope_theta=cfg.rope_theta)
-        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        if cfg.mlp == "swiglu":
-            self.mlp = SwiGLU(cfg.dim, cfg.hidden_dim)
-        else:   # an nn.Sequential, so that saved models keep their parameter names (mlp.0, mlp.2)
-            self.mlp = nn.Sequential(nn.Linear(cfg.dim, cfg.hidden_dim, bias=False), nn.GELU(),
-                                     nn.Linear(cfg.hidden_dim, cfg.dim, bias=False))
-
-    def forward(self, x, cache=None, lengths=None):
-        h = self.attn_norm(x)
-        if cache is not None and cache.is_empty:
-            x = x + self.attn.prefill(h, cache, lengths)          # lengths: a right-padded prompt batch
-        else:
-            x = x + self.attn(h, cache=cache)
-        return x + self.mlp(self.mlp_norm(x))
-
-
-
-def check_mta_layers(cfg: "ModelConfig") -> None:
-    """ValueError unless every layer index in ``cfg.mta_layers`` is one of the model's layers."""
-    bad = [i for i in cfg.mta_layers if not 0 <= i < cfg.n_layers]
-    if bad:
-        raise ValueError(f"mta_layers {bad} out of range for {cfg.n_layers} layers")
-
-
-class ToyDecoder(nn.Module):
-    """``tokens [B, N]`` -> logits ``[B, N, VOCAB]`` (fp32).
-
-    With ``caches`` (one :class:`mta.KVCache` per layer, :meth:`new_caches`): empty caches are prefilled with
-    ``tokens`` (a right-padded batch whose real lengths are ``lengths``, default all ``N``); otherwise ``tokens``
-    are the next 1 to 16 tokens of every sequence, decoded at each sequence's own position."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        check_mta_layers(cfg)
-        self.cfg = cfg
-        self.embed = nn.Embedding(VOCAB, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg, i in cfg.mta_layers) for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.reset_weights()
-
-    @torch.no_grad()
-    def reset_weights(self) -> None:
-        """Draw the projections and the embedding as ``cfg.init_std`` says (the MTA kernels keep their identity
-        init, the norms their ones)."""
-        std = self.cfg.init_std
-        out_std = self.cfg.dim ** -0.5 if std is None else std
-        for name, module in self.named_modules():
-            if not isinstance(module, (nn.Linear, nn.Embedding)):
-                continue
-            if std is not None:
-                nn.init.normal_(module.weight, std=std)
-                continue
-            s = self.cfg.hidden_dim ** -0.5 if name.endswith("mlp.w2") or name.endswith("mlp.2") else out_std
-            nn.init.trunc_normal_(module.weight, std=s, a=-3 * s, b=3 * s)
-
-    def forward(self, tokens, caches=None, lengths=None):
-        x = self.embed(tokens)
-        for i, block in enumerate(self.blocks):
-            x = block(x, None if caches is None else caches[i], lengths)
-        return (self.norm(x) @ self.embed.weight.to(x.dtype).T).float()     # tied head
-
-    def new_caches(self, batch: int, max_len: int, dtype=None):
-        return [block.attn.new_cache(batch, max_len, dtype=dtype) for block in self.blocks]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -425,22 +193,6 @@ def model_config_for(cfg: ModelConfig, arm: str) -> ModelConfig:
     return cfg if arm == "mta" else replace(cfg, mta_layers=())
 
 
-def target_loss(logits: torch.Tensor, tokens: torch.Tensor, task: TaskConfig) -> torch.Tensor:
-    """Cross-entropy over the target block, the mean over its tokens (``logits`` as in :func:`loss_and_error`)."""
-    L = task.block_len
-    return F.cross_entropy(logits[:, -L:].reshape(-1, VOCAB), tokens[:, -L:].reshape(-1))
-
-
-def loss_and_error(logits: torch.Tensor, tokens: torch.Tensor, task: TaskConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy over the target block (mean over its tokens) and the per-sequence error flags ``[B]``.
-
-    ``logits [B, N - 1, VOCAB]`` come from ``tokens[:, :-1]``; position ``t`` predicts ``tokens[:, t + 1]``.
-    """
-    L = task.block_len
-    wrong = (logits[:, -L:].argmax(-1) != tokens[:, -L:]).any(-1)
-    return target_loss(logits, tokens, task), wrong
-
-
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """The learning rate of step ``step`` (from 0): linear warmup over ``cfg.warmup`` steps, then constant, or a
     cosine decay to ``min_lr_ratio * lr`` at ``cfg.steps``."""
@@ -523,60 +275,6 @@ def train_run(cfg: ToyConfig, arm: str, seed: int, *, device=None, progress: boo
                                   if p is not None],
                          checkpoint_every=checkpoint_every, deadline=deadline, stop_at=stop_at,
                          log=(lambda line: print(line, flush=True)) if progress else None)
-
-
-@torch.no_grad()
-def materialized_forward(model: "ToyDecoder", tokens: torch.Tensor) -> tuple[torch.Tensor, list]:
-    """The model on ``tokens [B, N]`` with every attention materialized: ``(logits [B, N, VOCAB], maps)``, where
-    ``maps`` holds, per layer, what its heads attend to, ``[B, H, N, N]`` fp32 probabilities
-    (:meth:`mta.MultiTokenAttention.attention_probabilities` on the layer's normalized input). Each layer's output
-    is the materialized ``P @ v``, not the kernels': the same values up to rounding, and quick on a CPU, where the
-    kernels run in Triton's interpreter. For inspecting a model at small ``N``."""
-    x, maps = model.embed(tokens), []
-    for block in model.blocks:
-        probs, attn_out = block.attn.attention_probabilities(block.attn_norm(x), with_output=True)
-        maps.append(probs)
-        x = x + attn_out
-        x = x + block.mlp(block.mlp_norm(x))
-    return (model.norm(x) @ model.embed.weight.to(x.dtype).T).float(), maps
-
-
-def attention_maps(model: "ToyDecoder", tokens: torch.Tensor) -> list:
-    """Per layer, what its heads attend to on ``tokens [B, N]``: ``[B, H, N, N]`` (:func:`materialized_forward`)."""
-    return materialized_forward(model, tokens)[1]
-
-
-def position_errors(logits: torch.Tensor, tokens: torch.Tensor, task: TaskConfig) -> torch.Tensor:
-    """``[block_len]``: the fraction of samples whose target letter ``p`` is mispredicted (teacher forcing;
-    ``logits`` from ``tokens[:, :-1]`` as in :func:`loss_and_error`)."""
-    L = task.block_len
-    return (logits[:, -L:].argmax(-1) != tokens[:, -L:]).float().mean(0).cpu()
-
-
-def target_rows(task: TaskConfig, seq_len: int) -> range:
-    """The query rows that predict the target block's letters (the last query letter's row and the target's
-    rows but its last): ``seq_len - block_len - 1 .. seq_len - 2``."""
-    return range(seq_len - task.block_len - 1, seq_len - 1)
-
-
-def block_span(task: TaskConfig, block: int) -> range:
-    """The key positions of block ``block``'s letters."""
-    start = block * (task.block_len + 1)
-    return range(start, start + task.block_len)
-
-
-def attention_on_target(maps: list, target: torch.Tensor, task: TaskConfig) -> torch.Tensor:
-    """``[layers, H, block_len]``: the mean attention mass that each row predicting a target letter
-    (:func:`target_rows`) puts on the target block's letters in the context (:func:`block_span`), over the
-    samples of ``maps`` (:func:`attention_maps` on whole samples whose target blocks are ``target [B]``)."""
-    B, _, N, _ = maps[0].shape
-    rows = target_rows(task, N)
-    keys = torch.zeros(B, N, dtype=torch.bool)
-    for b, t in enumerate(target.tolist()):
-        span = block_span(task, t)
-        keys[b, span.start:span.stop] = True
-    keys = keys.to(maps[0].device)[:, None, None, :]                   # [B, 1, 1, N]
-    return torch.stack([(p[:, :, rows.start:rows.stop] * keys).sum(-1).mean(0) for p in maps]).cpu()
 
 
 def held_out_set(cfg: ToyConfig) -> tuple[torch.Tensor, torch.Tensor]:

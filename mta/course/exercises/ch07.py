@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from ...reference import conv_attention_reference
-from ..toy import DOT, HASH, LETTERS
+from ..toy_task import DOT, HASH, LETTERS
 from . import CaseFailed, Result, run_cases
 
 # --- exercise 1: a kernel that finds a pair of letters -------------------------------------------------------
