@@ -82,6 +82,12 @@ def test_a_capture_that_fails_is_a_result_not_an_error():
     assert value is None and why
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answer: no GPU to profile")
+def test_launches_without_a_gpu_are_none_with_why():
+    value, why = hb.launches_per_call(lambda: None)
+    assert value is None and why
+
+
 # --- targets, the run, the report -----------------------------------------------------------------------------
 
 #: mta's and SDPA's CPU us per call by target group: the step misses its target, the others meet it.
@@ -104,12 +110,17 @@ def fake_bench(calls=hb.CALLS, repeats=3):
         assert replays == calls
         return (None, "RuntimeError: capture failed") if getattr(call, "uncapturable", False) else (7.0, None)
 
+    def launches(call):  # mta's calls launch 4 kernels, SDPA's 1, the uncapturable step none it can count
+        return (None, "RuntimeError: no profiler") if getattr(call, "uncapturable", False) else (call.launches, None)
+
     def maker(shape, device_):
         made = fake_calls(device, shape, device_)
+        made["mta"].launches, made["sdpa"].launches = 4, 1
         if shape.op == hb.STEP and shape.cq == 6:
             made["mta"].uncapturable = True
         return made
-    return hb.HostBenchmark(calls, repeats, call_maker=maker, host_timer=timer, graph_timer=graph)
+    return hb.HostBenchmark(calls, repeats, call_maker=maker, host_timer=timer, graph_timer=graph,
+                            launch_counter=launches)
 
 
 def test_targets_hold_the_ratio_of_cpu_times_to_the_most_it_may_be():
@@ -138,8 +149,10 @@ def test_a_run_writes_json_with_targets_and_a_png_and_the_report_renders_it(tmp_
     by = {(r["case"], r["impl"]): r for r in data["results"]}
     flash = by["flash_attention forward, B 1, 16/4 heads, N 2048, d 64", "mta"]
     assert flash["cpu_us"] == pytest.approx(15.0) and len(flash["cpu_us_samples"]) == 3 and flash["gpu_us"] == 7.0
+    assert flash["launches"] == 4 and by[flash["case"], "sdpa"]["launches"] == 1
     step = by["MultiTokenAttention.step 6x11, B 8, dim 1024, 16/4 heads, prefix 2048", "mta"]
     assert step["gpu_us"] is None and "capture failed" in step["gpu_error"] and step["status"] == "ok"
+    assert step["launches"] is None and "no profiler" in step["launches_error"]
     failed = by["decode_attention, B 1, 32/8 heads, d 128, 16384 keys", "sdpa"]
     assert failed["status"] == "error" and "no room" in failed["error"] and failed["cpu_us"] is None
     verdicts = {t["target"]: t["ok"] for t in data["targets"] if t["ok"] is not None}
@@ -152,11 +165,11 @@ def test_a_run_writes_json_with_targets_and_a_png_and_the_report_renders_it(tmp_
 
     text = report.section("bench_host.json", data)
     assert text.startswith("## `figures/bench_host.json`: host time per call against SDPA")
-    assert "| flash_attention forward, B 1, 16/4 heads, N 2048, d 64 | 15.0 | 10.0 | 1.50 | 2.0 | pass | 7.0 | 7.0 |" \
-        in text
+    assert ("| flash_attention forward, B 1, 16/4 heads, N 2048, d 64 | 15.0 | 10.0 | 1.50 | 2.0 | pass | 7.0 | 7.0 | "
+            "4 | 1 |") in text
     assert ("| MultiTokenAttention.step 6x11, B 8, dim 1024, 16/4 heads, prefix 2048 | 50.0 | 20.0 | 2.50 | 2.0 | "
-            "MISSED | - | 7.0 |") in text
-    assert "| decode_attention, B 1, 32/8 heads, d 128, 16384 keys | err | err | - | 2.0 | - | - | - |" in text
+            "MISSED | - | 7.0 | - | 1 |") in text
+    assert "| decode_attention, B 1, 32/8 heads, d 128, 16384 keys | err | err | - | 2.0 | - | - | - | - | - |" in text
     assert "median of 3 loops" in text
     assert report.KINDS.index("host") == report.KINDS.index("model") - 1
     assert report.render({"bench_host.json": data}) == f"{report.PREAMBLE}\n{text}"

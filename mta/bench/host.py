@@ -12,6 +12,8 @@ whole cache (``enable_gqa=True``, no mask), and for the layer's step the same la
   takes longer than the host, the host still only queues: this is the host's share, not the wall time.
 * GPU work per call (:func:`graph_time_us`): the call captured in a CUDA graph (after warm-up calls on a side
   stream), replayed :data:`CALLS` times between two CUDA events; None where the call cannot be captured.
+* Launches per call (:func:`launches_per_call`): the kernels, memsets and copies the GPU runs for one call, as the
+  profiler sees them: each costs the host a launch, and a loop over chunks shows as a count that grows with N.
 
 Forward+backward calls accumulate into the inputs' ``.grad`` (both sides alike). The layer-step cases reset the
 cache's lengths to the prefix before every step (on both sides: one device copy each), so every step attends over
@@ -212,6 +214,20 @@ def host_time_samples_us(call: Call, *, calls: int = CALLS, repeats: int = REPEA
     return samples
 
 
+def launches_per_call(call: Call) -> tuple[Optional[int], Optional[str]]:
+    """``(n, None)``: the GPU activities (kernels, memsets, copies) of one ``call``, counted by PyTorch's profiler
+    between two synchronisations; ``(None, why)`` where it cannot profile (no GPU, for one)."""
+    from torch.profiler import ProfilerActivity, profile
+    try:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+            call()
+            torch.cuda.synchronize()
+        return sum(event.device_type == torch.autograd.DeviceType.CUDA for event in profiler.events()), None
+    except Exception as exc:  # noqa: BLE001  (a call that cannot be profiled is a result)
+        return None, describe_error(exc)
+
+
 def graph_time_us(call: Call, *, replays: int = CALLS, warmup: int = GRAPH_WARMUP) -> tuple[Optional[float],
                                                                                           Optional[str]]:
     """GPU work per call: ``(microseconds, None)`` of ``call`` captured in a CUDA graph (after ``warmup`` calls on a
@@ -277,12 +293,15 @@ def host_tables(data: dict) -> list[tuple]:
                ("CPU mta / SDPA", "{:.2f}", "measured"), ("at most", "{:.1f}", "at_most"),
                ("", "", lambda row: result[row["ok"]]),
                ("mta GPU us", "{:.1f}", measured("mta", "gpu_us")),
-               ("SDPA GPU us", "{:.1f}", measured("sdpa", "gpu_us"))]
+               ("SDPA GPU us", "{:.1f}", measured("sdpa", "gpu_us")),
+               ("mta launches", "{:.0f}", measured("mta", "launches")),
+               ("SDPA launches", "{:.0f}", measured("sdpa", "launches"))]
     return [(f"Host time per call, {cfg['dtype']}, microseconds: CPU is the host's time per call of {cfg['calls']} "
              f"calls back to back with no synchronisation between them (median of {cfg['repeats']} loops), GPU the "
-             "work per call of the call replayed as a CUDA graph (- where it cannot be captured). SDPA: the same "
-             "call through F.scaled_dot_product_attention (the step: the same layer built on SDPA). The target: "
-             "mta's CPU time at most that multiple of SDPA's:", columns, case_rows(data["results"]))]
+             "work per call of the call replayed as a CUDA graph (- where it cannot be captured), launches the "
+             "kernels, memsets and copies the GPU runs for one call (- where not counted). SDPA: the same call through "
+             "F.scaled_dot_product_attention (the step: the same layer built on SDPA). The target: mta's CPU time "
+             "at most that multiple of SDPA's:", columns, case_rows(data["results"]))]
 
 
 # --- the benchmark --------------------------------------------------------------------------------------------
@@ -308,13 +327,15 @@ class HostBenchmark(Benchmark):
     def __init__(self, calls: int = CALLS, repeats: int = REPEATS, *,
                  call_maker: Callable[[HostShape, object], dict[str, Call]] = make_calls,
                  host_timer: Callable[..., list[float]] = host_time_samples_us,
-                 graph_timer: Callable[..., tuple] = graph_time_us):
+                 graph_timer: Callable[..., tuple] = graph_time_us,
+                 launch_counter: Callable[[Call], tuple] = launches_per_call):
         """The defaults are the benchmark; tests replace the calls and the timers."""
         super().__init__()
         if calls < 1 or repeats < 1:
             raise ValueError(f"need calls >= 1 and repeats >= 1, got calls={calls}, repeats={repeats}")
         self.calls, self.repeats = calls, repeats
         self.call_maker, self.host_timer, self.graph_timer = call_maker, host_timer, graph_timer
+        self.launch_counter = launch_counter
 
     def shapes(self, quick):
         return cases(quick)
@@ -332,6 +353,8 @@ class HostBenchmark(Benchmark):
             "sdpa": "F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) at the same shapes; "
                     "decode: the new query against the whole cache (enable_gqa=True, no mask); the step: "
                     "mta.bench.decoder.SDPAAttention.step (the same layer on SDPA, a static cache with a length mask)",
+            "launches": "per call: GPU activities (kernels, memsets, copies) of one call after the timed loops, "
+                        "counted by torch.profiler between two synchronisations; None where it cannot profile",
             "backward": "forward, then .backward(a fixed random gradient); gradients accumulate in .grad",
             "step": "the cache holds the prefix plus one position, its lengths reset to the prefix before each step "
                     "(both layers); mta's MTA kernel fp32, the rest bf16",
@@ -345,10 +368,11 @@ class HostBenchmark(Benchmark):
         return host_tables(data)
 
     def measure_shape(self, shape: HostShape, tools: Tools) -> list[dict]:
-        """CPU time of both calls, then their GPU work, SDPA's first: a capture that fails (mta's, if any) comes
-        after every other measurement of the case."""
+        """CPU time of both calls, their launches, then their GPU work, SDPA's first: a capture that fails (mta's,
+        if any) comes after every other measurement of the case."""
         records = {impl: {"impl": impl, **asdict(shape), "case": shape.label(), "cpu_us": None,
-                          "cpu_us_samples": None, "gpu_us": None, "gpu_error": None, "status": "ok", "error": None}
+                          "cpu_us_samples": None, "gpu_us": None, "gpu_error": None, "launches": None,
+                          "launches_error": None, "status": "ok", "error": None}
                    for impl in IMPLS}
         try:
             calls = self.call_maker(shape, tools.device)
@@ -360,6 +384,7 @@ class HostBenchmark(Benchmark):
             try:
                 samples = self.host_timer(call, calls=self.calls, repeats=self.repeats, warmup=WARMUP)
                 records[impl].update(cpu_us=statistics.median(samples), cpu_us_samples=samples)
+                records[impl]["launches"], records[impl]["launches_error"] = self.launch_counter(call)
             except Exception as exc:  # noqa: BLE001
                 records[impl].update(status="oom" if is_oom(exc) else "error", error=describe_error(exc))
         for impl in sorted(calls, key=lambda name: name != "sdpa"):  # SDPA first: a failed capture comes last
