@@ -454,8 +454,9 @@ class Trainer:
             self.record["eval_seconds"] += spent
             paused += spent
             if log:
-                train_loss = self.record["curve"]["loss"][-1] if self.record["curve"]["loss"] else float("nan")
-                log(f"{label}: step {self.step}/{train.steps}  train loss {train_loss:.3f}  held-out loss "
+                curve = self.record["curve"]["loss"]
+                train_loss = f"  train loss {curve[-1]:.3f}" if curve else ""  # none before the first step
+                log(f"{label}: step {self.step}/{train.steps}{train_loss}  held-out loss "
                     f"{loss:.3f} error {error:.3f}  ({time.perf_counter() - start:.0f} s)")
 
         def save():
