@@ -30,7 +30,7 @@ from .checks import check_count, is_int
 from .conv_forward import MAX_CK, MAX_CQ
 from .decode import MAX_NEW_QUERIES, decode_attention
 from .kv_cache import KVCache
-from .rope import apply_rope, check_theta
+from .rope import check_theta, rope_rotation, rotate
 from .reference import conv_attention_probabilities, expand_kv
 
 #: The MTA paper's other options, which this layer does not implement (pre-softmax key-query convolution only).
@@ -182,9 +182,10 @@ class MultiTokenAttention(nn.Module):
         k = self.k_proj(x).view(B, n, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, n, self.num_kv_heads, self.head_dim)
         if self.rope_theta is not None:
-            # apply_rope works on [B, H, n, D]; transposes are views.
-            q = apply_rope(q.transpose(1, 2), positions, self.rope_theta).transpose(1, 2)
-            k = apply_rope(k.transpose(1, 2), positions, self.rope_theta).transpose(1, 2)
+            # One rotation for the queries and the keys; it works on [B, H, n, D], and transposes are views.
+            rotation = rope_rotation(q.transpose(1, 2), positions, self.rope_theta)
+            q = rotate(q.transpose(1, 2), rotation).transpose(1, 2)
+            k = rotate(k.transpose(1, 2), rotation).transpose(1, 2)
         # The kernels want q, k, v in one dtype (autocast gives the projections' dtype to all three already).
         return q, k.to(q.dtype), v.to(q.dtype)
 

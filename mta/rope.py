@@ -50,19 +50,36 @@ def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> torch.T
     return positions.to(torch.float32)[..., None] * inv_freq
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate ``x [B, H, N, D]`` at ``positions``: ``[N]`` (shared by the batch) or ``[B, N]`` (per sequence).
-
-    Returns a tensor of x's shape and dtype.
-    """
+def rope_rotation(x: torch.Tensor, positions: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` for heads shaped like ``x [B, H, N, D]`` at ``positions`` (``[N]``, shared by the batch, or
+    ``[B, N]``, per sequence): fp32 ``[N, D]`` or ``[B, 1, N, D]`` on x's device, ``cos`` of the angles repeated
+    for both halves of a pair, ``sin`` with the first half negated, so that :func:`rotate` is two products and a
+    sum. Made once, they rotate the queries and the keys alike."""
     _check_positions(x, positions)
     # Positions may live on the host (a cache keeps its lengths there); the angles go where x is.
     angles = rope_angles(positions.to(x.device, non_blocking=True), x.shape[-1], theta)  # [N, D/2] or [B, N, D/2]
     if angles.dim() == 3:
         angles = angles[:, None]                                  # broadcast over the heads
     cos, sin = angles.cos(), angles.sin()
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
+
+def rotate(x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``x [B, H, N, D]`` turned by ``rotation`` (:func:`rope_rotation`'s ``(cos, sin)``), in fp32: the pair
+    ``(x1, x2)`` of channels ``c`` and ``c + D/2`` becomes ``(x1 cos - x2 sin, x2 cos + x1 sin)``. Returns a tensor
+    of x's shape and dtype."""
+    cos, sin = rotation
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)
+    return (x32 * cos + torch.cat((x2, x1), dim=-1) * sin).to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate ``x [B, H, N, D]`` at ``positions``: ``[N]`` (shared by the batch) or ``[B, N]`` (per sequence).
+
+    Returns a tensor of x's shape and dtype.
+    """
+    return rotate(x, rope_rotation(x, positions, theta))
 
 
 def _check_positions(x, positions) -> None:
@@ -79,4 +96,4 @@ def _check_positions(x, positions) -> None:
                          f"{tuple(positions.shape)}")
 
 
-__all__ = ["apply_rope", "check_theta", "rope_angles"]
+__all__ = ["apply_rope", "check_theta", "rope_angles", "rope_rotation", "rotate"]

@@ -89,6 +89,25 @@ def test_rope_depends_on_relative_position_only():
     torch.testing.assert_close(apply_rope(q, torch.tensor([0]), 1e4), q)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_rope_turns_each_pair_by_its_angle(dtype, per_sequence):
+    """Channels c and c + D/2 of a head at position p turn by p * theta ** (-2c / D), in fp32, back in x's dtype, to
+    the last bit, forward and backward: the full-width (cos, sin) that rotate reads is the pair rotation written
+    out; one rotation serves queries and keys."""
+    from mta.rope import rope_angles, rope_rotation, rotate
+    B, H, N, D = 2, 3, 11, 10
+    x, grad = rand(B, H, N, D, dtype=dtype).requires_grad_(), rand(B, H, N, D, dtype=dtype)
+    positions = torch.randint(0, 10 ** 6, (B, N) if per_sequence else (N,))
+    angles = rope_angles(positions, D, 1e4)
+    angles = angles[:, None] if per_sequence else angles
+    x1, x2 = x.float().chunk(2, dim=-1)
+    want = torch.cat((x1 * angles.cos() - x2 * angles.sin(), x2 * angles.cos() + x1 * angles.sin()), -1).to(dtype)
+    got = rotate(x, rope_rotation(x, positions, 1e4))
+    assert got.dtype == dtype and torch.equal(got, want) and torch.equal(apply_rope(x, positions, 1e4), want)
+    assert torch.equal(torch.autograd.grad(got, x, grad)[0], torch.autograd.grad(want, x, grad)[0])
+
+
 def test_bad_configs_raise_clear_errors():
     with pytest.raises(ValueError, match="dim must be a multiple of num_heads"):
         MultiTokenAttention(30, 4)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mta import MultiTokenAttention
-from mta.rope import apply_rope
+from mta.rope import rope_rotation, rotate
 
 VARIANTS = ("mta", "plain_ours", "plain_sdpa")
 EMBED_STD = 0.02  # of the embedding (and so the tied head): logits of about unit scale after the final RMSNorm
@@ -125,7 +125,8 @@ class SDPAAttention(nn.Module):
         q = self.q_proj(x).view(B, n, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, positions, self.rope_theta), apply_rope(k, positions, self.rope_theta)
+        rotation = rope_rotation(q, positions, self.rope_theta)  # as mta.MultiTokenAttention: one for q and k
+        q, k = rotate(q, rotation), rotate(k, rotation)
         return q, k.to(q.dtype), v.to(q.dtype)
 
     def _merge_heads(self, o: torch.Tensor) -> torch.Tensor:
