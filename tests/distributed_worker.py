@@ -19,6 +19,7 @@ reduction). A mode that raises records its traceback under ``"error"`` and the n
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import traceback
@@ -205,6 +206,7 @@ def main() -> None:
                 torch.save(results, os.path.join(out_dir, "results.tmp"))
                 os.replace(os.path.join(out_dir, "results.tmp"), os.path.join(out_dir, "results.pt"))
     finally:
+        gc.collect()  # the wrapped models (in reference cycles, holding the group) go before it, not at exit
         dist.destroy_process_group()
 
 

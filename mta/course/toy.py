@@ -39,6 +39,7 @@ step's batch over the processes.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import numbers
@@ -548,8 +549,12 @@ def main(argv=None) -> dict:
                               weights_dir=args.save_weights, checkpoint_dir=args.checkpoint_dir,
                               checkpoint_every=args.checkpoint_every, deadline=deadline, graphed=graphed,
                               parallel=parallel)
-            if parallel is not None:  # every rank past its last collective before the group is torn down
-                torch.distributed.barrier()
+            if parallel is not None:
+                # A run's wrapped model outlives it as cyclic garbage (a list of the frames that built it), and a
+                # DDP reducer holds the process group: left to the interpreter's exit, gloo's threads can abort
+                # the process after a finished run (SIGABRT). Collected here, while everything is alive.
+                gc.collect()
+                torch.distributed.barrier()  # every rank past its last collective before the group is torn down
         finally:
             if parallel is not None:
                 torch.distributed.destroy_process_group()
