@@ -3,23 +3,24 @@
 The task (samples, loss, metric) is :mod:`mta.course.toy_task`, the model :mod:`mta.course.toy_model` and the
 training machinery :mod:`mta.course.toy_train`; this module puts them together into runs and records them.
 
-**Presets** (:data:`PAPER_PRESETS`, :data:`PRESETS`). ``paper`` is the paper's run as its public code (facebookresearch/RAM, ``projects/mta/toy_task``)
-configures it: 52 blocks of 5 letters, queries of 2 (319 tokens); width 256, 4 layers, 2 heads, SwiGLU MLP of
+**Presets** (:data:`PAPER_PRESETS`, :data:`PRESETS`). ``paper`` is the paper's run as its public code
+(facebookresearch/RAM, ``projects/mta/toy_task``) configures it: 52 blocks of 5 letters, queries of 2 (319 tokens); width 256, 4 layers, 2 heads, SwiGLU MLP of
 768, MTA ``2 x 9`` in every layer; 100k steps of batch 64 from a fixed set of 1M samples, AdamW (0.9, 0.98), no
 weight decay, lr 1e-4 constant (the code's "constant" schedule ignores its warmup), gradients clipped at norm 1;
 per-sequence error on 1000 held-out samples every 1000 steps. The paper reports 51.6% error for the Transformer
 and 0.1% for MTA (3 seeds). ``paper-short`` is that task and model trained for 6000 steps with lr 1e-3 (500 warmup
-steps, cosine decay to 1e-4), short enough for three seeds per arm side by side on one GPU in minutes. ``gpu`` is the course's smaller run (16 blocks, width 128),
-``cpu`` a tiny one for Triton's interpreter.
+steps, cosine decay to 1e-4), short enough for three seeds per arm side by side on one GPU in minutes. ``gpu`` is
+the course's smaller run (16 blocks, width 128), ``cpu`` a tiny one for Triton's interpreter.
 
 What the paper does and these runs cannot (:func:`deviations`, written into the results as ``deviations``):
 
 * no dropout: the paper drops 10% of the attention probabilities in both arms; the fused kernels never
   materialize them, so there is nothing to drop;
 * no BOS/EOS tokens: the paper's character tokenizer adds both (321 tokens, the loss also covers EOS);
-* the training set is drawn by :func:`make_batch` (``train_samples`` of them, each epoch in a fresh order), not
-  read from the paper's files: blocks within a sample may repeat (about 1 sample in 6000 at 52 blocks), and the
-  held-out samples are not removed from it (at 52 blocks the chance that one is there is negligible);
+* the training set is drawn by :func:`mta.course.toy_task.make_batch` (``train_samples`` of them, each epoch in
+  a fresh order), not read from the paper's files: blocks within a sample may repeat (about 1 sample in 6000 at 52
+  blocks), and the held-out samples are not removed from it (at 52 blocks the chance that one is there is
+  negligible);
 * bf16 autocast with fp32 weights, where the paper keeps bf16 parameters under FSDP (fp32 reductions);
 * and, per preset, every setting that differs from the paper's (``paper-short``: steps and learning rate).
 
@@ -32,8 +33,8 @@ set, and writes JSON (provenance, config, deviations, loss curves, errors, times
 ``--save-weights DIR`` keeps each trained model (fp16, read back by :func:`load_model`). With ``--checkpoint-dir
 DIR`` each run checkpoints there and resumes from there; ``--jobs N`` trains the runs side by side, one process
 each; ``--time-limit S`` stops them, checkpointed, at their first loss read after ``S`` seconds (the same command
-again goes on); ``--merge-only`` rebuilds ``--out`` from the runs recorded in the checkpoint directory. Under ``torchrun``, ``--parallel ddp`` or ``--parallel fsdp2`` splits each
-step's batch over the processes.
+again goes on); ``--merge-only`` rebuilds ``--out`` from the runs recorded in the checkpoint directory. Under
+``torchrun``, ``--parallel ddp`` or ``--parallel fsdp2`` splits each step's batch over the processes.
 """
 
 from __future__ import annotations
