@@ -156,7 +156,7 @@ ALWAYS_DEVIATES = [
     "no dropout: the paper drops 10% of the attention probabilities (both arms); the fused kernels never "
     "materialize them",
     "no BOS/EOS tokens: the paper's character tokenizer adds both (321 tokens; its loss also covers EOS)",
-    "training set drawn by mta.course.toy.make_batch, not the paper's files: blocks within a sample may repeat "
+    "training set drawn by mta.course.toy_task.make_batch, not the paper's files: blocks within a sample may repeat "
     "(about 1 sample in 6000 at 52 blocks) and held-out samples are not removed from it",
     "bf16 autocast over fp32 weights; the paper keeps bf16 parameters under FSDP (fp32 reductions)",
 ]
