@@ -18,11 +18,11 @@ from triton.runtime.errors import OutOfResources
 from . import conv_forward, decode, tuning
 from .checks import check_weight, is_int, resolve_scale
 from .conv_decode_rows import conv_decode_rows
-from .decode import (DecodePlan, DeviceFacts, check_new_queries, check_num_splits, check_seqlens, choose_num_splits,
-                     seqlens_argument,
-                     device_facts, in_batch_chunks, plan_tile, run_decode, split_plan, wide_offsets)
+from .decode import (DecodePlan, DeviceFacts, call_signature, check_new_queries, check_num_splits, check_seqlens,
+                     checked_once, choose_num_splits, decode_launches, device_facts, in_batch_chunks, plan_tile,
+                     run_decode, seqlens_argument, split_plan, wide_offsets)
 from .decode_kernels import fold_queries_kernel
-from .launch import check_kernel_inputs, head_dim_block, launch
+from .launch import LaunchPlans, check_kernel_inputs, head_dim_block, launch
 
 
 def fold_queries(q_cache, weight, lens, n_new: int) -> torch.Tensor:
@@ -128,6 +128,9 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
         carries no gradient, even where an input requires one (eager or compiled). The folded queries are
         tensor-core operands in the input dtype: in fp16 they must stay under 65504 in magnitude.
     """
+    signature = call_signature(q_cache, k_cache, v_cache, cache_seqlens, weight, num_queries, scale, num_splits)
+    if (launches := CHECKED_CALLS.find(signature)) is not None:
+        return launches(q_cache, k_cache, v_cache, cache_seqlens, weight)
     B, Hq, Hkv, n_q, n_max, D = check_kernel_inputs(q_cache, k_cache, v_cache, per_kv_head=True,
                                                     names=("q_cache", "k_cache", "v_cache"))
     if n_q != n_max:
@@ -150,9 +153,26 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
     num_splits = check_num_splits(num_splits)
     gpu = device_facts(q_cache.device)
 
-    def run(q_cache, k, v, lens):
-        plan = plan_conv_decode(k.shape[0], Hq, Hkv, num_queries, n_max, D, q_cache.dtype, (cq, ck),
+    def plan(batch: int) -> DecodePlan:
+        return plan_conv_decode(batch, Hq, Hkv, num_queries, n_max, D, q_cache.dtype, (cq, ck),
                                 num_splits=num_splits, gpu=gpu)
-        return run_conv_decode(plan, q_cache, k, v, w, lens, scale)
 
-    return in_batch_chunks(run, Hkv, q_cache, k_cache, v_cache, lens)
+    # The weight as the kernels take it (fp32, contiguous) is the caller's own: a call of this signature passes it.
+    if (signature is not None and checked_once(cache_seqlens, lens, B, Hkv) and w.data_ptr() == weight.data_ptr()
+            and w.dtype == weight.dtype and plan(B).form == "split"):
+        launches = decode_launches(plan(B), q_cache, k_cache, v_cache, lens, scale, w)
+        if launches is not None:
+            try:
+                out = launches(q_cache, k_cache, v_cache, lens, w)
+            except OutOfResources:  # the "rows" form, at every call
+                pass
+            else:
+                CHECKED_CALLS.keep(signature, launches)
+                return out
+    return in_batch_chunks(lambda q, k, v, lens: run_conv_decode(plan(k.shape[0]), q, k, v, w, lens, scale), Hkv,
+                           q_cache, k_cache, v_cache, lens)
+
+
+#: The launches of :func:`conv_decode_attention` calls whose inputs passed the checks, by their
+#: :func:`mta.decode.call_signature`.
+CHECKED_CALLS = LaunchPlans()

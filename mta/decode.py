@@ -16,8 +16,8 @@ import torch
 from . import runtime, tuning
 from .checks import check_count, is_int_list, resolve_scale
 from .decode_kernels import decode_combine_kernel, decode_split_kernel, decode_stream_kernel
-from .launch import (INT32_INDEX_LIMIT, Launch, LaunchPlans, batch_chunks, cdiv, check_kernel_inputs, dot_precision,
-                     head_dim_block, index_span, next_power_of_2)
+from .launch import (INT32_INDEX_LIMIT, Launch, LaunchPlan, LaunchPlans, batch_chunks, cdiv, check_kernel_inputs,
+                     dot_precision, head_dim_block, index_span, next_power_of_2, tensor_facts)
 
 #: Most new queries per call (rows of a decode tile: query heads of a group x new queries).
 MAX_NEW_QUERIES = 16
@@ -516,12 +516,51 @@ def wide_offsets(*tensors: torch.Tensor) -> bool:
     return any(index_span(t, 1) >= INT32_INDEX_LIMIT for t in tensors)
 
 
-def split_states(splits: int, rows: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(m, l, acc)``: ``[splits, rows]``, ``[splits, rows]``, ``[splits, rows, D]`` fp32, views of one buffer (one
-    allocation per step, not three: a decode step's host time is most of its time at short caches)."""
-    buffer = torch.empty(splits * rows * (2 + D), device=device, dtype=torch.float32)
-    m, l, acc = buffer.split([splits * rows, splits * rows, splits * rows * D])
-    return m.view(splits, rows), l.view(splits, rows), acc.view(splits, rows, D)
+def split_state(slots: int, rows: int, D: int, device) -> torch.Tensor:
+    """The fp32 states of ``slots`` splits of ``rows`` rows in one buffer, ``m [slots, rows]``, then
+    ``l [slots, rows]``, then ``acc [slots, rows, D]`` (:func:`mta.decode_kernels.state_parts`): one allocation
+    per step, not three (a decode step's host time is most of its time at short caches)."""
+    return torch.empty(slots * rows * (2 + D), device=device, dtype=torch.float32)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DecodeLaunches:
+    """A ``"split"`` or ``"stream"`` plan's launches for one call signature (:data:`LAUNCHES`): the kernel over the
+    keys (``form``'s), the merge of its ``slots`` states (None where one program writes each row), and the output's
+    shape ``[B, Hq, n_new, D]``. Calling it allocates the output and the states and launches."""
+    form: str
+    keys: LaunchPlan
+    merge: LaunchPlan | None
+    out_shape: tuple
+    slots: int
+
+    def __call__(self, q, k, v, lens, weight=None) -> torch.Tensor:
+        B, Hq, n_new, D = self.out_shape
+        o = torch.empty(self.out_shape, device=k.device, dtype=q.dtype)
+        state = None if self.merge is None else split_state(self.slots, B * Hq * n_new, D, k.device)
+        if self.form == "stream":
+            self.keys(q, k, v, lens, state)
+        else:
+            self.keys(q, weight, k, v, lens, o, state)
+        if self.merge is not None:
+            self.merge(state, o)
+        return o
+
+
+def decode_launches(plan: DecodePlan, q, k, v, lens, scale: float, weight=None) -> DecodeLaunches | None:
+    """The :class:`DecodeLaunches` of a ``"split"`` or ``"stream"`` ``plan`` on inputs of these shapes, strides and
+    dtypes (those of :func:`run_decode`; ValueError for shapes the plan was not made for, or another form); None
+    where nothing launches (no sequence or no head)."""
+    check_plan(plan, q, k, weight)
+    if not (plan.form == "split" or (plan.form == "stream" and weight is None)):
+        raise ValueError(f"run_decode runs a plan of form 'split', or 'stream' without a weight, not {plan.form!r}"
+                         f"{'' if weight is None else ' with a weight'}")
+    if plan.batch * plan.heads * plan.n_new * plan.head_dim == 0:
+        return None
+    signature = (plan, q.stride(), k.stride(), v.stride(), q.dtype, k.device, scale, weight is None,
+                 None if lens is None else lens.dtype)
+    return LAUNCHES.get(signature, lambda: (_split_launches if plan.form == "split" else _stream_launches)(
+        plan, q, k, v, lens, scale, weight))
 
 
 def run_decode(plan: DecodePlan, q, k, v, lens, scale: float, weight=None) -> torch.Tensor:
@@ -532,36 +571,14 @@ def run_decode(plan: DecodePlan, q, k, v, lens, scale: float, weight=None) -> to
     is the query cache ``[B, Hq, Nmax, D]``. ``k, v [B, Hkv, Nmax, D]``; ``lens [B]`` int on the caches' device or
     None (every sequence ``Nmax`` long); ``scale``: the scores' factor.
     """
-    check_plan(plan, q, k, weight)
-    o = torch.empty((plan.batch, plan.heads, plan.n_new, plan.head_dim), device=k.device, dtype=q.dtype)
-    if o.numel() == 0:  # no sequence or no head: nothing to launch
-        return o
-    if plan.form == "split":
-        _run_split(plan, q, k, v, lens, o, scale, weight)
-    elif plan.form == "stream" and weight is None:
-        _run_stream(plan, q, k, v, lens, o, scale)
-    else:
-        raise ValueError(f"run_decode runs a plan of form 'split', or 'stream' without a weight, not {plan.form!r}"
-                         f"{'' if weight is None else ' with a weight'}")
-    return o
+    launches = decode_launches(plan, q, k, v, lens, scale, weight)
+    if launches is None:  # no sequence or no head: nothing to launch
+        return torch.empty((plan.batch, plan.heads, plan.n_new, plan.head_dim), device=k.device, dtype=q.dtype)
+    return launches(q, k, v, lens, weight)
 
 
-def _run_split(plan: DecodePlan, q, k, v, lens, o, scale: float, weight) -> None:
-    programs = plan.splits + (plan.band_keys > 0)
-    one = programs == 1
-    parts = (None, None, None) if one else split_states(programs, plan.batch * plan.heads * plan.n_new,
-                                                        plan.head_dim, k.device)
-    signature = ("split", plan, q.stride(), k.stride(), v.stride(), q.dtype, k.device, scale, weight is None,
-                 None if lens is None else lens.dtype)
-    split, merge = LAUNCHES.get(signature, lambda: _split_launches(plan, q, weight, k, v, lens, o, parts, scale))
-    split(q, weight, k, v, lens, o, *parts)
-    if merge is not None:
-        merge(*parts, o)
-
-
-def _split_launches(plan: DecodePlan, q, weight, k, v, lens, o, parts, scale: float):
-    """The :class:`mta.launch.LaunchPlan` s of a ``"split"`` plan: the split kernel, and the merge (None where one
-    program writes each row)."""
+def _split_launches(plan: DecodePlan, q, k, v, lens, scale: float, weight) -> DecodeLaunches:
+    """The ``"split"`` plan's launches: the split kernel, and the merge where more than one program writes a row."""
     cq, ck = plan.kernel_size
     e = plan.band_keys
     programs = plan.splits + (e > 0)
@@ -569,8 +586,10 @@ def _split_launches(plan: DecodePlan, q, weight, k, v, lens, o, parts, scale: fl
     pdl = plan.pdl and not one
     block_e = max(16, next_power_of_2(plan.n_new + e - 1))
     a_group, band_stack = band_stack_rows(cq, plan.rows, plan.block_d) if plan.band == "stacked" else (1, 0)
+    o, state = _example_outputs(plan, q, k, programs)
     split = Launch(decode_split_kernel, (programs, plan.batch * plan.kv_heads, plan.row_tiles),
-                   (q, weight, k, v, lens, o, *parts, *q.stride(), *k.stride(), *v.stride(), *o.stride()),
+                   (q, weight, k, v, lens, o, None if one else state, *q.stride(), *k.stride(), *v.stride(),
+                    *o.stride()),
                    dict(n_max=plan.n_max, n_new=plan.n_new, num_heads=plan.heads, num_kv_heads=plan.kv_heads,
                         num_splits=plan.splits, scale=scale,
                         HAS_LENS=lens is not None, ONE_SPLIT=one, FOLD=weight is not None, CQ=cq, CK=ck, E=e,
@@ -578,41 +597,42 @@ def _split_launches(plan: DecodePlan, q, weight, k, v, lens, o, parts, scale: fl
                         STACK=plan.stack, BLOCK_N=plan.block_n, BLOCK_E=block_e,
                         BLOCK_W=next_power_of_2(block_e + ck - 1), A_GROUP=a_group, BAND_STACK=band_stack, PDL=pdl,
                         PRECISION=dot_precision(k.dtype), INTERLEAVE=plan.interleave, WIDE=wide_offsets(q, k, v),
-                        num_warps=plan.num_warps, num_stages=plan.num_stages)).plan(9)
-    return split, None if one else _merge_launch(parts, o, plan, programs, pdl)
+                        num_warps=plan.num_warps, num_stages=plan.num_stages)).plan(7)
+    merge = None if one else _merge_launch(state, o, plan, programs, pdl)
+    return DecodeLaunches("split", split, merge, tuple(o.shape), programs)
 
 
-def _run_stream(plan: DecodePlan, q, k, v, lens, o, scale: float) -> None:
-    parts = split_states(plan.slots, plan.batch * plan.heads * plan.n_new, plan.head_dim, k.device)
-    signature = ("stream", plan, q.stride(), k.stride(), v.stride(), q.dtype, k.device, scale, None if lens is None else lens.dtype)
-    stream, merge = LAUNCHES.get(signature, lambda: _stream_launches(plan, q, k, v, lens, o, parts, scale))
-    stream(q, k, v, lens, *parts)
-    merge(*parts, o)
-
-
-def _stream_launches(plan: DecodePlan, q, k, v, lens, o, parts, scale: float):
-    """The :class:`mta.launch.LaunchPlan` s of a ``"stream"`` plan: the even deal of key tiles, then the merge."""
+def _stream_launches(plan: DecodePlan, q, k, v, lens, scale: float, weight=None) -> DecodeLaunches:
+    """The ``"stream"`` plan's launches: the even deal of key tiles, then the merge."""
     tiles = cdiv(plan.n_max, plan.block_n)
+    o, state = _example_outputs(plan, q, k, plan.slots)
     stream = Launch(decode_stream_kernel, (plan.programs,),
-                    (q, k, v, lens, *parts, *q.stride(), *k.stride(), *v.stride()),
+                    (q, k, v, lens, state, *q.stride(), *k.stride(), *v.stride()),
                     dict(n_max=plan.n_max, n_new=plan.n_new, num_heads=plan.heads, num_kv_heads=plan.kv_heads,
                          row_tiles=plan.row_tiles, tiles_per_pair=tiles, tiles_per_program=plan.tiles_per_program,
                          total_tiles=plan.units * tiles, num_slots=plan.slots, scale=scale,
                          HAS_LENS=lens is not None, D=plan.head_dim, BLOCK_D=plan.block_d, ROWS=plan.rows,
                          BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PDL=plan.pdl, PRECISION=dot_precision(k.dtype),
-                         WIDE=wide_offsets(q, k, v), num_warps=plan.num_warps, num_stages=plan.num_stages)).plan(7)
-    return stream, _merge_launch(parts, o, plan, plan.slots, plan.pdl)
+                         WIDE=wide_offsets(q, k, v), num_warps=plan.num_warps, num_stages=plan.num_stages)).plan(5)
+    return DecodeLaunches("stream", stream, _merge_launch(state, o, plan, plan.slots, plan.pdl), tuple(o.shape),
+                          plan.slots)
 
 
-def _merge_launch(parts, o, plan: DecodePlan, slots: int, pdl: bool):
-    """:func:`decode_combine_kernel <mta.decode_kernels.decode_combine_kernel>` over the ``slots`` states
-    ``parts`` of every row of ``o [B, Hq, n_new, D]``, as a :class:`mta.launch.LaunchPlan` on ``(*parts, o)``;
-    ``pdl``: as a programmatic dependent of the kernel before."""
-    return Launch(decode_combine_kernel, (plan.batch * plan.heads * plan.n_new,), (*parts, o, *o.stride()),
+def _example_outputs(plan: DecodePlan, q, k, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An output and a state buffer of ``slots`` splits as a call allocates them: the launches take their strides."""
+    o = torch.empty((plan.batch, plan.heads, plan.n_new, plan.head_dim), device=k.device, dtype=q.dtype)
+    return o, split_state(slots, plan.batch * plan.heads * plan.n_new, plan.head_dim, k.device)
+
+
+def _merge_launch(state, o, plan: DecodePlan, slots: int, pdl: bool):
+    """:func:`decode_combine_kernel <mta.decode_kernels.decode_combine_kernel>` over the ``slots`` states in
+    ``state`` (:func:`split_state`) of every row of ``o [B, Hq, n_new, D]``, as a :class:`mta.launch.LaunchPlan`
+    on ``(state, o)``; ``pdl``: as a programmatic dependent of the kernel before."""
+    return Launch(decode_combine_kernel, (plan.batch * plan.heads * plan.n_new,), (state, o, *o.stride()),
                   dict(n_new=plan.n_new, num_heads=plan.heads, num_splits=slots, D=plan.head_dim,
                        BLOCK_D=plan.block_d, BLOCK_S=COMBINE_BLOCK_S, PDL=pdl,
                        num_warps=1 if plan.block_d <= 64 else 2,
-                       **({"launch_pdl": True} if pdl else {}))).plan(4)
+                       **({"launch_pdl": True} if pdl else {}))).plan(2)
 
 
 #: The decode kernels' launches per call signature: the plan, the inputs' strides and dtype, the device, the
@@ -656,6 +676,9 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
         ``[B, Hq, Nq, D]`` in q's dtype. Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32.
         For inference: the result carries no gradient, even where an input requires one (eager or compiled).
     """
+    signature = call_signature(q, k_cache, v_cache, cache_seqlens, scale, num_splits)
+    if (launches := CHECKED_CALLS.find(signature)) is not None:
+        return launches(q, k_cache, v_cache, cache_seqlens)
     B, Hq, Hkv, Nq, n_max, D = check_kernel_inputs(q, k_cache, v_cache, per_kv_head=True,
                                                    names=("q", "k_cache", "v_cache"))
     check_new_queries(Nq, n_max, "Nq (new queries)")
@@ -667,11 +690,43 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
     num_splits = check_num_splits(num_splits)
     gpu = device_facts(q.device)
 
-    def run(q, k, v, lens):
-        plan = plan_decode(k.shape[0], Hq, Hkv, Nq, n_max, D, q.dtype, num_splits=num_splits, gpu=gpu)
-        return run_decode(plan, q, k, v, lens, scale)
+    def plan(batch: int) -> DecodePlan:
+        return plan_decode(batch, Hq, Hkv, Nq, n_max, D, q.dtype, num_splits=num_splits, gpu=gpu)
 
-    return in_batch_chunks(run, Hkv, q, k_cache, v_cache, lens)
+    if signature is not None and checked_once(cache_seqlens, lens, B, Hkv):
+        launches = decode_launches(plan(B), q, k_cache, v_cache, lens, scale)
+        if launches is not None:
+            CHECKED_CALLS.keep(signature, launches)
+            return launches(q, k_cache, v_cache, lens)
+    return in_batch_chunks(lambda q, k, v, lens: run_decode(plan(k.shape[0]), q, k, v, lens, scale), Hkv, q,
+                           k_cache, v_cache, lens)
+
+
+#: The launches of public decode calls whose inputs passed the checks, by :func:`call_signature`: a call with the
+#: same signature passes them again, and runs at once.
+CHECKED_CALLS = LaunchPlans()
+
+
+def call_signature(q, k_cache, v_cache, cache_seqlens, *arguments):
+    """What the checks and the plan of a decode call depend on: the shapes, strides, dtypes and devices of the
+    tensors (the lengths' too, or None; ``arguments`` may hold more), each other argument's type and value; None outside eager calls (a trace
+    takes the custom op) or where the lengths are not a tensor or None (a list is checked at every call)."""
+    if torch.compiler.is_compiling() or not (cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor)):
+        return None
+    try:
+        return (*tensor_facts(q), *tensor_facts(k_cache), *tensor_facts(v_cache),
+                None if cache_seqlens is None else tensor_facts(cache_seqlens),
+                *(tensor_facts(a) if isinstance(a, torch.Tensor) else (type(a), a) for a in arguments))
+    except AttributeError:  # not a tensor: the checks name it
+        return None
+
+
+def checked_once(cache_seqlens, lens, batch: int, kv_heads: int) -> bool:
+    """Whether a call that passed the checks may be run again at once by its signature: its lengths (checked as
+    ``lens``) are none, or the caller's own tensor on the GPU (lengths on the host are checked value by value at
+    every call), and its sequences' programs fit on one grid (:func:`mta.launch.batch_chunks`)."""
+    on_gpu = cache_seqlens is None or (lens is cache_seqlens and lens.device.type != "cpu")
+    return on_gpu and batch_chunks(batch, kv_heads) is None
 
 
 def seqlens_argument(cache_seqlens, device: torch.device) -> torch.Tensor | None:

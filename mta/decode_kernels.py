@@ -82,9 +82,19 @@ def merge_states(m, l, acc, m_s, l_s, acc_s):
 
 
 @triton.jit
-def store_state(M_PART, L_PART, ACC_PART, part, m, l, acc, offs_d, row_ok, D: tl.constexpr):
+def state_parts(STATE, slots, rows):
+    """``(M, L, ACC)``: the parts of the fp32 split states held in one buffer ``STATE``: ``m [S, R]``, then
+    ``l [S, R]``, then ``acc [S, R, D]``, for ``slots = S`` and ``rows = R = B * Hq * n`` (one allocation a
+    step)."""
+    states = rows.to(tl.int64) * slots
+    return STATE, STATE + states, STATE + 2 * states
+
+
+@triton.jit
+def store_state(STATE, slots, rows, part, m, l, acc, offs_d, row_ok, D: tl.constexpr):
     """Write the fp32 state ``(m, l, acc)`` of the rows ``part`` (indices into ``[S, B * Hq * n]``) where
-    ``row_ok``."""
+    ``row_ok``, into ``STATE``'s parts for ``slots x rows`` states (:func:`state_parts`)."""
+    M_PART, L_PART, ACC_PART = state_parts(STATE, slots, rows)
     d_ok = offs_d < D
     tl.store(M_PART + part, m, mask=row_ok)
     tl.store(L_PART + part, l, mask=row_ok)
@@ -227,7 +237,7 @@ def _band_scores_by_row(q_rows, stride_qm, stride_qd, w_rows, kt, window, y, i, 
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
-def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
+def decode_split_kernel(Q, W, K, V, LENS, O, STATE,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -247,13 +257,13 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     The new queries sit at positions ``len - n .. len - 1``. Splits ``0 .. num_splits - 1`` share the keys
     ``[0, len - E)`` tile by tile: with ``INTERLEAVE`` split ``s`` takes every ``num_splits``-th tile from tile
     ``s`` on, else one contiguous range of tiles; split ``num_splits`` (``E > 0``) is the band. ``ONE_SPLIT``: write
-    the normalised output to ``O [B, Hq, n, D]``; else the fp32 state to ``M_PART, L_PART [S, B * Hq * n]`` and
-    ``ACC_PART [S, B * Hq * n, D]`` (``m`` in base-2 units). ``PDL``: the merge kernel is launched as a
-    programmatic dependent (Hopper on) and may be scheduled as soon as every program has started. Grid:
-    ``(splits, B * Hkv, row tiles)``; a row tile is ``ROWS`` rows in ``BLOCK_M >= 16`` slots
-    (:func:`group_rows`), MTA's stacked ``STACK`` rows (:func:`_far_tiles`). ``BAND_STACK > 0``: the band stacks
-    its kernel rows (``A_GROUP`` at a time) into one product, the band's program folds nothing and the fold is
-    unrolled; 0: one product per kernel row (the ``band`` form of :class:`mta.decode.DecodePlan`). ``WIDE``: a
+    the normalised output to ``O [B, Hq, n, D]``; else the fp32 state to ``STATE``: ``m``, ``l``
+    ``[S, B * Hq * n]`` and ``acc`` ``[S, B * Hq * n, D]`` one after the other (:func:`state_parts`; ``m`` in
+    base-2 units). ``PDL``: the merge kernel is launched as a programmatic dependent (Hopper on) and may be
+    scheduled as soon as every program has started. Grid: ``(splits, B * Hkv, row tiles)``; a row tile is ``ROWS``
+    rows in ``BLOCK_M >= 16`` slots (:func:`group_rows`), MTA's stacked ``STACK`` rows (:func:`_far_tiles`).
+    ``BAND_STACK > 0``: the band stacks its kernel rows (``A_GROUP`` at a time) into one product, the band's
+    program folds nothing and the fold is unrolled; 0: one product per kernel row (the ``band`` form of :class:`mta.decode.DecodePlan`). ``WIDE``: a
     sequence's part of a tensor spans 2**31 elements or more (:func:`mta.decode.wide_offsets`): every index is
     int64, so that no ``index * stride`` wraps around (int32 otherwise, the same code as without the flag).
     """
@@ -324,12 +334,12 @@ def decode_split_kernel(Q, W, K, V, LENS, O, M_PART, L_PART, ACC_PART,
     else:
         rows_total = tl.num_programs(1) // num_kv_heads * num_heads * n_new
         row = split * rows_total + (b * num_heads + h) * n_new + t
-        store_state(M_PART, L_PART, ACC_PART, row, m, l, acc, offs_d, row_ok, D)
+        store_state(STATE, tl.num_programs(0), rows_total, row, m, l, acc, offs_d, row_ok, D)
 
 
 @triton.jit(do_not_specialize=["n_max", "n_new", "tiles_per_pair", "tiles_per_program", "total_tiles",
                                  "num_slots"])
-def decode_stream_kernel(Q, K, V, LENS, M_PART, L_PART, ACC_PART,
+def decode_stream_kernel(Q, K, V, LENS, STATE,
                          stride_qb, stride_qh, stride_qm, stride_qd,
                          stride_kb, stride_kh, stride_kn, stride_kd,
                          stride_vb, stride_vh, stride_vn, stride_vd,
@@ -389,17 +399,17 @@ def decode_stream_kernel(Q, K, V, LENS, M_PART, L_PART, ACC_PART,
                                BLOCK_N, PRECISION)
         row = (b * num_heads + h) * n_new + t
         slot = g - first_tile // tiles_per_program
-        store_state(M_PART, L_PART, ACC_PART, slot * rows_total + row, m, l, acc, offs_d, row_ok, D)
+        store_state(STATE, num_slots, rows_total, slot * rows_total + row, m, l, acc, offs_d, row_ok, D)
         if last == first_tile + tiles_per_pair:  # the unit's last program: empty states in its unused slots
             for empty in range(slot + 1, num_slots):
-                store_state(M_PART, L_PART, ACC_PART, empty * rows_total + row,
+                store_state(STATE, num_slots, rows_total, empty * rows_total + row,
                             tl.full([BLOCK_M], float("-inf"), dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
                             tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), offs_d, row_ok, D)
         tile = last
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
-def decode_combine_kernel(M_PART, L_PART, ACC_PART, O, stride_ob, stride_oh, stride_om, stride_od,
+def decode_combine_kernel(STATE, O, stride_ob, stride_oh, stride_om, stride_od,
                           n_new, num_heads, num_splits, D: tl.constexpr, BLOCK_D: tl.constexpr,
                           BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     """``O`` for one output row ``(b, h, t)`` (grid: ``B * Hq * n``): the ``num_splits`` states merged
@@ -409,6 +419,7 @@ def decode_combine_kernel(M_PART, L_PART, ACC_PART, O, stride_ob, stride_oh, str
         gdc_wait()
     row = tl.program_id(0)
     rows_total = tl.num_programs(0)
+    M_PART, L_PART, ACC_PART = state_parts(STATE, num_splits, rows_total)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D

@@ -243,10 +243,25 @@ class LaunchPlans:
         """The plan kept for ``key``, else ``make()``'s, kept."""
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = make()
-            if len(self._plans) > self.size:
-                self._plans.popitem(last=False)
+            plan = self.keep(key, make())
         return plan
+
+    def find(self, key):
+        """The plan kept for ``key``, else None (None for a ``key`` of None)."""
+        return None if key is None else self._plans.get(key)
+
+    def keep(self, key, plan):
+        """Keep ``plan`` for ``key``, dropping the oldest past :attr:`size`; returns ``plan``."""
+        self._plans[key] = plan
+        if len(self._plans) > self.size:
+            self._plans.popitem(last=False)
+        return plan
+
+
+def tensor_facts(t: torch.Tensor) -> tuple:
+    """``(shape, strides, dtype, device)`` of ``t``: with the other arguments, what a checked call's signature
+    holds of a tensor (its address aside)."""
+    return t.shape, t.stride(), t.dtype, t.device
 
 
 def tiled_launch(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dtype: torch.dtype, fit=None,

@@ -98,7 +98,7 @@ def test_rope_turns_each_pair_by_its_angle(dtype, per_sequence):
     from mta.rope import rope_angles, rope_rotation, rotate
     B, H, N, D = 2, 3, 11, 10
     x, grad = rand(B, H, N, D, dtype=dtype).requires_grad_(), rand(B, H, N, D, dtype=dtype)
-    positions = torch.randint(0, 10 ** 6, (B, N) if per_sequence else (N,))
+    positions = torch.randint(0, 10 ** 6, (B, N) if per_sequence else (N,), device=DEVICE)
     angles = rope_angles(positions, D, 1e4)
     angles = angles[:, None] if per_sequence else angles
     x1, x2 = x.float().chunk(2, dim=-1)

@@ -1,0 +1,87 @@
+"""Decode calls whose signature passed the checks run again at once (``CHECKED_CALLS`` of :mod:`mta.decode` and
+:mod:`mta.conv_decode`): the same answers as checked calls on fresh inputs, and any input that differs from a
+checked signature is checked again."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mta
+from conftest import DEVICE, close_in_norm as close, rand
+from mta import conv_decode, decode
+from test_conv_decode import caches, reference as conv_reference
+from test_decode import ragged_cache, reference
+
+B, HQ, HKV, NMAX, D = 3, 4, 2, 70, 24
+LENGTHS = [NMAX, 33, 5]
+DTYPE = torch.float16
+
+
+def lengths_on_device():
+    """The lengths as a decode loop keeps them (on the caches' device); on the CPU no lengths (every position
+    valid), as lengths on the host are checked at every call."""
+    return torch.tensor(LENGTHS, device=DEVICE, dtype=torch.int32) if DEVICE.type == "cuda" else None
+
+
+def test_a_repeated_decode_call_runs_its_checked_launches_on_new_inputs():
+    lens = lengths_on_device()
+    lengths = LENGTHS if lens is not None else [NMAX] * B
+    for step in range(3):  # the first call is checked and kept; the others run from the signature
+        q = rand(B, HQ, 2, D, dtype=DTYPE)
+        k, v = ragged_cache(B, HKV, NMAX, D, lengths, DTYPE)
+        out = mta.decode_attention(q, k, v, cache_seqlens=lens)
+        assert close(out, reference(q, k, v, lengths), 4e-3), step
+        assert decode.call_signature(q, k, v, lens, None, None) in decode.CHECKED_CALLS._plans
+
+
+def test_a_repeated_conv_decode_call_reads_the_weight_of_each_call():
+    lens = lengths_on_device()
+    lengths = LENGTHS if lens is not None else [NMAX] * B
+    for step in range(3):
+        q, k, v = caches(B, HQ, HKV, NMAX, D, lengths, DTYPE)
+        weight = rand(HQ, 3, 5, scale=0.3)  # fp32 contiguous: the kernels read the caller's own tensor
+        out = mta.conv_decode_attention(q, k, v, weight, cache_seqlens=lens, num_queries=2)
+        assert close(out, conv_reference(q, k, v, weight, lengths, 2), 4e-3), step
+    assert conv_decode.call_signature(q, k, v, lens, weight, 2, None, None) in conv_decode.CHECKED_CALLS._plans
+
+
+def test_inputs_that_differ_from_a_checked_call_are_checked_again():
+    q = rand(B, HQ, 1, D, dtype=DTYPE)
+    k, v = ragged_cache(B, HKV, NMAX, D, [NMAX] * B, DTYPE)
+    mta.decode_attention(q, k, v, num_splits=1, scale=0.5)
+    mta.decode_attention(q, k, v, num_splits=1, scale=0.5)
+    with pytest.raises(TypeError, match="num_splits"):  # True == 1, but a bool is no split count
+        mta.decode_attention(q, k, v, num_splits=True, scale=0.5)
+    with pytest.raises(ValueError, match="scale"):
+        mta.decode_attention(q, k, v, num_splits=1, scale=float("nan"))
+    with pytest.raises(TypeError, match="share a dtype"):
+        mta.decode_attention(q.float(), k, v, num_splits=1, scale=0.5)
+    with pytest.raises(ValueError, match="same shape"):
+        mta.decode_attention(q, k, v[:, :, :-1], num_splits=1, scale=0.5)
+    with pytest.raises(TypeError, match="cache_seqlens"):
+        mta.decode_attention(q, k, v, num_splits=1, scale=0.5, cache_seqlens="all")
+
+
+def test_lengths_on_the_host_are_checked_at_every_call():
+    q = rand(B, HQ, 1, D, dtype=DTYPE)
+    k, v = ragged_cache(B, HKV, NMAX, D, LENGTHS, DTYPE)
+    lens = torch.tensor(LENGTHS, dtype=torch.int32)
+    for _ in range(2):
+        assert close(mta.decode_attention(q, k, v, cache_seqlens=lens), reference(q, k, v, LENGTHS), 4e-3)
+    lens[1] = NMAX + 1  # the same tensor, a length past the cache
+    with pytest.raises(ValueError, match="over the cache size"):
+        mta.decode_attention(q, k, v, cache_seqlens=lens)
+    weight = rand(HQ, 3, 5, scale=0.3)
+    with pytest.raises(ValueError, match="over the cache size"):
+        mta.conv_decode_attention(q.expand(B, HQ, NMAX, D), k, v, weight, cache_seqlens=lens)
+
+
+def test_a_weight_that_is_not_fp32_is_converted_at_every_call():
+    q, k, v = caches(B, HQ, HKV, NMAX, D, [NMAX] * B, DTYPE)
+    for step in range(2):
+        weight = rand(HQ, 3, 5, scale=0.3).half()
+        out = mta.conv_decode_attention(q, k, v, weight)
+        assert close(out, conv_reference(q, k, v, weight.float(), [NMAX] * B, 1), 4e-3), step
+    with pytest.raises(ValueError, match="one kernel per query head"):
+        mta.conv_decode_attention(q, k, v, weight[:2])
