@@ -1,6 +1,6 @@
-"""The model benchmark on the CPU: the decoder's layout, SDPA's layer against mta's (same weights, fp32), a training
-step of each variant, greedy generation against the forward's argmax, the targets, a whole run with fake measurements
-(JSON, PNG, tables, the report's section) and the command line. Tiny shapes: the kernels run in Triton's
+"""The model benchmark at tiny shapes: the decoder's layout, SDPA's layer against mta's (same weights, fp32), a
+training step of each variant, greedy generation against the forward's argmax, the targets, a whole run with fake
+measurements (JSON, PNG, tables, the report's section) and the command line. On the CPU the kernels run in Triton's
 interpreter."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from conftest import DEVICE
 from mta import MultiTokenAttention
 from mta.bench import harness, plots, report
 from mta.bench import model as mb
@@ -19,7 +20,7 @@ TINY = DecoderConfig(vocab=97, dim=64, layers=2, heads=4, kv_heads=2, ffn_dim=96
 
 
 def tokens(*shape, seed=0):
-    return torch.randint(0, TINY.vocab, shape, generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, TINY.vocab, shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
 
 
 # --- the model ------------------------------------------------------------------------------------------------
@@ -57,7 +58,7 @@ def test_sdpa_layer_equals_mta_plain_layer_in_fp32():
     MTA at its identity kernel) give the same logits up to rounding."""
     x = tokens(2, 16)
     with torch.no_grad():
-        logits = {v: build(TINY, v)(x) for v in VARIANTS}
+        logits = {v: build(TINY, v, device=DEVICE)(x) for v in VARIANTS}
     scale = logits["plain_ours"].abs().max()
     assert (logits["plain_sdpa"] - logits["plain_ours"]).abs().max() <= 1e-5 * scale
     assert (logits["mta"] - logits["plain_ours"]).abs().max() <= 1e-5 * scale
@@ -65,10 +66,10 @@ def test_sdpa_layer_equals_mta_plain_layer_in_fp32():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_a_training_step_updates_every_parameter(variant):
-    model = build(TINY, variant)
+    model = build(TINY, variant, device=DEVICE)
     if variant == "mta":  # away from the identity, so that the convolution is in play
         with torch.no_grad():
-            model.blocks[1].attn.conv_weight.add_(0.1 * torch.randn(4, 6, 11, generator=torch.Generator()))
+            model.blocks[1].attn.conv_weight.add_(0.1 * torch.randn(4, 6, 11, generator=torch.Generator()).to(DEVICE))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss = mb.training_step(model, optimizer, tokens(2, 16), tokens(2, 16, seed=1), amp_dtype=None)()
@@ -79,7 +80,7 @@ def test_a_training_step_updates_every_parameter(variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_greedy_generation_matches_the_forward_argmax(variant):
-    model = build(TINY, variant)
+    model = build(TINY, variant, device=DEVICE)
     prompt, new = tokens(2, 6), 3
     out = mb.generate(model, prompt, new)
     generated = out["tokens"]
@@ -92,7 +93,7 @@ def test_greedy_generation_matches_the_forward_argmax(variant):
 
 def test_generation_goes_through_the_captured_step():
     """What ``capture_fn`` returns runs every decode step (a CUDA graph on a GPU; here a counting wrapper)."""
-    model, calls = build(TINY, "plain_sdpa"), []
+    model, calls = build(TINY, "plain_sdpa", device=DEVICE), []
 
     def capture_fn(m, step_fn, example, caches):
         assert m is model and example.shape == (2, 1) and len(caches) == TINY.layers
