@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from conftest import DEVICE
 from mta.bench import harness, plots, report
 from mta.bench import host as hb
 
@@ -146,7 +147,7 @@ def test_a_run_writes_json_with_targets_and_a_png_and_the_report_renders_it(tmp_
     data = json.loads(out.read_text())
     assert data["complete"] and len(data["results"]) == 2 * 16
     assert data["config"]["benchmark"] == "host" and data["config"]["calls"] == 20
-    assert data["provenance"]["gpu"] == "cpu"
+    assert data["provenance"]["gpu"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
     by = {(r["case"], r["impl"]): r for r in data["results"]}
     flash = by["flash_attention forward, B 1, 16/4 heads, N 2048, d 64", "mta"]
     assert flash["cpu_us"] == pytest.approx(15.0) and len(flash["cpu_us_samples"]) == 3 and flash["gpu_us"] == 7.0
@@ -208,7 +209,7 @@ TINY = (hb.HostShape("flash_attention", False, 1, 2, 1, 16, 16),
 
 @pytest.mark.parametrize("shape", TINY, ids=lambda s: s.op + ("_bwd" if s.backward else ""))
 def test_the_calls_run_and_the_plain_ones_match_sdpa(shape):
-    calls = hb.make_calls(shape, "cpu", torch.float32)
+    calls = hb.make_calls(shape, DEVICE, torch.float32)
     assert set(calls) == {"mta", "sdpa"}
     outs = {name: call() for name, call in calls.items()}
     if shape.op in ("flash_attention", "decode_attention"):  # the same computation on both sides

@@ -147,6 +147,8 @@ def test_jobs_train_each_run_in_its_own_process_and_merge(tmp_path):
     assert merged["runs"] == results["runs"] and json.loads(out.read_text())["summary"] == results["summary"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                    reason="two processes on a GPU machine take a GPU each")
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_a_data_parallel_run_under_torchrun_matches_one_process(parallel, tmp_path, straight):
     """Two processes (gloo), each half of every batch: the parameters of one process on the whole batch."""
