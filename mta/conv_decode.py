@@ -18,9 +18,9 @@ from triton.runtime.errors import OutOfResources
 from . import conv_forward, decode, tuning
 from .checks import check_weight, is_int, resolve_scale
 from .conv_decode_rows import conv_decode_rows
-from .decode import (DecodePlan, DeviceFacts, call_signature, check_new_queries, check_num_splits, check_seqlens,
-                     checked_once, choose_num_splits, decode_launches, device_facts, in_batch_chunks, plan_tile,
-                     run_decode, seqlens_argument, split_plan, wide_offsets)
+from .decode import (DecodePlan, DeviceFacts, call_signature, check_new_queries, check_no_transforms,
+                     check_num_splits, check_seqlens, checked_once, choose_num_splits, decode_launches, device_facts,
+                     in_batch_chunks, plan_tile, run_decode, seqlens_argument, split_plan, wide_offsets)
 from .decode_kernels import fold_queries_kernel
 from .launch import LaunchPlans, check_kernel_inputs, head_dim_block, launch
 
@@ -147,6 +147,7 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
         return torch.ops.mta.conv_decode_attention(q_cache, k_cache, v_cache, weight,
                                                    seqlens_argument(cache_seqlens, q_cache.device), num_queries,
                                                    resolve_scale(scale, D), check_num_splits(num_splits))
+    check_no_transforms("conv_decode_attention")
     lens = check_seqlens(cache_seqlens, B, n_max, num_queries, q_cache.device, what="num_queries")
     scale = resolve_scale(scale, D)
     w = weight.detach().float().contiguous()

@@ -685,6 +685,7 @@ def decode_attention(q, k_cache, v_cache, *, cache_seqlens=None, scale: float | 
     if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) checks the lengths when it runs
         return torch.ops.mta.decode_attention(q, k_cache, v_cache, seqlens_argument(cache_seqlens, q.device),
                                               resolve_scale(scale, D), check_num_splits(num_splits))
+    check_no_transforms("decode_attention")
     lens = check_seqlens(cache_seqlens, B, n_max, Nq, q.device)
     scale = resolve_scale(scale, D)
     num_splits = check_num_splits(num_splits)
@@ -709,9 +710,11 @@ CHECKED_CALLS = LaunchPlans()
 
 def call_signature(q, k_cache, v_cache, cache_seqlens, *arguments):
     """What the checks and the plan of a decode call depend on: the shapes, strides, dtypes and devices of the
-    tensors (the lengths' too, or None; ``arguments`` may hold more), each other argument's type and value; None outside eager calls (a trace
-    takes the custom op) or where the lengths are not a tensor or None (a list is checked at every call)."""
-    if torch.compiler.is_compiling() or not (cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor)):
+    tensors (the lengths' too, or None; ``arguments`` may hold more), each other argument's type and value. None
+    outside plain eager calls (a trace takes the custom op; ``torch.func``'s transforms are refused) or where the
+    lengths are not a tensor or None (a list is checked at every call)."""
+    if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or not (cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor))):
         return None
     try:
         return (*tensor_facts(q), *tensor_facts(k_cache), *tensor_facts(v_cache),
@@ -719,6 +722,14 @@ def call_signature(q, k_cache, v_cache, cache_seqlens, *arguments):
                 *(tensor_facts(a) if isinstance(a, torch.Tensor) else (type(a), a) for a in arguments))
     except AttributeError:  # not a tensor: the checks name it
         return None
+
+
+def check_no_transforms(name: str) -> None:
+    """A decode call runs on plain tensors: under ``torch.func``'s transforms (vmap, grad, jvp), whose wrapped
+    tensors Triton cannot read, it is refused by name."""
+    if torch._C._are_functorch_transforms_active():
+        raise NotImplementedError(f"{name} does not run under torch.func transforms (vmap, grad, jvp): call it on "
+                                  f"the whole batch (decoding computes no gradient)")
 
 
 def checked_once(cache_seqlens, lens, batch: int, kv_heads: int) -> bool:

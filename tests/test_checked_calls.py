@@ -85,3 +85,16 @@ def test_a_weight_that_is_not_fp32_is_converted_at_every_call():
         assert close(out, conv_reference(q, k, v, weight.float(), [NMAX] * B, 1), 4e-3), step
     with pytest.raises(ValueError, match="one kernel per query head"):
         mta.conv_decode_attention(q, k, v, weight[:2])
+
+
+def test_torch_func_transforms_are_refused_by_name_even_after_a_checked_call():
+    q = rand(B, HQ, 1, D, dtype=DTYPE)
+    k, v = ragged_cache(B, HKV, NMAX, D, [NMAX] * B, DTYPE)
+    weight = rand(HQ, 3, 5, scale=0.3)
+    mta.decode_attention(q, k, v)  # a checked signature with the same logical shapes as the mapped call
+    with pytest.raises(NotImplementedError, match="decode_attention does not run under torch.func"):
+        torch.func.vmap(lambda q: mta.decode_attention(q, k, v))(q[None].expand(2, *q.shape))
+    q_cache = q.expand(B, HQ, NMAX, D)
+    mta.conv_decode_attention(q_cache, k, v, weight)
+    with pytest.raises(NotImplementedError, match="conv_decode_attention does not run under torch.func"):
+        torch.func.vmap(lambda w: mta.conv_decode_attention(q_cache, k, v, w))(weight[None].expand(2, *weight.shape))
