@@ -158,18 +158,19 @@ def conv_decode_attention(q_cache, k_cache, v_cache, weight, *, cache_seqlens=No
         return plan_conv_decode(batch, Hq, Hkv, num_queries, n_max, D, q_cache.dtype, (cq, ck),
                                 num_splits=num_splits, gpu=gpu)
 
-    # The weight as the kernels take it (fp32, contiguous) is the caller's own: a call of this signature passes it.
-    if (signature is not None and checked_once(cache_seqlens, lens, B, Hkv) and w.data_ptr() == weight.data_ptr()
-            and w.dtype == weight.dtype and plan(B).form == "split"):
-        launches = decode_launches(plan(B), q_cache, k_cache, v_cache, lens, scale, w)
+    # Kept where the weight as the kernels take it (fp32, contiguous) is the caller's own: a call of this
+    # signature passes it as it is.
+    if signature is not None and checked_once(cache_seqlens, lens, B, Hkv) and w.data_ptr() == weight.data_ptr():
+        split = plan(B)
+        launches = decode_launches(split, q_cache, k_cache, v_cache, lens, scale, w)
         if launches is not None:
             try:
                 out = launches(q_cache, k_cache, v_cache, lens, w)
-            except OutOfResources:  # the "rows" form, at every call
-                pass
-            else:
-                CHECKED_CALLS.keep(signature, launches)
-                return out
+            except OutOfResources:  # the tiles do not fit this GPU: the "rows" form, at every call
+                return run_conv_decode(dataclasses.replace(split, form="rows"), q_cache, k_cache, v_cache, w, lens,
+                                       scale)
+            CHECKED_CALLS.keep(signature, launches)
+            return out
     return in_batch_chunks(lambda q, k, v, lens: run_conv_decode(plan(k.shape[0]), q, k, v, w, lens, scale), Hkv,
                            q_cache, k_cache, v_cache, lens)
 

@@ -98,3 +98,19 @@ def test_torch_func_transforms_are_refused_by_name_even_after_a_checked_call():
     mta.conv_decode_attention(q_cache, k, v, weight)
     with pytest.raises(NotImplementedError, match="conv_decode_attention does not run under torch.func"):
         torch.func.vmap(lambda w: mta.conv_decode_attention(q_cache, k, v, w))(weight[None].expand(2, *weight.shape))
+
+
+def test_a_split_launch_the_gpu_refuses_runs_the_rows_form_and_is_not_kept(monkeypatch):
+    """Where Triton refuses the split kernel's tiles (fp32 with wide key-axis kernels on a GPU), every call runs
+    the unfused rows (:mod:`mta.conv_decode_rows`) and no signature is kept."""
+    from triton.runtime.errors import OutOfResources
+
+    def refused(self, *args):
+        raise OutOfResources(300000, 232448, "shared memory")
+    monkeypatch.setattr(decode.DecodeLaunches, "__call__", refused)
+    q, k, v = caches(B, HQ, HKV, NMAX, D, [NMAX] * B, torch.float32)
+    weight = rand(HQ, 3, 5, scale=0.3)
+    for _ in range(2):
+        out = mta.conv_decode_attention(q, k, v, weight, num_queries=2)
+        assert close(out, conv_reference(q, k, v, weight, [NMAX] * B, 2), 2e-5)
+    assert conv_decode.call_signature(q, k, v, None, weight, 2, None, None) not in conv_decode.CHECKED_CALLS._plans
