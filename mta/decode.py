@@ -717,11 +717,13 @@ def call_signature(q, k_cache, v_cache, cache_seqlens, *arguments):
             or not (cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor))):
         return None
     try:
-        return (*tensor_facts(q), *tensor_facts(k_cache), *tensor_facts(v_cache),
-                None if cache_seqlens is None else tensor_facts(cache_seqlens),
-                *(tensor_facts(a) if isinstance(a, torch.Tensor) else (type(a), a) for a in arguments))
-    except AttributeError:  # not a tensor: the checks name it
+        signature = (*tensor_facts(q), *tensor_facts(k_cache), *tensor_facts(v_cache),
+                     None if cache_seqlens is None else tensor_facts(cache_seqlens),
+                     *(tensor_facts(a) if isinstance(a, torch.Tensor) else (type(a), a) for a in arguments))
+        hash(signature)
+    except (AttributeError, TypeError):  # not a tensor, or an argument no number is (a list): the checks name it
         return None
+    return signature
 
 
 def check_no_transforms(name: str) -> None:

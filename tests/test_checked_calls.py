@@ -61,6 +61,10 @@ def test_inputs_that_differ_from_a_checked_call_are_checked_again():
         mta.decode_attention(q, k, v[:, :, :-1], num_splits=1, scale=0.5)
     with pytest.raises(TypeError, match="cache_seqlens"):
         mta.decode_attention(q, k, v, num_splits=1, scale=0.5, cache_seqlens="all")
+    with pytest.raises(TypeError, match="scale must be a real number"):  # unhashable: no signature at all
+        mta.decode_attention(q, k, v, num_splits=1, scale=[0.5])
+    with pytest.raises(TypeError, match="num_splits must be an int"):
+        mta.decode_attention(q, k, v, num_splits=[1], scale=0.5)
 
 
 def test_lengths_on_the_host_are_checked_at_every_call():
