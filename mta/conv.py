@@ -25,9 +25,10 @@ from .conv_forward import (MAX_CK, MAX_CQ, query_shift_groups, conv_forward_kern
                            past_scores_kernel, past_scores_product_kernel)
 from .conv_plan import ConvPlan, fit_backward_tile, plan_conv, post_pass_tile
 from .flash_backward import rowsum_do_o_kernel
-from .launch import (Launch, LaunchPlan, LaunchPlans, batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
-                     dot_precision, empty_contiguous, head_dim_block, launch, launch_tiled, next_power_of_2, tiled_launch,
-                     shared_memory_limit, shifted_head_dim_block, wants_gradients, within_int32_indexing)
+from .launch import (CallLaunches, Launch, LaunchPlan, LaunchPlans, batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
+                     dot_precision, empty_contiguous, head_dim_block, next_power_of_2, tiled_launch,
+                     shared_memory_limit, shifted_head_dim_block, tensor_facts, wants_gradients,
+                     within_int32_indexing)
 from .tma import descriptor, stream_descriptors, tma_ready
 from .tuning import size_bucket
 
@@ -53,12 +54,17 @@ def fold_keys(k: torch.Tensor, weight: torch.Tensor, num_q_heads: int, keys_majo
     B, Hkv, N, D = k.shape
     cq = weight.shape[1]
     w = weight.detach().float().contiguous()
-    if keys_major:
-        kf = torch.empty((B, num_q_heads, N, cq, D), device=k.device, dtype=k.dtype).permute(0, 1, 3, 2, 4)
-    else:
-        kf = torch.empty((B, num_q_heads, cq, N, D), device=k.device, dtype=k.dtype)
+    kf = folded_keys_buffer(k, num_q_heads, cq, keys_major)
     fold_keys_launch(k, w, kf, by_product)()
     return kf
+
+
+def folded_keys_buffer(k: torch.Tensor, num_q_heads: int, cq: int, keys_major: bool = False) -> torch.Tensor:
+    """An empty ``[B, Hq, cq, N, D]`` for :func:`fold_keys`'s result, laid out keys-major where ``keys_major``."""
+    B, _, N, D = k.shape
+    if keys_major:
+        return torch.empty((B, num_q_heads, N, cq, D), device=k.device, dtype=k.dtype).permute(0, 1, 3, 2, 4)
+    return torch.empty((B, num_q_heads, cq, N, D), device=k.device, dtype=k.dtype)
 
 
 def fold_keys_launch(k: torch.Tensor, w: torch.Tensor, kf: torch.Tensor, by_product: bool) -> Launch:
@@ -346,11 +352,17 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
         return conv_attention_backward_chunked(do, q, k, v, weight, causal, scale)
 
 
+#: The backward's launches per call signature (:class:`mta.launch.CallLaunches`: everything they depend on but the
+#: tensors' addresses; the two-phase backward's chunks each have their own).
+BACKWARD_LAUNCHES = LaunchPlans()
+
+
 def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, plan: ConvPlan):
     """:func:`conv_attention_backward`'s fused kernels. Order: the pre-passes again (folded keys, past and
     diagonal scores: recomputed, cheaper than keeping ``cq`` folded copies of K alive between forward and
     backward), ``Delta``, the near-diagonal kernel (causal), then the dQ side and the dK/dV side: one pass each
-    (:func:`_one_pass_sides`), or two phases (:mod:`mta.conv_two_phase`)."""
+    (:func:`_one_pass_sides`), or two phases (:mod:`mta.conv_two_phase`). Each launch is made once per call
+    signature (:data:`BACKWARD_LAUNCHES`)."""
     compile_ahead("conv_backward", lambda *x: conv_attention_backward(*x, scale, plan), do, q, k, v, o, lse, weight,
                   causal)
     B, Hq, N, D = q.shape
@@ -361,27 +373,37 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, pla
     qa, qb = query_shift_groups(cq)
     w = weight.detach().float().contiguous()
     two_phase = plan.backward == "two_phase"
-    # Two phases: the shifted queries and dO.v on the masked diagonals made on the side stream, beside the pre-passes.
-    side = conv_two_phase.side_stream(q.device) if two_phase else None
-    qs = conv_two_phase.shifted_queries_beside(q, cq, side) if two_phase else None
-    qs_made = conv_two_phase.event_on(side)
-    if near:
-        with conv_two_phase.beside(side, do, v):
-            pv = past_scores(do, v, e - 1, by_product=plan.past_by_product)  # dO_i . v_{i - delta} on the E masked diagonals
-    # Handed to the sides in a list that they empty, so that the folded keys are freed as soon as they are done.
-    kf = [fold_keys(k, w, Hq, keys_major=two_phase, by_product=plan.fold_by_product)]
+    signature = (*tensor_facts(do), *tensor_facts(q), *tensor_facts(k), *tensor_facts(v), o.stride(), lse.stride(),
+                 w.shape, causal, scale, plan, tma_ready(q), tma_ready(v), tma_ready(do))
+    launches = BACKWARD_LAUNCHES.get(signature, CallLaunches)
     dev = q.device
+    # Two phases: the shifted queries and dO.v on the masked diagonals made on the side stream, beside the pre-passes.
+    side = conv_two_phase.side_stream(dev) if two_phase else None
+    qs = conv_two_phase.shifted_queries_beside(q, cq, side, launches) if two_phase else None
+    qs_made = conv_two_phase.event_on(side)
+    if near:  # dO_i . v_{i - delta} on the E masked diagonals
+        pv = torch.empty((B, Hq, N, _pad16(e)), device=dev, dtype=torch.float32)
+        with conv_two_phase.beside(side, do, v, pv):
+            launches.run("past_do_v", lambda do, v, pv: past_scores_launch(do, v, pv, e - 1, plan.past_by_product),
+                         do, v, pv)
+    # Handed to the sides in a list that they empty, so that the folded keys are freed as soon as they are done.
+    kf = folded_keys_buffer(k, Hq, cq, keys_major=two_phase)
+    launches.run("fold", lambda k, w, kf: fold_keys_launch(k, w, kf, plan.fold_by_product), k, w, kf)
+    kf = [kf]
     if near:
-        pq = past_scores(q, k, e_past, by_product=plan.past_by_product)
-        cd = diagonal_scores(q, k, w, past=pq, by_product=plan.past_by_product)
+        pq = torch.empty((B, Hq, N, _pad16(e_past + 1)), device=dev, dtype=torch.float32)
+        launches.run("past_q_k", lambda q, k, pq: past_scores_launch(q, k, pq, e_past, plan.past_by_product),
+                     q, k, pq)
+        cd = torch.empty((B, Hq, N, _pad16(e)), device=dev, dtype=torch.float32)
+        launches.run("diagonal", diagonal_scores_launch, pq, w, cd)
     else:
         cd = torch.zeros(16, device=dev, dtype=torch.float32)
     e_pad = _pad16(e)
 
     delta = empty_contiguous(lse)
-    rowsum_block = 64
-    launch(rowsum_do_o_kernel, (cdiv(N, rowsum_block), B * Hq),
-        o, do, delta, *o.stride(), *do.stride(), N, Hq, D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)
+    launches.run("rowsum", lambda o, do, delta: Launch(
+        rowsum_do_o_kernel, (cdiv(N, ROWSUM_ROWS), B * Hq), (o, do, delta, *o.stride(), *do.stride(), N, Hq),
+        dict(D=D, BLOCK_D=block_d, BLOCK_M=ROWSUM_ROWS)), o, do, delta)
 
     # True fp32 products for fp32, as in the forward: P recomputed here must match the forward's lse (at
     # logits of 1e3, tf32x3's 4x larger product error moves dV by 4x the fp32 rounding of the same method).
@@ -396,8 +418,10 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, pla
         # Two phases: beside the first chunk's phase 1 (on the stream of the dK folds, which read G; the first dQ fold
         # waits for it). Memory-bound and short: it uses the SMs phase 1 leaves idle.
         with conv_two_phase.beside(side, cd, pq, lse, delta, w, g, dwn):
-            launch(conv_near_kernel, (cdiv(N, near_rows), B * Hq), cd, pv, pq, lse, delta, w, g, dwn, N, Hq,
-                   scale, CQ=cq, CK=ck, E=e, E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=near_rows, num_warps=near_warps)
+            launches.run("near", lambda *t: Launch(
+                conv_near_kernel, (cdiv(N, near_rows), B * Hq), (*t, N, Hq, scale),
+                dict(CQ=cq, CK=ck, E=e, E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=near_rows, num_warps=near_warps)),
+                cd, pv, pq, lse, delta, w, g, dwn)
         del pv
         dw_parts.append(dwn)
     else:
@@ -405,20 +429,26 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, pla
 
     if two_phase:
         dq, dk, dv = conv_two_phase.two_phase_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta,
-                                                    dw_parts, plan, beside_work=(qs, qs_made,
-                                                                                 conv_two_phase.event_on(side)))
+                                                    dw_parts, plan, launches,
+                                                    beside_work=(qs, qs_made, conv_two_phase.event_on(side)))
     else:
-        dq, dk, dv = _one_pass_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta, dw_parts, plan)
+        dq, dk, dv = _one_pass_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta, dw_parts, plan,
+                                     launches)
     # Fixed-order reductions over the per-program partials: deterministic.
     dweight = torch.cat(dw_parts).sum(dim=(0, 1)) * scale
     return dq, dk, dv, dweight
 
 
+#: Rows of ``o`` and ``dO`` per program of the ``Delta = rowsum(dO * o)`` pre-pass.
+ROWSUM_ROWS = 64
+
+
 def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, scale: float, near: bool,
-                    meta: dict, dw_parts: list, plan: ConvPlan):
+                    meta: dict, dw_parts: list, plan: ConvPlan, launches: CallLaunches):
     """``dq, dk, dv`` by the one-pass tiled kernels of :mod:`mta.conv_backward` and their folds, the far part of the
-    kernel's gradient appended to ``dw_parts``. ``kf_held``: a list holding the folded keys, emptied here. The dQ
-    side runs first: the two ``cq``-fold fp32 buffers ``Gq`` and ``U`` are never alive together."""
+    kernel's gradient appended to ``dw_parts``. ``kf_held``: a list holding the folded keys, emptied here;
+    ``launches``: the call signature's. The dQ side runs first: the two ``cq``-fold fp32 buffers ``Gq`` and ``U``
+    are never alive together."""
     kf = kf_held.pop()
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
@@ -429,43 +459,60 @@ def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     dev = q.device
     bucket = size_bucket(N)
     gq = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
-    launch_tiled("conv_dq", conv_dq_kernel, lambda tile: (cdiv(N, tile["BLOCK_M"]), B * Hq),
-                 (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
-                  N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
-                 fit=lambda tile: fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
-                 key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
+    launches.run("dq", lambda q, kf, v, do, lse, delta, cd, gq: tiled_launch(
+        "conv_dq", conv_dq_kernel, lambda tile: (cdiv(N, tile["BLOCK_M"]), B * Hq),
+        (q, kf, v, do, lse, delta, cd, gq, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
+         N, N, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype,
+        fit=lambda tile: fit_backward_tile(tile, "BLOCK_M", "BLOCK_N", cq, block_d, q.element_size()),
+        key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK")), q, kf, v, do, lse, delta, cd, gq)
     dq = empty_contiguous(q)
     dq_rows, dq_warps = post_pass_tile(block_d, 64, warps=4)
     head = cq * N * D  # gq and u: contiguous [B, Hq, cq, N, D], read from row 0 (no previous chunk)
-    launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), gq, g, k, dq, dq, head, N * D, D, *k.stride(),
-           *dq.stride(), n=N, cur0=0, cur1=N, f0=0, f1=N, num_heads=Hq, group_size=Hq // Hkv, scale=scale,
-           NEAR=near, ACCUMULATE=False, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=dq_rows,
-           num_warps=dq_warps)
+    launches.run("dq_fold", lambda gq, g, k, dq: Launch(
+        conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), (gq, g, k, dq, dq, head, N * D, D, *k.stride(), *dq.stride()),
+        dict(n=N, cur0=0, cur1=N, f0=0, f1=N, num_heads=Hq, group_size=Hq // Hkv, scale=scale, NEAR=near,
+             ACCUMULATE=False, CQ=cq, EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=dq_rows,
+             num_warps=dq_warps)), gq, g, k, dq)
     del gq
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
     dv = empty_contiguous(v)
-    keys_as_rows = tuning.as_config(plan.keys_as_rows_tile) if plan.keys_as_rows_tile else None
-
-    def fit_dkdv(tile):
-        return fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size())
-    dkdv_tile = keys_as_rows
-    if dkdv_tile is None and Hq > Hkv:  # the table's tile in one stage, never an autotuned pick with two
-        dkdv_tile = _one_stage_for_groups(fit_dkdv(tuning.config_for("conv_dkdv", block_d, q.dtype, causal)))
-    launch_tiled("conv_dkdv", conv_dkdv_kernel, lambda tile: (cdiv(N, tile["BLOCK_N"]), B * Hkv),
-                 (q, kf, v, do, lse, delta, cd, u, dv, *q.stride(), *v.stride(), *kf.stride(), *do.stride(),
-                  *dv.stride(), N, N, Hkv, Hq // Hkv, scale, bucket), {**meta, "KEYS_AS_ROWS": keys_as_rows is not None},
-                 dtype=q.dtype, config=dkdv_tile, fit=fit_dkdv, key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
+    launches.run("dkdv", lambda *t: _dkdv_launch(t, q, v, kf, do, dv, causal, scale, meta, plan),
+                 q, kf, v, do, lse, delta, cd, u, dv)
     del kf
     dk = empty_contiguous(k)
     fold_rows, fold_warps = post_pass_tile(block_d, 64)
     dwf = torch.empty((cdiv(N, fold_rows), B, Hq, cq, ck), device=dev, dtype=torch.float32)
-    launch(conv_dk_fold_kernel, (cdiv(N, fold_rows), B * Hkv), u, u, g, q, k, w, dk, dwf, head, N * D, D, head,
-           *q.stride(), *k.stride(), *dk.stride(), n=N, cur0=0, prev0=0, f0=0, f1=N, num_kv_heads=Hkv,
-           group_size=Hq // Hkv, scale=scale, NEAR=near, HAS_PREV=False, CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck),
-           EP=e_past, EP_PAD=ep_pad, D=D, BLOCK_D=block_d, BLOCK_R=fold_rows, num_warps=fold_warps)
+    launches.run("dk_fold", lambda u, prev, g, q, k, w, dk, dwf: Launch(
+        conv_dk_fold_kernel, (cdiv(N, fold_rows), B * Hkv),
+        (u, prev, g, q, k, w, dk, dwf, head, N * D, D, head, *q.stride(), *k.stride(), *dk.stride()),
+        dict(n=N, cur0=0, prev0=0, f0=0, f1=N, num_kv_heads=Hkv, group_size=Hq // Hkv, scale=scale, NEAR=near,
+             HAS_PREV=False, CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past, EP_PAD=ep_pad, D=D,
+             BLOCK_D=block_d, BLOCK_R=fold_rows, num_warps=fold_warps)), u, u, g, q, k, w, dk, dwf)
     dw_parts.append(dwf)
     return dq, dk, dv
+
+
+def _dkdv_launch(tensors: tuple, q, v, kf, do, dv, causal: bool, scale: float, meta: dict, plan: ConvPlan) -> Launch:
+    """The one-pass dK/dV kernel's :class:`mta.launch.Launch` on ``tensors`` ``(q, kf, v, do, lse, delta, cd, u,
+    dv)``: keys as rows where the plan gives that tile; for GQA the table's tile in one stage."""
+    B, Hq, N, _ = q.shape
+    Hkv = v.shape[1]
+    cq, block_d = meta["CQ"], meta["BLOCK_D"]
+    keys_as_rows = tuning.as_config(plan.keys_as_rows_tile) if plan.keys_as_rows_tile else None
+
+    def fit_dkdv(tile):
+        return fit_backward_tile(tile, "BLOCK_N", "BLOCK_M", cq, block_d, q.element_size())
+    tile = keys_as_rows
+    if tile is None and Hq > Hkv:  # the table's tile in one stage, never an autotuned pick with two
+        tile = _one_stage_for_groups(fit_dkdv(tuning.config_for("conv_dkdv", block_d, q.dtype, causal)))
+    args = (*tensors, *q.stride(), *v.stride(), *kf.stride(), *do.stride(), *dv.stride(), N, N, Hkv, Hq // Hkv, scale,
+            size_bucket(N))
+    meta = {**meta, "KEYS_AS_ROWS": keys_as_rows is not None}
+    if tile is not None:
+        return Launch(conv_dkdv_kernel, (cdiv(N, tile["BLOCK_N"]), B * Hkv), args, {**meta, **tile})
+    return tiled_launch("conv_dkdv", conv_dkdv_kernel, lambda tile: (cdiv(N, tile["BLOCK_N"]), B * Hkv), args, meta,
+                        dtype=q.dtype, fit=fit_dkdv, key=("N_BUCKET", "BLOCK_D", "CAUSAL", "CQ", "CK"))
 
 
 def compile_conv_ahead(q, k, v, weight, causal: bool, scale: float, plan: ConvPlan | None = None) -> None:

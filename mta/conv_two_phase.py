@@ -41,7 +41,7 @@ from .tma import descriptor, stream_descriptors
 from .conv_backward import conv_dk_fold_kernel, conv_dk_fold_product_kernel, conv_dq_fold_kernel
 from .conv_dc_kernels import conv_dc_kernel, shifted_queries_kernel
 from .conv_dq_kernels import conv_dq_far_kernel
-from .launch import cdiv, empty_contiguous, launch, next_power_of_2
+from .launch import CallLaunches, Launch, cdiv, empty_contiguous, next_power_of_2
 
 #: ``(rows, warps)`` of the dK fold's pointer-kernel programs on a GPU up to 128-wide head dims: 8 rows on one
 #: warp, the fastest on Hopper at d = 64 and 128 (elsewhere :func:`mta.conv_plan.post_pass_tile`'s).
@@ -88,22 +88,28 @@ def dk_fold_launch(by_product: bool, u_dtype: torch.dtype, block_d: int, ck: int
 
 
 def fold_dk(u, prev, prev0: int, c0: int, f0: int, f1: int, g, q, k, w, dk, dwf, scale: float, near: bool,
-            block_d: int, by_product: bool) -> None:
+            block_d: int, by_product: bool, launches: CallLaunches | None = None, name="dk_fold") -> None:
     """The dK fold of one chunk of keys: ``dk[:, :, f0:f1]`` and the far ``dW`` partials ``dwf`` ``[tiles, B, Hq,
     cq, ck]`` (one per :func:`dk_fold_launch` tile of rows) from the chunk's ``U`` ``[B * Hq, keys, cq * D]``
     (its rows from key ``c0``) and, where its keys read back past ``c0``, the previous chunk's ``prev`` (rows
     from ``prev0``; None for the first chunk). ``g``: the near part's score gradients ``[B, Hq, N, E'_PAD]``,
-    read where ``near``; ``by_product``: :func:`dk_fold_launch`'s."""
+    read where ``near``; ``by_product``: :func:`dk_fold_launch`'s. ``launches``: the call signature's, where the
+    launch is kept under ``name`` (None: made here)."""
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
     cq, ck = w.shape[1:]
     e_past = ck + cq - 3
-    kernel, rows, tile = dk_fold_launch(by_product, u.dtype, block_d, ck, e_past)
-    before = u if prev is None else prev
-    launch(kernel, (cdiv(f1 - f0, rows), B * Hkv), u, before, g, q, k, w, dk, dwf, u.stride(0), D, cq * D,
-           before.stride(0), *q.stride(), *k.stride(), *dk.stride(), n=N, cur0=c0, prev0=prev0, f0=f0, f1=f1,
-           num_kv_heads=Hkv, group_size=Hq // Hkv, scale=scale, NEAR=near, HAS_PREV=prev is not None, CQ=cq, CK=ck, CK_PAD=next_power_of_2(ck), EP=e_past,
-           EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D, BLOCK_D=block_d, **tile)
+
+    def make(u, before, g, q, k, w, dk, dwf):
+        kernel, rows, tile = dk_fold_launch(by_product, u.dtype, block_d, ck, e_past)
+        return Launch(kernel, (cdiv(f1 - f0, rows), B * Hkv),
+                      (u, before, g, q, k, w, dk, dwf, u.stride(0), D, cq * D, before.stride(0), *q.stride(),
+                       *k.stride(), *dk.stride()),
+                      dict(n=N, cur0=c0, prev0=prev0, f0=f0, f1=f1, num_kv_heads=Hkv, group_size=Hq // Hkv,
+                           scale=scale, NEAR=near, HAS_PREV=prev is not None, CQ=cq, CK=ck,
+                           CK_PAD=next_power_of_2(ck), EP=e_past, EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D,
+                           BLOCK_D=block_d, **tile))
+    (launches or CallLaunches()).run(name, make, u, u if prev is None else prev, g, q, k, w, dk, dwf)
 
 
 def chunk_size(batch_heads: int, n: int, tile: dict, halo: int, chunk: int | None = None) -> int:
@@ -121,17 +127,19 @@ def gq_block_rows(batch_heads: int, width: int, chunk: int, budget: int = GQ_BYT
     return max(chunk, budget // (2 * batch_heads * width) // chunk * chunk)
 
 
-def shifted_queries_side_by_side(q: torch.Tensor, cq: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def shifted_queries_side_by_side(q: torch.Tensor, cq: int, out: torch.Tensor | None = None,
+                                 launches: CallLaunches | None = None) -> torch.Tensor:
     """``[B * Hq, N, cq * D]``: column ``a * D + d`` of row ``i`` holds ``q[i - (cq-1) + a, d]`` (0 before row 0),
     the queries of every shift of the convolution side by side: the right operand of ``U = dC_far^T Qshift``.
     Contiguous, made once (:func:`mta.conv_dc_kernels.shifted_queries_kernel`): an overlapping view, rows ``D``
     apart and ``cq * D`` long, is no GEMM operand, and cuBLAS's wrapper would copy it for every chunk. Written to
-    ``out`` where given."""
+    ``out`` where given; ``launches``: the call signature's (None: the launch is made here)."""
     B, Hq, N, D = q.shape
     qs = torch.empty((B * Hq, N, cq * D), device=q.device, dtype=q.dtype) if out is None else out
     rows = 128 if runtime.INTERPRET else 32
-    launch(shifted_queries_kernel, (cdiv(N, rows), B * Hq), q, qs, *q.stride(), N, Hq, CQ=cq, D=D,
-           BLOCK_D=next_power_of_2(D), BLOCK_R=rows, num_warps=4)
+    (launches or CallLaunches()).run("shifted_queries", lambda q, qs: Launch(
+        shifted_queries_kernel, (cdiv(N, rows), B * Hq), (q, qs, *q.stride(), N, Hq),
+        dict(CQ=cq, D=D, BLOCK_D=next_power_of_2(D), BLOCK_R=rows, num_warps=4)), q, qs)
     return qs
 
 
@@ -175,13 +183,13 @@ def _dq_far_descriptors(dcs: torch.Tensor, kf: torch.Tensor, dq: torch.Tensor, t
             descriptor(dq, [1, 1, tile["BLOCK_M"], block_d]))
 
 
-def shifted_queries_beside(q: torch.Tensor, cq: int, side) -> torch.Tensor:
+def shifted_queries_beside(q: torch.Tensor, cq: int, side, launches: CallLaunches) -> torch.Tensor:
     """:func:`shifted_queries_side_by_side`, queued on ``side`` (or in line where None): the first chunk's ``U`` GEMM
     is the first to read them (it waits for an event recorded after them, :func:`event_on`)."""
     B, Hq, N, D = q.shape
     qs = torch.empty((B * Hq, N, cq * D), device=q.device, dtype=q.dtype)
     with beside(side, q, qs):
-        shifted_queries_side_by_side(q, cq, out=qs)
+        shifted_queries_side_by_side(q, cq, out=qs, launches=launches)
     return qs
 
 
@@ -233,19 +241,21 @@ def _scratch_descriptor(dcs: torch.Tensor, tile: dict):
 
 
 def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, scale: float, near: bool,
-                    meta: dict, dw_parts: list, plan: ConvPlan, beside_work: tuple | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    meta: dict, dw_parts: list, plan: ConvPlan, launches: CallLaunches | None = None,
+                    beside_work: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``dq, dk, dv`` (the dtypes of ``q, k, v``) by the two phases, the far part of the kernel's gradient
     appended to ``dw_parts`` (per-program partials over ``scale``, as :func:`mta.conv._fused_backward`'s).
 
     ``kf_held``: a list holding the folded keys ``[B, Hq, cq, N, D]`` laid out keys-major
     (:func:`mta.conv.fold_keys` with ``keys_major=True``, so that ``[B * Hq, N, cq * D]`` is a view of them),
     emptied here; ``cd``, ``g``: the diagonal scores and the near part's score gradients (causal), ``meta``: the
-    one-pass kernels' constexprs; ``plan``: the chunk, dq's far part and the dK fold's kernel. ``beside_work``: ``(qs, qs_made, g_made)``, the shifted queries
+    one-pass kernels' constexprs; ``plan``: the chunk, dq's far part and the dK fold's kernel; ``launches``: the
+    call signature's (:class:`mta.launch.CallLaunches`, each chunk's launches its own; None: made here). ``beside_work``: ``(qs, qs_made, g_made)``, the shifted queries
     (:func:`shifted_queries_beside`), an event after them on the side stream and one after the near part's ``G``
     there (None: made here).
     """
     kf = kf_held.pop()
+    launches = launches or CallLaunches()
     B, Hq, N, D = q.shape
     Hkv = k.shape[1]
     cq, ck = w.shape[1:]
@@ -264,7 +274,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     # What conv.py queued beside: the shifted queries, which the first U GEMM waits for, and the near part's G,
     # which the first dQ fold waits for (the dK folds, on the side stream, come after it there).
     qs, qs_made, g_made = (beside_work if beside_work is not None
-                           else (shifted_queries_side_by_side(q, cq), None, None))
+                           else (shifted_queries_side_by_side(q, cq, launches=launches), None, None))
     far_kernel = plan.dq_far_kernel
     # dq's parts, summed over chunks (the dq kernel's first chunk writes every row; the GEMM path adds to zeros)
     dq_sum = (torch.empty if far_kernel else torch.zeros)((B, Hq, N, D), device=q.device, dtype=torch.float32)
@@ -282,18 +292,19 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     dw_far = torch.empty((sum(fold_tiles), B, Hq, cq, ck), device=q.device, dtype=torch.float32)
     dw_parts.append(dw_far)
 
-    def dq_far_part(dcs, c0, c1, row0, accumulates):
+    def dq_far_part(dcs, chunk, c0, c1, row0, accumulate):
         """dQ side: dq[r] += scale sum_a sum_j dC_far[r + cq-1-a, j] Kf_a[j] over the chunk's keys, for the rows from
         row0 - (cq-1) (the first that read a row of the chunk's). The first chunk writes dq's rows, the others add
         to them."""
         r_lo = max(row0 - (cq - 1), 0)
         dq_descriptors = (_dq_far_descriptors(dcs, kf, dq_sum, dq_tile, block_d) if descriptors[0] is not None
                           else (None, None, None))
-        for accumulate in accumulates:
-            launch(conv_dq_far_kernel, (cdiv(N - r_lo, dq_tile["BLOCK_M"]), B * Hq), dcs, kf, dq_sum,
-                   *dq_descriptors, dcs.stride(0), dcs.stride(1), *kf.stride(), *dq_sum.stride(), N, c0, c1, row0,
-                   r_lo, Hq, scale, tuning.size_bucket(N), CAUSAL=causal, CQ=cq, E=meta["E"], D=D, BLOCK_D=block_d,
-                   PRECISION=meta["PRECISION"], ACCUMULATE=accumulate, **dq_tile)
+        launches.run(("dq_far", chunk), lambda dcs, kf, dq_sum, *descriptors: Launch(
+            conv_dq_far_kernel, (cdiv(N - r_lo, dq_tile["BLOCK_M"]), B * Hq),
+            (dcs, kf, dq_sum, *descriptors, dcs.stride(0), dcs.stride(1), *kf.stride(), *dq_sum.stride(), N, c0, c1,
+             row0, r_lo, Hq, scale, tuning.size_bucket(N)),
+            dict(CAUSAL=causal, CQ=cq, E=meta["E"], D=D, BLOCK_D=block_d, PRECISION=meta["PRECISION"],
+                 ACCUMULATE=accumulate, **dq_tile)), dcs, kf, dq_sum, *dq_descriptors)
 
     prev, prev0 = None, 0
     for chunk, (c0, c1) in enumerate(chunks):
@@ -302,10 +313,11 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
         # 16-byte aligned (the copy engine, cuBLAS): size is a multiple of the tiles.
         dcs = scratch[:, :N - row0, :c1 - c0]
         dcd = _scratch_descriptor(dcs, tile) if descriptors[0] is not None else None
-        launch(conv_dc_kernel, (cdiv(c1 - c0, tile["BLOCK_N"]), B * Hkv), q, kf, v, do, lse, delta, cd, dcs, dv,
-               *descriptors, dcd, *q.stride(), *v.stride(), *kf.stride(), *do.stride(), *dv.stride(),
-               dcs.stride(0), dcs.stride(1), N, N, c0, row0, Hkv, Hq // Hkv, scale, tuning.size_bucket(N),
-               **constexprs, **tile)
+        launches.run(("dc", chunk), lambda q, kf, v, do, lse, delta, cd, dcs, dv, *descriptors: Launch(
+            conv_dc_kernel, (cdiv(c1 - c0, tile["BLOCK_N"]), B * Hkv),
+            (q, kf, v, do, lse, delta, cd, dcs, dv, *descriptors, *q.stride(), *v.stride(), *kf.stride(),
+             *do.stride(), *dv.stride(), dcs.stride(0), dcs.stride(1), N, N, c0, row0, Hkv, Hq // Hkv, scale,
+             tuning.size_bucket(N)), {**constexprs, **tile}), q, kf, v, do, lse, delta, cd, dcs, dv, *descriptors, dcd)
         # dK side: U = dC_far^T Qshift for the chunk's keys, written once; key c's fold reads U rows c - pk ..
         # c + pk, so the keys within pk of the chunk's end wait for the next chunk.
         qs_made = wait_for(qs_made, q.device)
@@ -315,10 +327,10 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             dwf = dw_far[t0:t0 + fold_tiles[chunk]]
             with beside(side, u, dwf):
                 fold_dk(u, prev, prev0, c0, f0, f1, g, q, k, w, dk, dwf, scale, near, block_d,
-                        plan.dk_fold_by_product)
+                        plan.dk_fold_by_product, launches, ("dk_fold", chunk))
         prev, prev0 = u, c0
         if far_kernel:  # after the U GEMM: its dK fold, beside, runs in this kernel's shadow
-            dq_far_part(dcs, c0, c1, row0, (c0 > 0,))
+            dq_far_part(dcs, chunk, c0, c1, row0, c0 > 0)
 
         # dQ side by GEMMs (not far_kernel): this chunk's part of Gq = dC_far Kf (rows from row0), in blocks of
         # rows, each folded into dq's running sum at once: row r reads Gq rows r .. r + cq - 1, so a block is made
@@ -328,17 +340,22 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             g0, g1 = max(r0, row0), min(r1 + cq - 1, N)
             gq = _product(dcs[:, g0 - row0:g1 - row0], kf_cat[:, c0:c1])  # [B * Hq, rows, cq * D]
             g_made = wait_for(g_made, q.device)
-            launch(conv_dq_fold_kernel, (cdiv(r1 - r0, dq_rows), B * Hq), gq, g, k, dq_sum, dq_sum, gq.stride(0), D,
-                   cq * D, *k.stride(), *dq_sum.stride(), n=N, cur0=g0, cur1=g1, f0=r0, f1=r1, num_heads=Hq,
-                   group_size=Hq // Hkv, scale=scale, ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and c0 == 0})
+            launches.run(("dq_fold", chunk, b0), lambda gq, g, k, dq_sum, dq_out: Launch(
+                conv_dq_fold_kernel, (cdiv(r1 - r0, dq_rows), B * Hq),
+                (gq, g, k, dq_sum, dq_out, gq.stride(0), D, cq * D, *k.stride(), *dq_sum.stride()),
+                dict(n=N, cur0=g0, cur1=g1, f0=r0, f1=r1, num_heads=Hq, group_size=Hq // Hkv, scale=scale,
+                     ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **{**fold_meta, "NEAR": near and c0 == 0})),
+                gq, g, k, dq_sum, dq_sum)
             del gq  # one block alive at a time
     dq = None
     if far_kernel and near:  # dq's near part (no Gq rows: cur0 = cur1) added to the far parts, stored as dq
         dq = empty_contiguous(q)  # this runs beside the last dK fold
         g_made = wait_for(g_made, q.device)
-        launch(conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), dq_sum, g, k, dq_sum, dq, 0, 0, 0, *k.stride(),
-               *dq_sum.stride(), n=N, cur0=0, cur1=0, f0=0, f1=N, num_heads=Hq, group_size=Hq // Hkv, scale=scale,
-               ACCUMULATE=True, BLOCK_R=dq_rows, num_warps=dq_warps, **fold_meta)
+        launches.run("dq_near", lambda no_gq, g, k, dq_sum, dq: Launch(
+            conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), (no_gq, g, k, dq_sum, dq, 0, 0, 0, *k.stride(),
+                                                              *dq_sum.stride()),
+            dict(n=N, cur0=0, cur1=0, f0=0, f1=N, num_heads=Hq, group_size=Hq // Hkv, scale=scale, ACCUMULATE=True,
+                 BLOCK_R=dq_rows, num_warps=dq_warps, **fold_meta)), dq_sum, g, k, dq_sum, dq)
     if side is not None:  # dk and the far dW partials, made beside, are read after this
         torch.cuda.current_stream(q.device).wait_stream(side)
     del kf, kf_cat, qs, prev, scratch

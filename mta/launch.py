@@ -239,6 +239,9 @@ class LaunchPlans:
         self.size = size
         self._plans: OrderedDict = OrderedDict()
 
+    def __len__(self) -> int:
+        return len(self._plans)
+
     def get(self, key, make) -> LaunchPlan:
         """The plan kept for ``key``, else ``make()``'s, kept."""
         plan = self._plans.get(key)
@@ -256,6 +259,27 @@ class LaunchPlans:
         if len(self._plans) > self.size:
             self._plans.popitem(last=False)
         return plan
+
+
+class CallLaunches:
+    """The launches of one call signature by name, each a :class:`LaunchPlan` made at the signature's first call:
+    for a launcher whose launches are many and vary with the shapes (the MTA backward's, chunk by chunk). Kept per
+    signature in a :class:`LaunchPlans` (``plans.get(signature, CallLaunches)``)."""
+
+    def __init__(self):
+        self.plans: dict = {}
+
+    def run(self, name, make, *tensors):
+        """Launch ``make(*tensors)`` (a :class:`Launch` whose arguments start with ``tensors``) on ``tensors``:
+        made into a plan under ``name`` at the first call, launched without ``make`` after. ``name`` stands for
+        everything of the launch that is not a tensor, given the call signature (a kernel and a chunk index)."""
+        plan = self.plans.get(name)
+        if plan is None:
+            made = make(*tensors)
+            if any(a is not t for a, t in zip(made.args, tensors)):
+                raise RuntimeError(f"launch {name!r}: its arguments do not start with the tensors it is run on")
+            plan = self.plans[name] = made.plan(len(tensors))
+        return plan(*tensors)
 
 
 def tensor_facts(t: torch.Tensor) -> tuple:
@@ -282,15 +306,6 @@ def tiled_launch(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dty
     if pre_hook is not None:
         pre_hook({**dict(zip(kernel.arg_names, args)), **meta, **config})
     return Launch(kernel, grid(config) if callable(grid) else grid, args, {**meta, **config})
-
-
-def launch_tiled(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dtype: torch.dtype,
-                 config: dict | None = None, fit=None, key=("N_BUCKET", "BLOCK_D", "CAUSAL"), n: int | None = None):
-    """Launch ``kernel`` with the tile ``config`` where given (a tile the caller's rules chose), else as
-    :func:`tiled_launch` makes it."""
-    if config is None:
-        return tiled_launch(kernel_name, kernel, grid, args, meta, dtype=dtype, fit=fit, key=key, n=n)()
-    return launch(kernel, grid(config) if callable(grid) else grid, *args, **meta, **config)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ def poisoned_outputs(monkeypatch):
 
 
 def record_hopper_tiles(monkeypatch, module) -> list:
-    """Make ``module.launch_tiled`` and ``module.tiled_launch`` record the tile each launch would take on an H100
+    """Make ``module.tiled_launch`` record the tile each launch would take on an H100
     (the Hopper tables, nothing timed, nothing launched); returns the list they append to."""
     from mta import tuning
     from mta.launch import LaunchPlans
@@ -124,13 +124,11 @@ def record_hopper_tiles(monkeypatch, module) -> list:
         def plan(self, tensors):
             return lambda *tensors: None
 
-    def launch_tiled(name, kernel, grid, args, meta, *, dtype, config=None, fit=None, **kw):
+    def tiled_launch(name, kernel, grid, args, meta, *, dtype, config=None, fit=None, **kw):
         tile = config or tuning.config_for(name, meta["BLOCK_D"], dtype, meta["CAUSAL"], n=kw.get("n"))
         launched.append(tile if config or fit is None else fit(tile))
         return Recorded()
-    for name in ("launch_tiled", "tiled_launch"):
-        if hasattr(module, name):
-            monkeypatch.setattr(module, name, launch_tiled)
+    monkeypatch.setattr(module, "tiled_launch", tiled_launch)
     return launched
 
 

@@ -9,6 +9,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 import mta
+from mta.launch import LaunchPlans
 import mta.conv
 from conftest import chunked_by_default, rand, rand_qkv
 from mta.conv_chunked import LIVE_BLOCKS, chunk_rows, conv_attention_backward_chunked, conv_attention_forward_chunked
@@ -132,13 +133,17 @@ def test_refused_launches_fall_back_to_the_chunks(monkeypatch):
 def test_gqa_groups_walk_their_query_tiles_in_one_stage(Hq, Hkv, autotune, stages, monkeypatch):
     """The dK/dV side's tile with queries as rows gets one stage for GQA groups, autotuned or not (the tile is then
     given, never picked by the autotuner); without GQA the table's tile and the fit stand."""
-    launches = []
-    real = mta.conv.launch_tiled
+    made, tabled = [], []
+    real_dkdv, real_tiled = mta.conv._dkdv_launch, mta.conv.tiled_launch
     monkeypatch.setattr(mta.tuning, "AUTOTUNE", autotune)
-    monkeypatch.setattr(mta.conv, "launch_tiled", lambda name, *a, **k: launches.append((name, k.get("config")))
-                        or real(name, *a, **{**k, "config": k.get("config") or mta.tuning.as_config((16, 16, 4, 1))}))
+    monkeypatch.setattr(mta.conv, "BACKWARD_LAUNCHES", LaunchPlans())  # plans kept by other tests skip the tables
+    monkeypatch.setattr(mta.conv, "_dkdv_launch", lambda *a, **k: made.append(real_dkdv(*a, **k)) or made[-1])
+    monkeypatch.setattr(mta.conv, "tiled_launch", lambda name, *a, **k: tabled.append(name) or real_tiled(name, *a, **k))
     q, k, v = rand_qkv(1, Hq, Hkv, 20, 20, 16)
     weight, do = rand(Hq, 3, 3, scale=0.2), rand(1, Hq, 20, 16)
     grads(mta.conv_attention, q, k, v, weight, do)
-    configs = [c for name, c in launches if name == "conv_dkdv"]  # on a GPU, compile_ahead's dry run launches too
-    assert configs and all((c is None) if stages is None else c["num_stages"] == stages for c in configs)
+    assert made  # on a GPU, compile_ahead's dry run launches too
+    if stages is None:  # the table's tile (or the autotuner's pick), asked of tiled_launch
+        assert "conv_dkdv" in tabled
+    else:
+        assert "conv_dkdv" not in tabled and all(launch.meta["num_stages"] == stages for launch in made)

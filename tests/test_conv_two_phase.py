@@ -281,3 +281,28 @@ def test_shifted_queries_side_by_side():
             r = i - 2 + a
             expected = q[:, :, r] if r >= 0 else torch.zeros_like(q[:, :, 0])
             assert torch.equal(qs[:, :, i, a], expected), (a, i)
+
+
+@pytest.mark.parametrize("path", ["two_phase", "dq_far_kernel", "one_pass"])
+def test_launches_kept_per_signature_serve_new_inputs(path, poisoned_outputs, monkeypatch):
+    """The backward's launches are made at a signature's first call (:data:`mta.conv.BACKWARD_LAUNCHES`): a second
+    call of the same signature, on new inputs in new buffers, runs them (no launch made again) and is exact."""
+    from mta import conv
+    from mta.launch import CallLaunches, LaunchPlans
+
+    monkeypatch.setattr(conv, "BACKWARD_LAUNCHES", LaunchPlans())
+    made = []
+    real_run = CallLaunches.run
+
+    def counting_run(self, name, make, *tensors):
+        return real_run(self, name, lambda *t: made.append(name) or make(*t), *tensors)
+    monkeypatch.setattr(CallLaunches, "run", counting_run)
+    fn = (planned("one_pass") if path == "one_pass"
+          else planned("two_phase", chunk=32, dq_far_kernel=path == "dq_far_kernel"))
+    run_case(fn, 100, 6, 11, True, torch.float32)
+    first = len(made)
+    assert first > 0 and len(conv.BACKWARD_LAUNCHES) == 1
+    run_case(fn, 100, 6, 11, True, torch.float32)  # new random inputs, the same signature
+    assert len(made) == first and len(conv.BACKWARD_LAUNCHES) == 1
+    run_case(fn, 99, 6, 11, True, torch.float32)  # another signature: its own launches
+    assert len(made) > first and len(conv.BACKWARD_LAUNCHES) == 2
