@@ -168,11 +168,15 @@ def beside(side, *used):
     if side is None:
         yield
         return
-    side.wait_stream(torch.cuda.current_stream(side.device))
+    current = torch.cuda.current_stream(side.device)
+    side.wait_stream(current)
     for t in used:
         t.record_stream(side)
-    with torch.cuda.stream(side):
+    torch.cuda.set_stream(side)  # the launches read the current stream (cheaper than torch.cuda.stream's guard)
+    try:
         yield
+    finally:
+        torch.cuda.set_stream(current)
 
 
 def _dq_far_descriptors(dcs: torch.Tensor, kf: torch.Tensor, dq: torch.Tensor, tile: dict, block_d: int):
