@@ -377,15 +377,10 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, pla
                  w.shape, causal, scale, plan, tma_ready(q), tma_ready(v), tma_ready(do))
     launches = BACKWARD_LAUNCHES.get(signature, CallLaunches)
     dev = q.device
-    # Two phases: the shifted queries and dO.v on the masked diagonals made on the side stream, beside the pre-passes.
-    side = conv_two_phase.side_stream(dev) if two_phase else None
-    qs = conv_two_phase.shifted_queries_beside(q, cq, side, launches) if two_phase else None
-    qs_made = conv_two_phase.event_on(side)
     if near:  # dO_i . v_{i - delta} on the E masked diagonals
         pv = torch.empty((B, Hq, N, _pad16(e)), device=dev, dtype=torch.float32)
-        with conv_two_phase.beside(side, do, v, pv):
-            launches.run("past_do_v", lambda do, v, pv: past_scores_launch(do, v, pv, e - 1, plan.past_by_product),
-                         do, v, pv)
+        launches.run("past_do_v", lambda do, v, pv: past_scores_launch(do, v, pv, e - 1, plan.past_by_product),
+                     do, v, pv)
     # Handed to the sides in a list that they empty, so that the folded keys are freed as soon as they are done.
     kf = folded_keys_buffer(k, Hq, cq, keys_major=two_phase)
     launches.run("fold", lambda k, w, kf: fold_keys_launch(k, w, kf, plan.fold_by_product), k, w, kf)
@@ -415,13 +410,10 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, pla
         g = torch.empty((B, Hq, N, ep_pad), device=dev, dtype=torch.float32)
         near_rows, near_warps = post_pass_tile(ep_pad, 128)
         dwn = torch.empty((cdiv(N, near_rows), B, Hq, cq, ck), device=dev, dtype=torch.float32)
-        # Two phases: beside the first chunk's phase 1 (on the stream of the dK folds, which read G; the first dQ fold
-        # waits for it). Memory-bound and short: it uses the SMs phase 1 leaves idle.
-        with conv_two_phase.beside(side, cd, pq, lse, delta, w, g, dwn):
-            launches.run("near", lambda *t: Launch(
-                conv_near_kernel, (cdiv(N, near_rows), B * Hq), (*t, N, Hq, scale),
-                dict(CQ=cq, CK=ck, E=e, E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=near_rows, num_warps=near_warps)),
-                cd, pv, pq, lse, delta, w, g, dwn)
+        launches.run("near", lambda *t: Launch(
+            conv_near_kernel, (cdiv(N, near_rows), B * Hq), (*t, N, Hq, scale),
+            dict(CQ=cq, CK=ck, E=e, E_PAD=e_pad, EP_PAD=ep_pad, BLOCK_R=near_rows, num_warps=near_warps)),
+            cd, pv, pq, lse, delta, w, g, dwn)
         del pv
         dw_parts.append(dwn)
     else:
@@ -429,8 +421,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, pla
 
     if two_phase:
         dq, dk, dv = conv_two_phase.two_phase_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta,
-                                                    dw_parts, plan, launches,
-                                                    beside_work=(qs, qs_made, conv_two_phase.event_on(side)))
+                                                    dw_parts, plan, launches)
     else:
         dq, dk, dv = _one_pass_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta, dw_parts, plan,
                                      launches)

@@ -10,18 +10,16 @@ makes ``C`` again. Here the backward walks chunks of keys, and for each:
    sums ``dV = P^T dO`` over the GQA group in registers: the chunk's ``dv``, complete;
 2. the dK side: one GEMM, ``U = dC_far^T Qshift`` (the shifted queries side by side, ``cq d`` wide), written once,
    and :func:`mta.conv_backward.conv_dk_fold_kernel` folds it into ``dk`` and the far part of ``dW`` as soon as
-   the keys it reads are made (a key reads ``U`` rows ``c - pk .. c + pk``: this chunk's and the previous one's),
-   on a second stream (:func:`side_stream`), where the short memory-bound fold runs beside the next kernels;
+   the keys it reads are made (a key reads ``U`` rows ``c - pk .. c + pk``: this chunk's and the previous one's);
 3. the dQ side, folded at once into an fp32 running ``dq`` (the fold is linear): at 128-wide head-dim tiles
    :func:`mta.conv_dq_kernels.conv_dq_far_kernel`, one product of depth ``cq x keys`` per row tile from the
-   scratch's shifted rows (no ``Gq``; the dK fold runs in its shadow); elsewhere the chunk's part of
+   scratch's shifted rows (no ``Gq``); elsewhere the chunk's part of
    ``Gq = dC_far Kf`` (the folded keys side by side) by GEMMs over blocks of rows, each folded by
    :func:`mta.conv_backward.conv_dq_fold_kernel` (``ACCUMULATE``): row ``r`` reads ``Gq`` rows ``r .. r + cq - 1``,
    so a block is made ``cq - 1`` rows longer.
 
 ``C`` is made once: ``cq' + 2`` product units in the Triton kernel, ``2 cq'`` in phase 2. Extra memory: the
-scratch (:data:`mta.conv_plan.SCRATCH_BYTES`, or one tile of keys of every head where that is more), two chunks of ``U`` (a
-third while a fold on its stream lags), one block of ``Gq`` (:attr:`mta.conv_plan.ConvPlan.gq_bytes`) where GEMMs make it, the fp32
+scratch (:data:`mta.conv_plan.SCRATCH_BYTES`, or one tile of keys of every head where that is more), two chunks of ``U``, one block of ``Gq`` (:attr:`mta.conv_plan.ConvPlan.gq_bytes`) where GEMMs make it, the fp32
 running ``dq``, and the folded keys and shifted queries laid out for the products (each ``cq`` times q's size):
 O(N). Deterministic: every output row has one owner, and the products, folds and sums over chunks run in a fixed
 order. Rounding: ``Gq`` and ``U`` leave cuBLAS in the inputs' dtype, and phase 1 sums the score product in other
@@ -30,8 +28,6 @@ inputs, forced: ``dv`` near 4e-4 from float64 where the one-pass kernels give 1e
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
@@ -51,7 +47,6 @@ DK_FOLD_TILE = (8, 1)
 DQ_FOLD_TILE = (16, 4)
 #: ``(keys, warps)`` of the product dK fold's programs: 16 keys on 2 warps, the fastest on Hopper at d = 64, 128.
 DK_FOLD_PRODUCT_TILE = (16, 2)
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
 def phase_one_tile(block_d: int, dtype: torch.dtype, causal: bool) -> dict:
@@ -149,68 +144,12 @@ def _measured_tile(tile: tuple[int, int] | None, block_d: int) -> tuple[int, int
     return tile if tile is not None and not runtime.INTERPRET and block_d <= 128 else None
 
 
-def side_stream(device: torch.device):
-    """The stream the dK folds run on beside the chunks' GEMMs and phase 1 (on a GPU, not while a CUDA graph is
-    captured), else None. The fold is memory-bound and short: on its own stream it runs in the
-    tails of the compute-bound kernels' waves instead of between them."""
-    if device.type != "cuda" or runtime.INTERPRET or torch.cuda.is_current_stream_capturing():
-        return None  # in a CUDA graph's capture (torch.compile's reduce-overhead mode) the folds stay in line
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(index)
-    return _SIDE_STREAMS[index]
-
-
-@contextlib.contextmanager
-def beside(side, *used):
-    """Run the block's launches on ``side`` (when not None) after everything queued so far on the current stream;
-    the caching allocator keeps the ``used`` tensors' memory until ``side`` is done with them."""
-    if side is None:
-        yield
-        return
-    current = torch.cuda.current_stream(side.device)
-    side.wait_stream(current)
-    for t in used:
-        t.record_stream(side)
-    torch.cuda.set_stream(side)  # the launches read the current stream (cheaper than torch.cuda.stream's guard)
-    try:
-        yield
-    finally:
-        torch.cuda.set_stream(current)
-
-
 def _dq_far_descriptors(dcs: torch.Tensor, kf: torch.Tensor, dq: torch.Tensor, tile: dict, block_d: int):
     """``(DCD, KFD, DQD)`` for :func:`mta.conv_dq_kernels.conv_dq_far_kernel`: over the chunk's scratch ``dcs``
     ``[B * Hq, rows, keys]`` (rows outside it and keys past the chunk load as zeros), the folded keys and the
     fp32 running ``dq``."""
     return (descriptor(dcs, [1, tile["BLOCK_M"], tile["BLOCK_K"]]), descriptor(kf, [1, 1, 1, tile["BLOCK_K"], block_d]),
             descriptor(dq, [1, 1, tile["BLOCK_M"], block_d]))
-
-
-def shifted_queries_beside(q: torch.Tensor, cq: int, side, launches: CallLaunches) -> torch.Tensor:
-    """:func:`shifted_queries_side_by_side`, queued on ``side`` (or in line where None): the first chunk's ``U`` GEMM
-    is the first to read them (it waits for an event recorded after them, :func:`event_on`)."""
-    B, Hq, N, D = q.shape
-    qs = torch.empty((B * Hq, N, cq * D), device=q.device, dtype=q.dtype)
-    with beside(side, q, qs):
-        shifted_queries_side_by_side(q, cq, out=qs, launches=launches)
-    return qs
-
-
-def event_on(side):
-    """An event recorded on ``side`` (None where there is no side stream): what is queued there so far."""
-    if side is None:
-        return None
-    event = torch.cuda.Event()
-    event.record(side)
-    return event
-
-
-def wait_for(event, device: torch.device) -> None:
-    """The current stream waits for ``event`` (:func:`event_on`; None: nothing to wait for). Returns None: the
-    caller's handle is spent."""
-    if event is not None:
-        torch.cuda.current_stream(device).wait_event(event)
 
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -245,8 +184,8 @@ def _scratch_descriptor(dcs: torch.Tensor, tile: dict):
 
 
 def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, scale: float, near: bool,
-                    meta: dict, dw_parts: list, plan: ConvPlan, launches: CallLaunches | None = None,
-                    beside_work: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    meta: dict, dw_parts: list, plan: ConvPlan, launches: CallLaunches | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``dq, dk, dv`` (the dtypes of ``q, k, v``) by the two phases, the far part of the kernel's gradient
     appended to ``dw_parts`` (per-program partials over ``scale``, as :func:`mta.conv._fused_backward`'s).
 
@@ -254,9 +193,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     (:func:`mta.conv.fold_keys` with ``keys_major=True``, so that ``[B * Hq, N, cq * D]`` is a view of them),
     emptied here; ``cd``, ``g``: the diagonal scores and the near part's score gradients (causal), ``meta``: the
     one-pass kernels' constexprs; ``plan``: the chunk, dq's far part and the dK fold's kernel; ``launches``: the
-    call signature's (:class:`mta.launch.CallLaunches`, each chunk's launches its own; None: made here). ``beside_work``: ``(qs, qs_made, g_made)``, the shifted queries
-    (:func:`shifted_queries_beside`), an event after them on the side stream and one after the near part's ``G``
-    there (None: made here).
+    call signature's (:class:`mta.launch.CallLaunches`, each chunk's launches its own; None: made here).
     """
     kf = kf_held.pop()
     launches = launches or CallLaunches()
@@ -274,11 +211,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     fold_meta = dict(NEAR=near, CQ=cq, EP=e_past, EP_PAD=max(16, next_power_of_2(e_past + 1)), D=D, BLOCK_D=block_d)
 
     kf_cat = kf.permute(0, 1, 3, 2, 4).reshape(B * Hq, N, cq * D)  # a view: kf is laid out keys-major
-    side = side_stream(q.device)
-    # What conv.py queued beside: the shifted queries, which the first U GEMM waits for, and the near part's G,
-    # which the first dQ fold waits for (the dK folds, on the side stream, come after it there).
-    qs, qs_made, g_made = (beside_work if beside_work is not None
-                           else (shifted_queries_side_by_side(q, cq, launches=launches), None, None))
+    qs = shifted_queries_side_by_side(q, cq, launches=launches)
     far_kernel = plan.dq_far_kernel
     # dq's parts, summed over chunks (the dq kernel's first chunk writes every row; the GEMM path adds to zeros)
     dq_sum = (torch.empty if far_kernel else torch.zeros)((B, Hq, N, D), device=q.device, dtype=torch.float32)
@@ -324,16 +257,14 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
              tuning.size_bucket(N)), {**constexprs, **tile}), q, kf, v, do, lse, delta, cd, dcs, dv, *descriptors, dcd)
         # dK side: U = dC_far^T Qshift for the chunk's keys, written once; key c's fold reads U rows c - pk ..
         # c + pk, so the keys within pk of the chunk's end wait for the next chunk.
-        qs_made = wait_for(qs_made, q.device)
         u = _product(dcs.transpose(1, 2), qs[:, row0:])  # [B * Hq, keys, cq * D]
         (f0, f1), t0 = folds[chunk], sum(fold_tiles[:chunk])
         if f1 > f0:
             dwf = dw_far[t0:t0 + fold_tiles[chunk]]
-            with beside(side, u, dwf):
-                fold_dk(u, prev, prev0, c0, f0, f1, g, q, k, w, dk, dwf, scale, near, block_d,
-                        plan.dk_fold_by_product, launches, ("dk_fold", chunk))
+            fold_dk(u, prev, prev0, c0, f0, f1, g, q, k, w, dk, dwf, scale, near, block_d,
+                    plan.dk_fold_by_product, launches, ("dk_fold", chunk))
         prev, prev0 = u, c0
-        if far_kernel:  # after the U GEMM: its dK fold, beside, runs in this kernel's shadow
+        if far_kernel:
             dq_far_part(dcs, chunk, c0, c1, row0, c0 > 0)
 
         # dQ side by GEMMs (not far_kernel): this chunk's part of Gq = dC_far Kf (rows from row0), in blocks of
@@ -343,7 +274,6 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             r0, r1 = max(b0 - (cq - 1), 0) if b0 == row0 else b0, min(b0 + gq_rows, N)
             g0, g1 = max(r0, row0), min(r1 + cq - 1, N)
             gq = _product(dcs[:, g0 - row0:g1 - row0], kf_cat[:, c0:c1])  # [B * Hq, rows, cq * D]
-            g_made = wait_for(g_made, q.device)
             launches.run(("dq_fold", chunk, b0), lambda gq, g, k, dq_sum, dq_out: Launch(
                 conv_dq_fold_kernel, (cdiv(r1 - r0, dq_rows), B * Hq),
                 (gq, g, k, dq_sum, dq_out, gq.stride(0), D, cq * D, *k.stride(), *dq_sum.stride()),
@@ -353,14 +283,11 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
             del gq  # one block alive at a time
     dq = None
     if far_kernel and near:  # dq's near part (no Gq rows: cur0 = cur1) added to the far parts, stored as dq
-        dq = empty_contiguous(q)  # this runs beside the last dK fold
-        g_made = wait_for(g_made, q.device)
+        dq = empty_contiguous(q)
         launches.run("dq_near", lambda no_gq, g, k, dq_sum, dq: Launch(
             conv_dq_fold_kernel, (cdiv(N, dq_rows), B * Hq), (no_gq, g, k, dq_sum, dq, 0, 0, 0, *k.stride(),
                                                               *dq_sum.stride()),
             dict(n=N, cur0=0, cur1=0, f0=0, f1=N, num_heads=Hq, group_size=Hq // Hkv, scale=scale, ACCUMULATE=True,
                  BLOCK_R=dq_rows, num_warps=dq_warps, **fold_meta)), dq_sum, g, k, dq_sum, dq)
-    if side is not None:  # dk and the far dW partials, made beside, are read after this
-        torch.cuda.current_stream(q.device).wait_stream(side)
     del kf, kf_cat, qs, prev, scratch
     return dq if dq is not None else dq_sum.to(q.dtype), dk, dv
