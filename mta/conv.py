@@ -468,8 +468,8 @@ def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
 
     u = torch.empty((B, Hq, cq, N, D), device=dev, dtype=torch.float32)
     dv = empty_contiguous(v)
-    launches.run("dkdv", lambda *t: _dkdv_launch(t, q, v, kf, do, dv, causal, scale, meta, plan),
-                 q, kf, v, do, lse, delta, cd, u, dv)
+    launches.run("dkdv", functools.partial(_dkdv_launch, causal, scale, meta, plan), q, kf, v, do, lse, delta, cd, u,
+                 dv)
     del kf
     dk = empty_contiguous(k)
     fold_rows, fold_warps = post_pass_tile(block_d, 64)
@@ -484,9 +484,10 @@ def _one_pass_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     return dq, dk, dv
 
 
-def _dkdv_launch(tensors: tuple, q, v, kf, do, dv, causal: bool, scale: float, meta: dict, plan: ConvPlan) -> Launch:
+def _dkdv_launch(causal: bool, scale: float, meta: dict, plan: ConvPlan, *tensors) -> Launch:
     """The one-pass dK/dV kernel's :class:`mta.launch.Launch` on ``tensors`` ``(q, kf, v, do, lse, delta, cd, u,
     dv)``: keys as rows where the plan gives that tile; for GQA the table's tile in one stage."""
+    q, kf, v, do, dv = (tensors[i] for i in (0, 1, 2, 3, 8))
     B, Hq, N, _ = q.shape
     Hkv = v.shape[1]
     cq, block_d = meta["CQ"], meta["BLOCK_D"]
