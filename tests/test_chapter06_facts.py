@@ -57,16 +57,21 @@ def test_prefill_gap_is_widest_with_the_fewest_programs(prefill):
     assert len(at_8) > 1 and gap[at_8[-1]] > gap[at_8[0]]      # wider with Hq = 32 than with Hq = 8
 
 
-def test_wall_time_per_step_is_host_bound_for_small_steps():
-    """Appendix 06b, section 6: on GPU time the decoder is level with SDPA or faster; on wall time, where the
-    GPU's work is small, it takes several times SDPA's."""
+def test_decode_step_is_level_with_sdpa_in_gpu_time_and_within_twice_its_wall_time():
+    """Appendix 06b, section 6: on GPU time mta.decode_attention is level with SDPA or faster at every shape; on wall
+    time per step both decoders are within twice SDPA's at every shape (the target for a call of one or two short
+    kernels)."""
     quick = _load("bench_decode_h200_quick.json")
     keys = ("batch", "heads", "kv_heads", "head_dim", "seq_len")
-    steps = [(r, bench_plots.select(quick["results"], impl="sdpa", **{k: r[k] for k in keys})[0])
-             for r in bench_plots.select(quick["results"], impl="mta_decode")]
-    assert steps
-    assert max(r["ms"] / s["ms"] for r, s in steps) < 1.05
-    assert max(r["wall_ms"] / s["wall_ms"] for r, s in steps) > 3
+
+    def against_sdpa(impl):
+        return [(r, bench_plots.select(quick["results"], impl="sdpa", **{k: r[k] for k in keys})[0])
+                for r in bench_plots.select(quick["results"], impl=impl)]
+
+    decode, conv_decode = against_sdpa("mta_decode"), against_sdpa("mta_conv_decode")
+    assert decode and len(conv_decode) == len(decode)
+    assert all(r["ms"] / s["ms"] < 1.05 for r, s in decode)
+    assert all(r["wall_ms"] / s["wall_ms"] < 2 for r, s in decode + conv_decode)
 
 
 def test_a_captured_step_turns_the_comparison_around():
