@@ -23,8 +23,9 @@ from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_
 from .conv_forward import (MAX_CK, MAX_CQ, query_shift_groups, conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors,
                            fold_keys_kernel, fold_keys_product_kernel, held_shared_bytes, holds_queries,
                            past_scores_kernel, past_scores_product_kernel)
-from .conv_plan import ConvPlan, fit_backward_tile, plan_conv, post_pass_tile
+from .conv_plan import ConvPlan, fit_backward_tile, plan_conv, post_pass_tile, replays_graph
 from .flash_backward import rowsum_do_o_kernel
+from .graphed_calls import GraphedCalls
 from .launch import (CallLaunches, Launch, LaunchPlan, LaunchPlans, batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
                      dot_precision, empty_contiguous, head_dim_block, next_power_of_2, tiled_launch,
                      shared_memory_limit, shifted_head_dim_block, tensor_facts, wants_gradients,
@@ -248,6 +249,10 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float, plan: Co
     compile_ahead("conv_forward", lambda *x: conv_attention_forward(*x, scale, plan), q, k, v, weight, causal)
     q, k, v = within_int32_indexing(q, k, v, rows_per_head=weight.shape[1])
     try:
+        if replays_graph(plan, *q.shape[:3]):
+            return FORWARD_GRAPHS.run((*map(tensor_facts, (q, k, v, weight)), causal, scale, plan),
+                                      lambda q, k, v, weight: planned_forward(q, k, v, weight, causal, scale, plan),
+                                      q, k, v, weight)
         return planned_forward(q, k, v, weight, causal, scale, plan)
     except OutOfResources:  # a tile this GPU's shared memory cannot hold: the same outputs, unfused
         return conv_attention_forward_chunked(q, k, v, weight, causal, scale)
@@ -269,6 +274,8 @@ class ForwardLaunches:
 
 #: :class:`ForwardLaunches` per call signature: everything the launches depend on but the tensors' addresses.
 FORWARD_PLANS = LaunchPlans()
+#: The forward's CUDA graphs per call signature (:attr:`mta.conv_plan.ConvPlan.replay_graphs`).
+FORWARD_GRAPHS = GraphedCalls()
 
 
 def planned_forward(q, k, v, weight, causal: bool, scale: float, plan: ConvPlan):
@@ -347,6 +354,9 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     if plan.backward == "chunked":
         return conv_attention_backward_chunked(do, q, k, v, weight, causal, scale)
     try:
+        if replays_graph(plan, *q.shape[:3]):
+            return BACKWARD_GRAPHS.run((*map(tensor_facts, (do, q, k, v, o, lse, weight)), causal, scale, plan),
+                                       lambda *t: _fused_backward(*t, causal, scale, plan), do, q, k, v, o, lse, weight)
         return _fused_backward(do, q, k, v, o, lse, weight, causal, scale, plan)
     except OutOfResources:  # a tile the shared-memory model let through and this GPU refuses: unfused
         return conv_attention_backward_chunked(do, q, k, v, weight, causal, scale)
@@ -355,6 +365,8 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
 #: The backward's launches per call signature (:class:`mta.launch.CallLaunches`: everything they depend on but the
 #: tensors' addresses; the two-phase backward's chunks each have their own).
 BACKWARD_LAUNCHES = LaunchPlans()
+#: The fused backward's CUDA graphs per call signature (:attr:`mta.conv_plan.ConvPlan.replay_graphs`).
+BACKWARD_GRAPHS = GraphedCalls()
 
 
 def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, plan: ConvPlan):

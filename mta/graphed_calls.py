@@ -1,0 +1,143 @@
+"""Host-bound calls replayed from CUDA graphs, one graph per call signature.
+
+The MTA backward launches twenty to a hundred kernels, and their Python costs more than a millisecond a call,
+several times the GPU's work at the lengths a model trains at. A user's loop pays that on every call. Its launches
+depend only on the call's signature (shapes, strides, dtypes, flags), so a signature seen before is captured
+once into a CUDA graph that reads static copies of the inputs; after that a call is a few copies in, one replay and
+a copy of each output: a handful of launches made from C++, whatever the number of kernels inside.
+
+:meth:`GraphedCalls.run` on a call signature:
+
+1. first call: ``fn(*inputs)``, eagerly (it compiles its kernels and makes its launches);
+2. second call: the inputs copied into static tensors of the same layout, ``fn`` run eagerly on them (on a side
+   stream: whatever initialises lazily does so outside the capture), then captured on them, which runs nothing;
+3. later calls: the inputs copied in, the graph replayed, its outputs copied out (the next replay overwrites them).
+
+A graph is kept per call signature and stream. It holds its call's memory for as long as it is kept: the static
+inputs and outputs, and the workspace its kernels use (its own memory pool; the launchers graph only calls small
+enough to be bound by the host, :func:`mta.conv_plan.replays_graph`). At most :data:`MAX_GRAPHS` graphs are kept, the oldest dropped first.
+
+A call runs eagerly, as it would without this, where it cannot be captured: in Triton's interpreter, in
+:func:`mta.launch.compile_ahead`'s dry run (which launches nothing), inside another capture (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``), where an input's layout has no
+dense copy, or where its capture failed once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable
+
+import torch
+
+from . import runtime
+from .launch import in_dry_run
+
+#: Graphs kept, by call signature (the oldest dropped first): a model has a few signatures, and each graph holds
+#: its call's memory (static inputs and outputs, workspace).
+MAX_GRAPHS = 8
+#: Signatures remembered as seen once: a signature is captured at its second call, never at a one-off one.
+MAX_SEEN = 1024
+
+
+class GraphedCall:
+    """One call signature's CUDA graph: ``graph`` reads ``inputs`` and writes ``outputs`` (static tensors)."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: tuple, outputs: tuple):
+        self.graph, self.inputs, self.outputs = graph, inputs, outputs
+
+    def __call__(self, *inputs) -> tuple:
+        """The outputs of the captured call on ``inputs`` (of the signature's layout), as new tensors."""
+        for static, x in zip(self.inputs, inputs):
+            static.copy_(x)
+        self.graph.replay()
+        return tuple(out.clone() for out in self.outputs)
+
+
+class GraphedCalls:
+    """CUDA graphs of one host-bound function, by call signature (:meth:`run`)."""
+
+    def __init__(self, size: int = MAX_GRAPHS):
+        self.size = size
+        self._graphs: OrderedDict = OrderedDict()  # signature -> GraphedCall, or None where it runs eagerly
+        self._seen: OrderedDict = OrderedDict()
+
+    def __len__(self) -> int:
+        """Signatures with a captured graph."""
+        return sum(graphed is not None for graphed in self._graphs.values())
+
+    def run(self, signature, fn: Callable[..., tuple], *inputs: torch.Tensor) -> tuple:
+        """``fn(*inputs)``, a tuple of tensors, from the graph kept for ``signature`` where there is one (see the
+        module docstring for when one is made). ``signature`` must hold everything ``fn``'s launches depend on but
+        the inputs' addresses, their layouts included; ``fn`` must write only tensors it allocates."""
+        if runtime.INTERPRET or in_dry_run() or torch.cuda.is_current_stream_capturing():
+            return fn(*inputs)  # a dry run only compiles: it neither counts as a call nor may be captured
+        # A graph per stream: a graph's static buffers serve one replay at a time.
+        signature = (signature, current_raw_stream(inputs[0].device.index))
+        if signature in self._graphs:
+            self._graphs.move_to_end(signature)
+            graphed = self._graphs[signature]
+            return fn(*inputs) if graphed is None else graphed(*inputs)
+        if signature not in self._seen:
+            self._seen[signature] = None
+            if len(self._seen) > MAX_SEEN:
+                self._seen.popitem(last=False)
+            return fn(*inputs)
+        del self._seen[signature]
+        outputs, self._graphs[signature] = capture(fn, inputs)
+        if len(self._graphs) > self.size:
+            self._graphs.popitem(last=False)
+        return outputs
+
+    def forget(self) -> None:
+        """Drop every graph and every signature seen (for tests)."""
+        self._graphs.clear()
+        self._seen.clear()
+
+
+#: Why each failed capture failed (for tests).
+CAPTURE_ERRORS: list = []
+
+
+def current_raw_stream(device_index: int) -> int:
+    """The address of GPU ``device_index``'s current stream."""
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+def capture(fn: Callable[..., tuple], inputs: tuple) -> tuple[tuple, GraphedCall | None]:
+    """``(fn(*inputs), graphed)``: ``fn`` run eagerly on static copies of ``inputs``, then captured on them;
+    ``graphed`` None where an input has no dense copy of its layout or the capture fails (the outputs are the
+    eager run's either way)."""
+    device = inputs[0].device
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(current)
+    # Everything here is allocated on the side stream: outside any pool that the caller's stream allocates from
+    # (torch.compile's CUDA graphs warm up inside theirs), and so outside their bookkeeping.
+    with torch.cuda.stream(side):
+        static = tuple(torch.empty_like(x) for x in inputs)
+    if any(s.stride() != x.stride() for s, x in zip(static, inputs)):  # a layout empty_like does not keep
+        return fn(*inputs), None
+    with torch.cuda.stream(side):
+        for s, x in zip(static, inputs):
+            s.copy_(x)
+        outputs = fn(*static)
+    current.wait_stream(side)
+    for t in (*static, *outputs):  # made on the side stream, used on the current one
+        t.record_stream(current)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                captured = fn(*static)
+            finally:
+                graph.capture_end()
+    except RuntimeError as error:  # something in fn cannot be captured: it stays eager
+        CAPTURE_ERRORS.append(repr(error))
+        return outputs, None
+    finally:
+        current.wait_stream(side)
+    return outputs, GraphedCall(graph, static, captured)
+
+
+__all__ = ["GraphedCall", "GraphedCalls", "MAX_GRAPHS", "capture"]

@@ -1,0 +1,101 @@
+"""The MTA forward and backward replayed from CUDA graphs per call signature (:mod:`mta.graphed_calls`): what a
+replay returns is what the eager call returns, bit for bit, on new inputs each call."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from mta import conv, conv_plan, graphed_calls, runtime
+from mta.graphed_calls import GraphedCalls
+
+pytestmark = pytest.mark.skipif(runtime.INTERPRET, reason="CUDA graphs need a GPU")
+
+B, HQ, HKV, N, D = 2, 4, 2, 200, 64
+
+
+@pytest.fixture
+def fresh_graphs(monkeypatch):
+    """New graph caches for the test; after it, no capture has failed and CUDA's random numbers still work (a
+    failed capture would leave the default generator in capture mode)."""
+    monkeypatch.setattr(conv, "FORWARD_GRAPHS", GraphedCalls())
+    monkeypatch.setattr(conv, "BACKWARD_GRAPHS", GraphedCalls())
+    graphed_calls.CAPTURE_ERRORS.clear()
+    yield
+    assert graphed_calls.CAPTURE_ERRORS == []
+    torch.randn(4, device="cuda")
+
+
+def plans(dtype, kernel=(6, 11)):
+    """``(graphed, eager)``: this GPU's plan for ``dtype`` and ``kernel``, with and without graphs."""
+    plan = conv_plan.plan_conv(dtype, D, kernel, True)
+    assert plan.replay_graphs  # the default on a GPU
+    return plan, dataclasses.replace(plan, replay_graphs=False)
+
+
+def training_call(plan, dtype, kernel=(6, 11), seed=0, expanded_gradient=False):
+    g = torch.Generator("cuda").manual_seed(seed)
+    q = torch.randn(B, HQ, N, D, device="cuda", dtype=dtype, generator=g).requires_grad_()
+    k, v = (torch.randn(B, HKV, N, D, device="cuda", dtype=dtype, generator=g).requires_grad_() for _ in range(2))
+    w = (0.3 * torch.randn(HQ, *kernel, device="cuda", generator=g)).requires_grad_()
+    o, _ = conv.ConvAttention.apply(q, k, v, w, True, D ** -0.5, plan)
+    if expanded_gradient:  # dO of a sum: one value broadcast, stride 0 (no dense copy of that layout)
+        o.float().sum().backward()
+    else:
+        o.backward(torch.randn(o.shape, device="cuda", dtype=dtype, generator=g))
+    return [o.detach(), q.grad, k.grad, v.grad, w.grad]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_replays_return_what_eager_calls_return(dtype, fresh_graphs):
+    graphed, eager = plans(dtype)
+    for seed in range(4):  # eager, captured, then replayed twice: each on new inputs in new buffers
+        got, want = training_call(graphed, dtype, seed=seed), training_call(eager, dtype, seed=seed)
+        for name, a, b in zip(("o", "dq", "dk", "dv", "dweight"), got, want):
+            assert torch.equal(a, b), f"call {seed}: {name} differs from the eager call's"
+    assert len(conv.FORWARD_GRAPHS) == 1 and len(conv.BACKWARD_GRAPHS) == 1
+
+
+def test_each_signature_has_its_graph(fresh_graphs):
+    for _ in range(3):
+        for kernel in ((6, 11), (2, 3)):
+            training_call(plans(torch.bfloat16, kernel)[0], torch.bfloat16, kernel=kernel)
+    assert len(conv.BACKWARD_GRAPHS) == 2 and len(conv.FORWARD_GRAPHS) == 2
+
+
+def test_a_layout_without_a_dense_copy_runs_eagerly(fresh_graphs):
+    graphed, eager = plans(torch.bfloat16)
+    for seed in range(3):
+        got = training_call(graphed, torch.bfloat16, seed=seed, expanded_gradient=True)
+        want = training_call(eager, torch.bfloat16, seed=seed, expanded_gradient=True)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert len(conv.BACKWARD_GRAPHS) == 0 and len(conv.FORWARD_GRAPHS) == 1
+
+
+def test_graphs_are_kept_per_stream(fresh_graphs):
+    graphed, eager = plans(torch.bfloat16)
+    want = training_call(eager, torch.bfloat16)
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side, torch.cuda.current_stream(), side):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                got = training_call(graphed, torch.bfloat16)
+        torch.cuda.current_stream().wait_stream(side)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert len(conv.BACKWARD_GRAPHS) == 2
+
+
+def test_dropped_graphs_leave_later_captures_working(fresh_graphs, monkeypatch):
+    """One graph kept: two signatures in turn drop each other's graph and capture theirs again, exactly."""
+    monkeypatch.setattr(conv, "BACKWARD_GRAPHS", GraphedCalls(size=1))
+    for seed in range(3):
+        for kernel in ((6, 11), (6, 9)):
+            plan = plans(torch.bfloat16, kernel)[0]
+            got = training_call(plan, torch.bfloat16, kernel=kernel, seed=seed)
+            want = training_call(dataclasses.replace(plan, replay_graphs=False), torch.bfloat16, kernel=kernel,
+                                 seed=seed)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), (seed, kernel)
+    assert len(conv.BACKWARD_GRAPHS) == 1
