@@ -42,7 +42,7 @@ def training_call(plan, dtype, kernel=(6, 11), seed=0, expanded_gradient=False):
     w = (0.3 * torch.randn(HQ, *kernel, device="cuda", generator=g)).requires_grad_()
     o, _ = conv.ConvAttention.apply(q, k, v, w, True, D ** -0.5, plan)
     if expanded_gradient:  # dO of a sum: one value broadcast, stride 0 (no dense copy of that layout)
-        o.float().sum().backward()
+        o.sum().backward()
     else:
         o.backward(torch.randn(o.shape, device="cuda", dtype=dtype, generator=g))
     return [o.detach(), q.grad, k.grad, v.grad, w.grad]
