@@ -126,14 +126,20 @@ def direct_launch(compiled, grid: tuple, device: int):
     if knobs is None:
         return wrapped
     gx, gy, gz = grid
-    hooks = knobs.runtime
 
     def launch(*args):
-        if hook_installed(hooks.launch_enter_hook) or hook_installed(hooks.launch_exit_hook):
+        if launch_hooks_installed():
             return wrapped(*args)
         return run(gx, gy, gz, current_stream(device), function, packed, None, None, None, *args)
 
     return launch
+
+
+def launch_hooks_installed() -> bool:
+    """Whether Triton's launch hooks (a profiler's, such as Proton's) call anything: launches must then go through
+    Triton's wrapper, where the hooks see them."""
+    hooks = getattr(knobs, "runtime", None)
+    return hooks is not None and (hook_installed(hooks.launch_enter_hook) or hook_installed(hooks.launch_exit_hook))
 
 
 def hook_installed(hook) -> bool:

@@ -15,11 +15,14 @@ a copy of each output: a handful of launches made from C++, whatever the number 
 
 A graph is kept per call signature and stream. It holds its call's memory for as long as it is kept: the static
 inputs and outputs, and the workspace its kernels use (its own memory pool; the launchers graph only calls small
-enough to be bound by the host, :func:`mta.conv_plan.replays_graph`). At most :data:`MAX_GRAPHS` graphs are kept, the oldest dropped first.
+enough to be bound by the host, :func:`mta.conv_plan.replays_graph`). At most :data:`MAX_GRAPHS` graphs are kept,
+the oldest dropped first.
 
 A call runs eagerly, as it would without this, where it cannot be captured: in Triton's interpreter, in
-:func:`mta.launch.compile_ahead`'s dry run (which launches nothing), inside another capture (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``), where an input's layout has no
-dense copy, or where its capture failed once.
+:func:`mta.launch.compile_ahead`'s dry run (which launches nothing), while Triton's launch hooks are installed (a
+profiler's hooks see each kernel's launch, never a replay), inside another capture (``torch.cuda.graph``,
+``torch.compile(mode="reduce-overhead")``), where an input's layout has no dense copy, or where its capture failed
+once.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Callable
 import torch
 
 from . import runtime
+from .compiled_launches import launch_hooks_installed
 from .launch import in_dry_run
 
 #: Graphs kept, by call signature (the oldest dropped first): a model has a few signatures, and each graph holds
@@ -69,8 +73,9 @@ class GraphedCalls:
         """``fn(*inputs)``, a tuple of tensors, from the graph kept for ``signature`` where there is one (see the
         module docstring for when one is made). ``signature`` must hold everything ``fn``'s launches depend on but
         the inputs' addresses, their layouts included; ``fn`` must write only tensors it allocates."""
-        if runtime.INTERPRET or in_dry_run() or torch.cuda.is_current_stream_capturing():
-            return fn(*inputs)  # a dry run only compiles: it neither counts as a call nor may be captured
+        if (runtime.INTERPRET or in_dry_run() or torch.cuda.is_current_stream_capturing()
+                or launch_hooks_installed()):
+            return fn(*inputs)  # a dry run only compiles; a profiler's launch hooks see launches, not replays
         # A graph per stream: a graph's static buffers serve one replay at a time.
         signature = (signature, current_raw_stream(inputs[0].device.index))
         if signature in self._graphs:
