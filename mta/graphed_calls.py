@@ -76,8 +76,9 @@ class GraphedCalls:
         if (runtime.INTERPRET or in_dry_run() or torch.cuda.is_current_stream_capturing()
                 or launch_hooks_installed()):
             return fn(*inputs)  # a dry run only compiles; a profiler's launch hooks see launches, not replays
-        # A graph per stream: a graph's static buffers serve one replay at a time.
-        signature = (signature, current_raw_stream(inputs[0].device.index))
+        # A graph per stream (a graph's static buffers serve one replay at a time) and per autocast state (a
+        # product inside may follow it).
+        signature = (signature, current_raw_stream(inputs[0].device.index), torch.is_autocast_enabled("cuda"))
         if signature in self._graphs:
             self._graphs.move_to_end(signature)
             graphed = self._graphs[signature]
