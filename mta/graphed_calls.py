@@ -94,11 +94,6 @@ class GraphedCalls:
             self._graphs.popitem(last=False)
         return outputs
 
-    def forget(self) -> None:
-        """Drop every graph and every signature seen (for tests)."""
-        self._graphs.clear()
-        self._seen.clear()
-
 
 #: Why each failed capture failed (for tests).
 CAPTURE_ERRORS: list = []
