@@ -10,6 +10,7 @@ from .conv import conv_attention
 from .conv_decode import conv_decode_attention
 from .decode import decode_attention
 from .flash import flash_attention
+from .graphed_calls import release_graphs
 from .kv_cache import KVCache
 from .layer import MultiTokenAttention
 from .online_softmax import (
@@ -43,6 +44,7 @@ __all__ = [
     "merge_states",
     "naive_attention",
     "ops",
+    "release_graphs",
     "runtime",
 ]
 

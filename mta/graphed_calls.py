@@ -16,7 +16,7 @@ a copy of each output: a handful of launches made from C++, whatever the number 
 A graph is kept per call signature and stream. It holds its call's memory for as long as it is kept: the static
 inputs and outputs, and the workspace its kernels use (its own memory pool; the launchers graph only calls small
 enough to be bound by the host, :func:`mta.conv_plan.replays_graph`). At most :data:`MAX_GRAPHS` graphs are kept,
-the oldest dropped first.
+the oldest dropped first; :func:`release_graphs` drops them all, and their memory goes back to PyTorch's cache.
 
 A call runs eagerly, as it would without this, where it cannot be captured: in Triton's interpreter, in
 :func:`mta.launch.compile_ahead`'s dry run (which launches nothing), while Triton's launch hooks are installed (a
@@ -27,6 +27,7 @@ once.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from typing import Callable
 
@@ -64,10 +65,16 @@ class GraphedCalls:
         self.size = size
         self._graphs: OrderedDict = OrderedDict()  # signature -> GraphedCall, or None where it runs eagerly
         self._seen: OrderedDict = OrderedDict()
+        ALL_GRAPHED_CALLS.add(self)
 
     def __len__(self) -> int:
         """Signatures with a captured graph."""
         return sum(graphed is not None for graphed in self._graphs.values())
+
+    def clear(self) -> None:
+        """Drop every graph and every signature seen: the next call of any signature runs eagerly."""
+        self._graphs.clear()
+        self._seen.clear()
 
     def run(self, signature, fn: Callable[..., tuple], *inputs: torch.Tensor) -> tuple:
         """``fn(*inputs)``, a tuple of tensors, from the graph kept for ``signature`` where there is one (see the
@@ -93,6 +100,18 @@ class GraphedCalls:
         if len(self._graphs) > self.size:
             self._graphs.popitem(last=False)
         return outputs
+
+
+#: Every :class:`GraphedCalls` alive (:func:`release_graphs`).
+ALL_GRAPHED_CALLS: "weakref.WeakSet[GraphedCalls]" = weakref.WeakSet()
+
+
+def release_graphs() -> None:
+    """Drop every CUDA graph kept for small MTA calls, and with them the memory they hold (static inputs and
+    outputs, their kernels' workspace): for a program that needs that memory back, and for a measurement of a
+    call's own working memory. Later calls capture their graphs again, at each signature's second call."""
+    for graphed_calls in list(ALL_GRAPHED_CALLS):
+        graphed_calls.clear()
 
 
 #: Why each failed capture failed (for tests).
@@ -141,4 +160,4 @@ def capture(fn: Callable[..., tuple], inputs: tuple) -> tuple[tuple, GraphedCall
     return outputs, GraphedCall(graph, static, captured)
 
 
-__all__ = ["GraphedCall", "GraphedCalls", "MAX_GRAPHS", "capture"]
+__all__ = ["GraphedCall", "GraphedCalls", "MAX_GRAPHS", "capture", "release_graphs"]

@@ -8,7 +8,9 @@ import dataclasses
 import pytest
 import torch
 
+import mta
 from mta import conv, conv_plan, graphed_calls, runtime
+from mta.bench.timing import peak_extra_memory_bytes
 from mta.graphed_calls import GraphedCalls
 
 pytestmark = pytest.mark.skipif(runtime.INTERPRET, reason="CUDA graphs need a GPU")
@@ -99,3 +101,28 @@ def test_dropped_graphs_leave_later_captures_working(fresh_graphs, monkeypatch):
                                  seed=seed)
             assert all(torch.equal(a, b) for a, b in zip(got, want)), (seed, kernel)
     assert len(conv.BACKWARD_GRAPHS) == 1
+
+
+def test_released_graphs_are_captured_again(fresh_graphs):
+    graphed, eager = plans(torch.bfloat16)
+    want = training_call(eager, torch.bfloat16)
+    for _ in range(2):
+        training_call(graphed, torch.bfloat16)
+    assert len(conv.BACKWARD_GRAPHS) == 1
+    mta.release_graphs()
+    assert len(conv.BACKWARD_GRAPHS) == 0 and len(conv.FORWARD_GRAPHS) == 0
+    got = training_call(graphed, torch.bfloat16)  # a first call again: eager
+    assert len(conv.BACKWARD_GRAPHS) == 0
+    for _ in range(2):
+        got = training_call(graphed, torch.bfloat16)
+    assert len(conv.BACKWARD_GRAPHS) == 1
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_graphed_call_is_measured_with_its_workspace(fresh_graphs):
+    """The benchmarks' peak memory of a call whose graph is kept is its eager call's, workspace included."""
+    graphed, eager = plans(torch.bfloat16)
+    eager_peak = peak_extra_memory_bytes(lambda: training_call(eager, torch.bfloat16))
+    for _ in range(3):
+        training_call(graphed, torch.bfloat16)
+    assert peak_extra_memory_bytes(lambda: training_call(graphed, torch.bfloat16)) == eager_peak

@@ -15,6 +15,8 @@ from typing import Callable, Optional
 
 import torch
 
+import mta
+
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 #: Fewest GPU clock cycles to spin before each timed call (about 1 ms at 1.5-2 GHz): the launch queue's lead.
 LAUNCH_LEAD_CYCLES = 2_000_000
@@ -137,8 +139,11 @@ def wall_ms(fn: Callable[[], object], *, warmup: int = 10, rep: int = 30,
 
 
 def peak_extra_memory_bytes(fn: Callable[[], object]) -> int:
-    """Bytes ``fn`` allocates at its peak above what was allocated before (its result counts while computed)."""
+    """Bytes ``fn`` allocates at its peak above what was allocated before (its result counts while computed).
+    The CUDA graphs kept for small MTA calls are dropped first (:func:`mta.release_graphs`): a replay allocates
+    only its outputs, its workspace lying in the graph's pool, so ``fn`` runs eagerly and its workspace counts."""
     device = require_cuda("peak memory measurement")
+    mta.release_graphs()
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
