@@ -23,7 +23,7 @@ from .conv_backward import (conv_dk_fold_kernel, conv_dkdv_kernel, conv_dq_fold_
 from .conv_forward import (MAX_CK, MAX_CQ, query_shift_groups, conv_forward_kernel, diagonal_scores_kernel, fit_stream_descriptors,
                            fold_keys_kernel, fold_keys_product_kernel, held_shared_bytes, holds_queries,
                            past_scores_kernel, past_scores_product_kernel)
-from .conv_plan import ConvPlan, fit_backward_tile, plan_conv, post_pass_tile, replays_graph
+from .conv_plan import ConvPlan, fit_backward_tile, plan_conv, post_pass_tile
 from .flash_backward import rowsum_do_o_kernel
 from .graphed_calls import GraphedCalls
 from .launch import (CallLaunches, Launch, LaunchPlan, LaunchPlans, batch_chunks, cdiv, check_kernel_device, check_kernel_inputs, compile_ahead, concat_chunks,
@@ -249,7 +249,7 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float, plan: Co
     compile_ahead("conv_forward", lambda *x: conv_attention_forward(*x, scale, plan), q, k, v, weight, causal)
     q, k, v = within_int32_indexing(q, k, v, rows_per_head=weight.shape[1])
     try:
-        if replays_graph(plan, *q.shape[:3]):
+        if plan.replay_graphs:
             return FORWARD_GRAPHS.run((*map(tensor_facts, (q, k, v, weight)), causal, scale, plan),
                                       lambda q, k, v, weight: planned_forward(q, k, v, weight, causal, scale, plan),
                                       q, k, v, weight)
@@ -354,7 +354,7 @@ def conv_attention_backward(do, q, k, v, o, lse, weight, causal: bool, scale: fl
     if plan.backward == "chunked":
         return conv_attention_backward_chunked(do, q, k, v, weight, causal, scale)
     try:
-        if replays_graph(plan, *q.shape[:3]):
+        if plan.replay_graphs:
             return BACKWARD_GRAPHS.run((*map(tensor_facts, (do, q, k, v, o, lse, weight)), causal, scale, plan),
                                        lambda *t: _fused_backward(*t, causal, scale, plan), do, q, k, v, o, lse, weight)
         return _fused_backward(do, q, k, v, o, lse, weight, causal, scale, plan)

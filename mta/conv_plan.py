@@ -32,10 +32,6 @@ SCRATCH_BYTES = 256 * 2 ** 20
 #: Most bytes of one block of ``Gq`` rows (16-bit, ``cq d`` wide, every head) made at once; at least a chunk's rows.
 GQ_BYTES = 64 * 2 ** 20
 
-#: Most scores ``B Hq N^2`` of a call replayed from a CUDA graph (:attr:`ConvPlan.replay_graphs`): past it the GPU's
-#: work outlasts the launches' host time, and a graph would only hold its call's memory (``docs/decisions.md``).
-GRAPH_MAX_SCORES = 2 ** 27
-
 #: fp32 accumulator registers per thread a tiled backward program may use (``[owned, (QA + QB) * BLOCK_D]``):
 #: the fastest Hopper tiles sit at this bound.
 ACC_REGISTERS = 192
@@ -73,8 +69,7 @@ class ConvPlan:
         dk_fold_by_product: two phases: the dK fold on the tensor cores
             (:func:`mta.conv_backward.conv_dk_fold_product_kernel`) where ``U`` is 16-bit, else by pointer loads.
         replay_graphs: a call signature seen before replays a CUDA graph of the fused forward's and backward's
-            launches (:mod:`mta.graphed_calls`) where the call is small enough to be host-bound
-            (:func:`replays_graph`), else they are launched from Python at every call.
+            launches (:mod:`mta.graphed_calls`), else they are launched from Python at every call.
     """
 
     fold_by_product: bool
@@ -121,12 +116,6 @@ def plan_conv(dtype: torch.dtype, head_dim: int, kernel_size: tuple[int, int], c
         backward = "one_pass"
     return ConvPlan(fold_by_product=by_product, past_by_product=by_product, backward=backward,
                     keys_as_rows_tile=keys_as_rows_tile(cq, block_d, dtype, family), replay_graphs=on_gpu)
-
-
-def replays_graph(plan: ConvPlan, batch: int, num_heads: int, n: int) -> bool:
-    """Whether a call on ``[batch, num_heads, n, D]`` queries replays a CUDA graph: where ``plan`` does and its
-    ``batch num_heads n^2`` scores are at most :data:`GRAPH_MAX_SCORES`."""
-    return plan.replay_graphs and batch * num_heads * n * n <= GRAPH_MAX_SCORES
 
 
 def fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d: int, elem_bytes: int) -> dict:

@@ -1,7 +1,8 @@
-"""Host-bound calls replayed from CUDA graphs, one graph per call signature.
+"""Calls replayed from CUDA graphs, one graph per call signature.
 
-The MTA backward launches twenty to a hundred kernels, and their Python costs more than a millisecond a call,
-several times the GPU's work at the lengths a model trains at. A user's loop pays that on every call. Its launches
+The MTA backward launches twenty kernels and more, more as N grows (the two-phase backward walks chunks of keys),
+and their Python costs a millisecond a call and more: several times the GPU's work at the lengths a model trains at,
+and a host busy with launches wherever the GPU's work is longer. A user's loop pays that on every call. Its launches
 depend only on the call's signature (shapes, strides, dtypes, flags), so a signature seen before is captured
 once into a CUDA graph that reads static copies of the inputs; after that a call is a few copies in, one replay and
 a copy of each output: a handful of launches made from C++, whatever the number of kernels inside.
@@ -14,9 +15,10 @@ a copy of each output: a handful of launches made from C++, whatever the number 
 3. later calls: the inputs copied in, the graph replayed, its outputs copied out (the next replay overwrites them).
 
 A graph is kept per call signature and stream. It holds its call's memory for as long as it is kept: the static
-inputs and outputs, and the workspace its kernels use (its own memory pool; the launchers graph only calls small
-enough to be bound by the host, :func:`mta.conv_plan.replays_graph`). At most :data:`MAX_GRAPHS` graphs are kept,
-the oldest dropped first; :func:`release_graphs` drops them all, and their memory goes back to PyTorch's cache.
+inputs and outputs, and the workspace its kernels use (its own memory pool, where an eager call would hand the
+workspace back to PyTorch's cache for the next op). At most :data:`MAX_GRAPHS` graphs are kept, the oldest dropped
+first; :func:`release_graphs` drops them all, and their memory goes back to PyTorch's cache. A capture that runs out
+of memory leaves its signature eager.
 
 A call runs eagerly, as it would without this, where it cannot be captured: in Triton's interpreter, in
 :func:`mta.launch.compile_ahead`'s dry run (which launches nothing), while Triton's launch hooks are installed (a
@@ -59,7 +61,7 @@ class GraphedCall:
 
 
 class GraphedCalls:
-    """CUDA graphs of one host-bound function, by call signature (:meth:`run`)."""
+    """CUDA graphs of one function, by call signature (:meth:`run`)."""
 
     def __init__(self, size: int = MAX_GRAPHS):
         self.size = size
@@ -125,23 +127,20 @@ def current_raw_stream(device_index: int) -> int:
 
 def capture(fn: Callable[..., tuple], inputs: tuple) -> tuple[tuple, GraphedCall | None]:
     """``(fn(*inputs), graphed)``: ``fn`` run eagerly on static copies of ``inputs``, then captured on them;
-    ``graphed`` None where an input has no dense copy of its layout or the capture fails (the outputs are the
-    eager run's either way)."""
+    ``graphed`` None where an input has no dense copy of its layout, the copies do not fit in memory or the capture
+    fails (the outputs are then an eager run's)."""
     device = inputs[0].device
     current = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device=device)
     side.wait_stream(current)
-    # Everything here is allocated on the side stream: outside any pool that the caller's stream allocates from
-    # (torch.compile's CUDA graphs warm up inside theirs), and so outside their bookkeeping.
-    with torch.cuda.stream(side):
-        static = tuple(torch.empty_like(x) for x in inputs)
-    if any(s.stride() != x.stride() for s, x in zip(static, inputs)):  # a layout empty_like does not keep
+    try:
+        static, outputs = run_on_static_copies(fn, inputs, side)
+    except torch.cuda.OutOfMemoryError:  # no room for a graph's copies: this signature stays eager
+        static = outputs = None
+    finally:
+        current.wait_stream(side)
+    if static is None:
         return fn(*inputs), None
-    with torch.cuda.stream(side):
-        for s, x in zip(static, inputs):
-            s.copy_(x)
-        outputs = fn(*static)
-    current.wait_stream(side)
     for t in (*static, *outputs):  # made on the side stream, used on the current one
         t.record_stream(current)
     graph = torch.cuda.CUDAGraph()
@@ -152,12 +151,26 @@ def capture(fn: Callable[..., tuple], inputs: tuple) -> tuple[tuple, GraphedCall
                 captured = fn(*static)
             finally:
                 graph.capture_end()
-    except RuntimeError as error:  # something in fn cannot be captured: it stays eager
+    except RuntimeError as error:  # something in fn cannot be captured (or its pool does not fit): it stays eager
         CAPTURE_ERRORS.append(repr(error))
         return outputs, None
     finally:
         current.wait_stream(side)
     return outputs, GraphedCall(graph, static, captured)
+
+
+def run_on_static_copies(fn: Callable[..., tuple], inputs: tuple, side: torch.cuda.Stream) -> tuple:
+    """``(static, fn(*static))`` on ``side``, ``static`` dense copies of ``inputs`` of the same layout; ``(None,
+    None)`` where ``empty_like`` does not keep an input's layout. Everything here is allocated on the side
+    stream: outside any pool that the caller's stream allocates from (torch.compile's CUDA graphs warm up inside
+    theirs), and so outside their bookkeeping."""
+    with torch.cuda.stream(side):
+        static = tuple(torch.empty_like(x) for x in inputs)
+        if any(s.stride() != x.stride() for s, x in zip(static, inputs)):
+            return None, None
+        for s, x in zip(static, inputs):
+            s.copy_(x)
+        return static, fn(*static)
 
 
 __all__ = ["GraphedCall", "GraphedCalls", "MAX_GRAPHS", "capture", "release_graphs"]
