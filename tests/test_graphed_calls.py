@@ -120,9 +120,13 @@ def test_released_graphs_are_captured_again(fresh_graphs):
 
 
 def test_a_graphed_call_is_measured_with_its_workspace(fresh_graphs):
-    """The benchmarks' peak memory of a call whose graph is kept is its eager call's, workspace included."""
+    """The benchmarks' peak memory of a call whose graph is kept is its eager call's, workspace included (both
+    measured after warm-up calls, so that neither includes a first call's one-off work)."""
     graphed, eager = plans(torch.bfloat16)
-    eager_peak = peak_extra_memory_bytes(lambda: training_call(eager, torch.bfloat16))
     for _ in range(3):
+        training_call(eager, torch.bfloat16)
         training_call(graphed, torch.bfloat16)
-    assert peak_extra_memory_bytes(lambda: training_call(graphed, torch.bfloat16)) == eager_peak
+    assert len(conv.BACKWARD_GRAPHS) == 1
+    eager_peak = peak_extra_memory_bytes(lambda: training_call(eager, torch.bfloat16))
+    graphed_peak = peak_extra_memory_bytes(lambda: training_call(graphed, torch.bfloat16))
+    assert abs(graphed_peak - eager_peak) <= 0.01 * eager_peak, (graphed_peak, eager_peak)
