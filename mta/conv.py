@@ -550,10 +550,13 @@ class ConvAttention(KernelFunction):
         ctx.save_for_backward(q, k, v, o, lse, weight)
         ctx.causal, ctx.scale, ctx.plan = causal, scale, plan
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # lse's gradient stays None: no zeros made and filled per call
 
     @staticmethod
     @differentiable_once  # a second derivative raises, never reads as 0 (mta.differentiable_once)
     def backward(ctx, do, _dlse):
+        if do is None:
+            return None, None, None, None, None, None, None
         q, k, v, o, lse, weight = ctx.saved_tensors
         if wrapped_by_functorch(do):  # the op unwraps the transforms' tensors for Triton (and plans for itself)
             dq, dk, dv, dweight = torch.ops.mta.conv_attention_backward(do, q, k, v, o, lse, weight, ctx.causal,
@@ -605,7 +608,7 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     plan = plan_of(q, weight, causal)
     if needs_autograd(q, k, v, weight):
         compile_conv_ahead(q, k, v, weight, causal, scale, plan)
-        o, lse = ConvAttention.apply(q, k, v, weight, causal, scale, plan)
+        o, lse = ConvAttention.run(q, k, v, weight, causal, scale, plan)
     else:  # inference: the kernels alone, without autograd's bookkeeping
         o, lse = conv_attention_forward(q, k, v, weight, causal, scale, plan)
     return (o, lse) if return_lse else o

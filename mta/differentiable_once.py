@@ -50,10 +50,10 @@ def differentiable_once(backward):
 
     @functools.wraps(backward)
     def wrapper(ctx, *grad_outputs):
+        if not torch.is_grad_enabled():  # the usual backward: no graph is being built
+            return backward(ctx, *grad_outputs)
         with torch.no_grad():
             grads = backward(ctx, *grad_outputs)
-        if not torch.is_grad_enabled():  # the usual backward: no graph is being built
-            return grads
         tensors = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
         inputs = [t for t in ctx.saved_tensors if t.requires_grad]  # a gradient is wanted: one at least
         marked = _RaisesWhenDifferentiated.apply(len(tensors), *(grads[i] for i in tensors), *inputs)

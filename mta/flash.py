@@ -8,6 +8,7 @@ this module checks inputs, launches them and ties them together with
 from __future__ import annotations
 
 import inspect
+import types
 from typing import Optional
 
 import torch
@@ -163,15 +164,24 @@ def vmap_as_batch(function, info, in_dims, *args):
 
 
 class KernelFunction(torch.autograd.Function):
-    """What the fused attention Functions share for ``torch.func``: ``vmap`` (:func:`vmap_as_batch`) and a ``jvp``
-    that says forward mode is not supported. Their ``setup_context`` is apart from ``forward``, as the transforms
-    need."""
+    """What the fused attention Functions share: for ``torch.func``, ``vmap`` (:func:`vmap_as_batch`) and a ``jvp``
+    that says forward mode is not supported; their ``setup_context`` is apart from ``forward``, as the transforms
+    need. Calls go through :meth:`run`, which outside the transforms applies :attr:`eager` instead: the same
+    Function with ``ctx`` in its forward (:func:`eager_twin`)."""
 
     def __init_subclass__(cls, **kwargs):
         # With setup_context apart, every apply binds its arguments to forward's signature (inspect.signature):
         # kept on the function, inspect finds it at once instead of rebuilding it per call.
         super().__init_subclass__(**kwargs)
         cls.forward.__signature__ = inspect.signature(cls.forward)
+        cls.eager = eager_twin(cls)
+
+    @classmethod
+    def run(cls, *inputs):
+        """``apply(*inputs)``; outside ``torch.func``'s transforms through :attr:`eager`."""
+        if torch._C._are_functorch_transforms_active():
+            return cls.apply(*inputs)
+        return cls.eager.apply(*inputs)
 
     @classmethod
     def vmap(cls, info, in_dims, *args):
@@ -180,6 +190,23 @@ class KernelFunction(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, *tangents):  # torch's own error here would ask mta to write one
         raise NotImplementedError(FORWARD_MODE_MESSAGE)
+
+
+def eager_twin(function: type) -> type:
+    """An ``autograd.Function`` of the same name, forward, backward and ``jvp`` as ``function``, whose forward takes
+    ``ctx`` and calls ``function.setup_context`` itself. Its ``apply`` skips the binding of the inputs to forward's
+    signature that a separate ``setup_context`` costs at every call (about 25 us on an H200's host): the
+    ``torch.func`` transforms need that form, a plain call does not."""
+
+    def forward(ctx, *inputs):
+        output = function.forward(*inputs)
+        function.setup_context(ctx, inputs, output)
+        return output
+
+    def body(namespace):
+        namespace.update(forward=staticmethod(forward), backward=staticmethod(function.backward),
+                         jvp=staticmethod(function.jvp), __doc__=function.__doc__, __module__=function.__module__)
+    return types.new_class(function.__name__, (torch.autograd.Function,), exec_body=body)
 
 
 class FlashAttention(KernelFunction):
@@ -195,10 +222,13 @@ class FlashAttention(KernelFunction):
         ctx.save_for_backward(q, k, v, *output)
         ctx.causal, ctx.scale = causal, scale
         ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)  # lse's gradient stays None: no zeros made and filled per call
 
     @staticmethod
     @differentiable_once  # a second derivative raises, never reads as 0 (mta.differentiable_once)
     def backward(ctx, do, _dlse):
+        if do is None:
+            return None, None, None, None, None
         q, k, v, o, lse = ctx.saved_tensors
         backward = torch.ops.mta.flash_attention_backward if wrapped_by_functorch(do) else flash_backward
         dq, dk, dv = backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
@@ -230,7 +260,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         return (o, lse) if return_lse else o
     if needs_autograd(q, k, v):
         compile_flash_ahead(q, k, v, causal, scale)
-        o, lse = FlashAttention.apply(q, k, v, causal, scale)
+        o, lse = FlashAttention.run(q, k, v, causal, scale)
     else:  # inference: the kernel alone, without autograd's bookkeeping
         o, lse = flash_forward(q, k, v, causal, scale)
     return (o, lse) if return_lse else o

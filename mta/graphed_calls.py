@@ -4,8 +4,9 @@ The MTA backward launches twenty kernels and more, more as N grows (the two-phas
 and their Python costs a millisecond a call and more: several times the GPU's work at the lengths a model trains at,
 and a host busy with launches wherever the GPU's work is longer. A user's loop pays that on every call. Its launches
 depend only on the call's signature (shapes, strides, dtypes, flags), so a signature seen before is captured
-once into a CUDA graph that reads static copies of the inputs; after that a call is a few copies in, one replay and
-a copy of each output: a handful of launches made from C++, whatever the number of kernels inside.
+once into a CUDA graph that reads static copies of the inputs; after that a call is a copy in per dtype of the inputs
+(``torch._foreach_copy_``: one launch for all of them), one replay and a copy out per dtype of the outputs: a handful
+of launches made from C++, whatever the number of kernels inside.
 
 :meth:`GraphedCalls.run` on a call signature:
 
@@ -51,13 +52,27 @@ class GraphedCall:
 
     def __init__(self, graph: torch.cuda.CUDAGraph, inputs: tuple, outputs: tuple):
         self.graph, self.inputs, self.outputs = graph, inputs, outputs
+        self.input_groups = dtype_groups(inputs)
+        self.output_groups = [(group, [outputs[i] for i in group]) for group, _ in dtype_groups(outputs)]
 
     def __call__(self, *inputs) -> tuple:
         """The outputs of the captured call on ``inputs`` (of the signature's layout), as new tensors."""
-        for static, x in zip(self.inputs, inputs):
-            static.copy_(x)
+        for group, static in self.input_groups:
+            torch._foreach_copy_(static, [inputs[i] for i in group])
         self.graph.replay()
-        return tuple(out.clone() for out in self.outputs)
+        outputs = [torch.empty_like(out) for out in self.outputs]
+        for group, static in self.output_groups:
+            torch._foreach_copy_([outputs[i] for i in group], static)
+        return tuple(outputs)
+
+
+def dtype_groups(tensors: tuple) -> list[tuple[list[int], list[torch.Tensor]]]:
+    """``tensors`` by dtype: ``(indices, tensors)`` per dtype, in order of first appearance. A copy of a group is one
+    ``torch._foreach_copy_``: one launch for all its tensors, where a copy each costs a launch each."""
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(i)
+    return [(group, [tensors[i] for i in group]) for group in groups.values()]
 
 
 class GraphedCalls:
