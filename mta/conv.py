@@ -246,7 +246,6 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float, plan: Co
     plan = plan or plan_of(q, weight, causal)
     if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
         return concat_chunks(chunks, conv_attention_forward, (q, k, v), weight, causal, scale, plan)
-    compile_ahead("conv_forward", lambda *x: conv_attention_forward(*x, scale, plan), q, k, v, weight, causal)
     q, k, v = within_int32_indexing(q, k, v, rows_per_head=weight.shape[1])
     try:
         if plan.replay_graphs:
@@ -281,7 +280,9 @@ FORWARD_GRAPHS = GraphedCalls()
 def planned_forward(q, k, v, weight, causal: bool, scale: float, plan: ConvPlan):
     """The pre-passes (:func:`conv_prepasses`) and the fused kernel (:func:`conv_forward_launch`), their launches
     made once per call signature:
-    ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32)."""
+    ``o [B, Hq, N, D]`` (q's dtype) and ``lse [B, Hq, N]`` (fp32). Runs eagerly only (a graphed call replays it), so
+    only there does it ask for its kernels to be compiled ahead."""
+    compile_ahead("conv_forward", lambda *x: conv_attention_forward(*x, scale, plan), q, k, v, weight, causal)
     B, Hq, N, D = q.shape
     w = weight.detach().float().contiguous()
     cq, ck = w.shape[1:]
