@@ -12,6 +12,7 @@ import types
 from typing import Optional
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 
 from .checks import check_causal, resolve_scale
 from .differentiable_once import FORWARD_MODE_MESSAGE, differentiable_once
@@ -110,9 +111,13 @@ def compile_flash_ahead(q, k, v, causal: bool, scale: float) -> None:
 
 
 def needs_autograd(*inputs: torch.Tensor) -> bool:
-    """A call that must go through its ``autograd.Function``: a gradient will be asked of it, or ``torch.func``'s
-    transforms wrap its inputs (their rules live on the Function)."""
-    return wants_gradients(*inputs) or torch._C._are_functorch_transforms_active()
+    """A call that must go through its ``autograd.Function``: a gradient will be asked of it, ``torch.func``'s
+    transforms wrap its inputs (their rules live on the Function), or an input carries a forward-mode tangent
+    (``torch.autograd.forward_ad``; the Function's ``jvp`` says that mode is not supported, where the kernels alone
+    would drop the tangent without a word)."""
+    return (wants_gradients(*inputs) or torch._C._are_functorch_transforms_active()
+            or (getattr(forward_ad, "_current_level", 0) >= 0
+                and any(forward_ad.unpack_dual(t).tangent is not None for t in inputs)))
 
 
 def wrapped_by_functorch(do: torch.Tensor) -> bool:

@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+import torch.autograd.forward_ad as forward_ad
 
 from conftest import DEVICE, mta
 from mta.differentiable_once import MESSAGE
@@ -82,6 +83,8 @@ def test_forward_mode_and_second_derivatives_raise_by_name(path):
     for fn in (lambda q: CONV[path](q, k, v, w), lambda q: FLASH[path](q, k, v)):
         with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
             torch.func.jvp(fn, (q,), (torch.ones_like(q),))
+        with forward_ad.dual_level(), pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+            fn(forward_ad.make_dual(q, torch.ones_like(q)))  # the kernels alone would drop the tangent
         with pytest.raises(RuntimeError, match="differentiable once"):
             torch.func.grad(lambda q: torch.func.grad(lambda x: fn(x).pow(2).sum())(q).sum())(q)
 
