@@ -200,8 +200,8 @@ class KernelFunction(torch.autograd.Function):
 def eager_twin(function: type) -> type:
     """An ``autograd.Function`` of the same name, forward, backward and ``jvp`` as ``function``, whose forward takes
     ``ctx`` and calls ``function.setup_context`` itself. Its ``apply`` skips the binding of the inputs to forward's
-    signature that a separate ``setup_context`` costs at every call (about 25 us on an H200's host): the
-    ``torch.func`` transforms need that form, a plain call does not."""
+    signature that a separate ``setup_context`` costs at every call (tens of microseconds: ``docs/decisions.md``):
+    the ``torch.func`` transforms need that form, a plain call does not."""
 
     def forward(ctx, *inputs):
         output = function.forward(*inputs)
