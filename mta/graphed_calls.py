@@ -18,14 +18,15 @@ of launches made from C++, whatever the number of kernels inside.
 A graph is kept per call signature and stream. It holds its call's memory for as long as it is kept: the static
 inputs and outputs, and the workspace its kernels use (its own memory pool, where an eager call would hand the
 workspace back to PyTorch's cache for the next op). At most :data:`MAX_GRAPHS` graphs are kept, the oldest dropped
-first; :func:`release_graphs` drops them all, and their memory goes back to PyTorch's cache. A capture that runs out
-of memory leaves its signature eager.
+first; a signature whose graph was dropped runs eagerly from then on, so that a loop over more signatures than that
+pays each capture once, not at every call. :func:`release_graphs` drops every graph, and their memory goes back to
+PyTorch's cache; later calls capture again. A capture that runs out of memory leaves its signature eager.
 
 A call runs eagerly, as it would without this, where it cannot be captured: in Triton's interpreter, in
 :func:`mta.launch.compile_ahead`'s dry run (which launches nothing), while Triton's launch hooks are installed (a
 profiler's hooks see each kernel's launch, never a replay), inside another capture (``torch.cuda.graph``,
-``torch.compile(mode="reduce-overhead")``), where an input's layout has no dense copy, or where its capture failed
-once.
+``torch.compile(mode="reduce-overhead")``), where an input's layout has no dense copy, where its capture failed
+once, or where its graph was dropped.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from .launch import in_dry_run
 #: Graphs kept, by call signature (the oldest dropped first): a model has a few signatures, and each graph holds
 #: its call's memory (static inputs and outputs, workspace).
 MAX_GRAPHS = 8
-#: Signatures remembered as seen once: a signature is captured at its second call, never at a one-off one.
+#: Signatures remembered as seen once, and as eager: a signature is captured at its second call, never at a one-off
+#: one, and once only.
 MAX_SEEN = 1024
 
 
@@ -78,19 +80,22 @@ def dtype_groups(tensors: tuple) -> list[tuple[list[int], list[torch.Tensor]]]:
 class GraphedCalls:
     """CUDA graphs of one function, by call signature (:meth:`run`)."""
 
-    def __init__(self, size: int = MAX_GRAPHS):
+    def __init__(self, size: int = MAX_GRAPHS, capture: Callable = None):
         self.size = size
-        self._graphs: OrderedDict = OrderedDict()  # signature -> GraphedCall, or None where it runs eagerly
-        self._seen: OrderedDict = OrderedDict()
+        self.capture = capture or capture_graph  # (fn, inputs) -> (outputs, GraphedCall or None)
+        self._graphs: OrderedDict = OrderedDict()  # signature -> GraphedCall, the most recently replayed last
+        self._eager: OrderedDict = OrderedDict()  # signatures that run eagerly: their capture failed or was dropped
+        self._seen: OrderedDict = OrderedDict()  # signatures called once
         ALL_GRAPHED_CALLS.add(self)
 
     def __len__(self) -> int:
         """Signatures with a captured graph."""
-        return sum(graphed is not None for graphed in self._graphs.values())
+        return len(self._graphs)
 
     def clear(self) -> None:
         """Drop every graph and every signature seen: the next call of any signature runs eagerly."""
         self._graphs.clear()
+        self._eager.clear()
         self._seen.clear()
 
     def run(self, signature, fn: Callable[..., tuple], *inputs: torch.Tensor) -> tuple:
@@ -103,20 +108,37 @@ class GraphedCalls:
         # A graph per stream (a graph's static buffers serve one replay at a time) and per autocast state (a
         # product inside may follow it).
         signature = (signature, current_raw_stream(inputs[0].device.index), torch.is_autocast_enabled("cuda"))
-        if signature in self._graphs:
+        return self.replay_or_capture(signature, fn, inputs)
+
+    def replay_or_capture(self, signature, fn: Callable[..., tuple], inputs: tuple) -> tuple:
+        """What :meth:`run` does with a call that can be captured: replay its graph, else run ``fn`` eagerly (a first
+        call, or a signature kept eager), else capture it (a second call)."""
+        graphed = self._graphs.get(signature)
+        if graphed is not None:
             self._graphs.move_to_end(signature)
-            graphed = self._graphs[signature]
-            return fn(*inputs) if graphed is None else graphed(*inputs)
+            return graphed(*inputs)
+        if signature in self._eager:
+            return fn(*inputs)
         if signature not in self._seen:
-            self._seen[signature] = None
-            if len(self._seen) > MAX_SEEN:
-                self._seen.popitem(last=False)
+            remember(self._seen, signature)
             return fn(*inputs)
         del self._seen[signature]
-        outputs, self._graphs[signature] = capture(fn, inputs)
-        if len(self._graphs) > self.size:
-            self._graphs.popitem(last=False)
+        outputs, graphed = self.capture(fn, inputs)
+        if graphed is None:
+            remember(self._eager, signature)
+        else:
+            self._graphs[signature] = graphed
+            if len(self._graphs) > self.size:
+                # Captured once only: a loop over more signatures than graphs would otherwise capture at every call.
+                remember(self._eager, self._graphs.popitem(last=False)[0])
         return outputs
+
+
+def remember(signatures: OrderedDict, signature) -> None:
+    """Add ``signature`` to ``signatures``, forgetting the oldest past :data:`MAX_SEEN`."""
+    signatures[signature] = None
+    if len(signatures) > MAX_SEEN:
+        signatures.popitem(last=False)
 
 
 #: Every :class:`GraphedCalls` alive (:func:`release_graphs`).
@@ -140,7 +162,7 @@ def current_raw_stream(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
 
-def capture(fn: Callable[..., tuple], inputs: tuple) -> tuple[tuple, GraphedCall | None]:
+def capture_graph(fn: Callable[..., tuple], inputs: tuple) -> tuple[tuple, GraphedCall | None]:
     """``(fn(*inputs), graphed)``: ``fn`` run eagerly on static copies of ``inputs``, then captured on them;
     ``graphed`` None where an input has no dense copy of its layout, the copies do not fit in memory or the capture
     fails (the outputs are then an eager run's)."""
@@ -188,4 +210,4 @@ def run_on_static_copies(fn: Callable[..., tuple], inputs: tuple, side: torch.cu
         return static, fn(*static)
 
 
-__all__ = ["GraphedCall", "GraphedCalls", "MAX_GRAPHS", "capture", "release_graphs"]
+__all__ = ["GraphedCall", "GraphedCalls", "MAX_GRAPHS", "capture_graph", "release_graphs"]

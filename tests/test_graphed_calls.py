@@ -90,17 +90,25 @@ def test_graphs_are_kept_per_stream(fresh_graphs):
     assert len(conv.BACKWARD_GRAPHS) == 2
 
 
-def test_dropped_graphs_leave_later_captures_working(fresh_graphs, monkeypatch):
-    """One graph kept: two signatures in turn drop each other's graph and capture theirs again, exactly."""
-    monkeypatch.setattr(conv, "BACKWARD_GRAPHS", GraphedCalls(size=1))
-    for seed in range(3):
-        for kernel in ((6, 11), (6, 9)):
+def test_a_dropped_graph_leaves_its_signature_eager_and_later_captures_working(fresh_graphs, monkeypatch):
+    """One backward graph kept, three signatures in turn: each is captured once, at its second call, dropping the
+    graph before it (whose signature then runs eagerly, never captured again); every call exact."""
+    captures = []
+
+    def counted_capture(fn, inputs):
+        captures.append(fn)
+        return graphed_calls.capture_graph(fn, inputs)
+    monkeypatch.setattr(conv, "FORWARD_GRAPHS", GraphedCalls(capture=counted_capture))
+    monkeypatch.setattr(conv, "BACKWARD_GRAPHS", GraphedCalls(size=1, capture=counted_capture))
+    for seed in range(4):
+        for kernel in ((6, 11), (6, 9), (2, 3)):
             plan = plans(torch.bfloat16, kernel)[0]
             got = training_call(plan, torch.bfloat16, kernel=kernel, seed=seed)
             want = training_call(dataclasses.replace(plan, replay_graphs=False), torch.bfloat16, kernel=kernel,
                                  seed=seed)
             assert all(torch.equal(a, b) for a, b in zip(got, want)), (seed, kernel)
-    assert len(conv.BACKWARD_GRAPHS) == 1
+    assert len(conv.BACKWARD_GRAPHS) == 1 and len(conv.FORWARD_GRAPHS) == 3
+    assert len(captures) == 6  # three forward and three backward signatures, once each
 
 
 def test_released_graphs_are_captured_again(fresh_graphs):
