@@ -80,7 +80,7 @@ def dtype_groups(tensors: tuple) -> list[tuple[list[int], list[torch.Tensor]]]:
 class GraphedCalls:
     """CUDA graphs of one function, by call signature (:meth:`run`)."""
 
-    def __init__(self, size: int = MAX_GRAPHS, capture: Callable = None):
+    def __init__(self, size: int = MAX_GRAPHS, capture: Callable | None = None):
         self.size = size
         self.capture = capture or capture_graph  # (fn, inputs) -> (outputs, GraphedCall or None)
         self._graphs: OrderedDict = OrderedDict()  # signature -> GraphedCall, the most recently replayed last
