@@ -146,7 +146,7 @@ ALL_GRAPHED_CALLS: "weakref.WeakSet[GraphedCalls]" = weakref.WeakSet()
 
 
 def release_graphs() -> None:
-    """Drop every CUDA graph kept for small MTA calls, and with them the memory they hold (static inputs and
+    """Drop every CUDA graph kept for MTA calls, and with them the memory they hold (static inputs and
     outputs, their kernels' workspace): for a program that needs that memory back, and for a measurement of a
     call's own working memory. Later calls capture their graphs again, at each signature's second call."""
     for graphed_calls in list(ALL_GRAPHED_CALLS):
