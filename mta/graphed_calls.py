@@ -55,7 +55,7 @@ class GraphedCall:
     def __init__(self, graph: torch.cuda.CUDAGraph, inputs: tuple, outputs: tuple):
         self.graph, self.inputs, self.outputs = graph, inputs, outputs
         self.input_groups = dtype_groups(inputs)
-        self.output_groups = [(group, [outputs[i] for i in group]) for group, _ in dtype_groups(outputs)]
+        self.output_groups = dtype_groups(outputs)
 
     def __call__(self, *inputs) -> tuple:
         """The outputs of the captured call on ``inputs`` (of the signature's layout), as new tensors."""
