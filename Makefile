@@ -8,8 +8,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Two processes by default (a CI machine has 2 cores); `loadfile` keeps each notebook in one process, in order.
-PYTEST_ARGS ?= -n 2 --dist loadfile
+# Two processes by default (a CI machine has 2 cores); `loadgroup` keeps each notebook in one process, in order
+# (tests/conftest.py), and hands every other test to whichever process is free.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 STAMP := $(VENV)/.installed
 
 .PHONY: setup lab test clean

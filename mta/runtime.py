@@ -37,6 +37,29 @@ SAFE_DTYPES: tuple[torch.dtype, ...] = (
 )
 
 
+def skip_dropped_overflow_checks() -> bool:
+    """In Triton's interpreter, stop computing the int32 overflow checks of integer ``+``, ``-`` and ``*``; True if
+    they were on. The interpreter builds each check as NumPy arithmetic and then drops it, since it keeps device
+    asserts only in debug mode: about a third of a kernel's time on the CPU for nothing. No value a kernel computes
+    changes. Nothing is done where the interpreter is off, in debug mode, or has no such option."""
+    if not INTERPRET:
+        return False
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if not (dataclasses.is_dataclass(options) and getattr(options, "sanitize_overflow", False)
+            and getattr(options, "debug", True) is False):
+        return False
+    builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    return True
+
+
+skip_dropped_overflow_checks()
+
+
 def describe() -> str:
     """One line saying where kernels run, for notebooks and bug reports."""
     if INTERPRET:

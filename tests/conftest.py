@@ -35,6 +35,17 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """A notebook's cells share one kernel and run in order: under ``--dist loadgroup`` (``make test``) each
+    notebook is one group, kept in one process; every other test goes to whichever process is free. Files whose
+    tests share a costly module-scoped fixture name their own group (``pytestmark``), so that it is built once.
+    xdist schedules the groups with the most tests first."""
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
 @pytest.fixture(autouse=True)
 def _seed(request):
     # A different but reproducible seed per test: inputs are fresh for each case.

@@ -76,6 +76,10 @@ class Tiny(db.DecodeBenchmark):
 TOOLS = harness.Tools(timer=lambda fn, before_each=None: fn() is None or 0.01, memory=None, device=DEVICE, warn=print)
 
 
+#: These tests share a module-scoped fixture: one process runs them all (``--dist loadgroup``).
+pytestmark = pytest.mark.xdist_group("test_bench_decode")
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """One whole run at the tiny shapes (exit status, JSON path); 60% of the free bytes given hold the reference

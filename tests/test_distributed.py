@@ -45,6 +45,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: These tests share a module-scoped fixture: one process runs them all (``--dist loadgroup``).
+pytestmark = pytest.mark.xdist_group("test_distributed")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Start the two ranks on every mode, train the single-process reference while they run, wait for them.

@@ -76,3 +76,12 @@ def test_the_users_setting_is_read_as_triton_reads_it():
         assert run_python(code, TRITON_INTERPRET="0") == (
             "False cpu 2 | no CUDA device and TRITON_INTERPRET is off: the Triton kernels cannot run here "
             "(unset TRITON_INTERPRET, or set it to 1)")
+
+
+def test_the_interpreter_builds_no_overflow_checks_it_would_drop():
+    """Under the interpreter, ``import mta`` turns off the int32 overflow checks that Triton's interpreter builds
+    for integer arithmetic and then drops (it keeps asserts only in debug mode); asked again, nothing is left to do."""
+    code = ("import mta; from triton.runtime import interpreter as i; "
+            "print(i.interpreter_builder.options.sanitize_overflow, i.interpreter_builder.options.debug, "
+            "mta.runtime.skip_dropped_overflow_checks())")
+    assert run_python(code, TRITON_INTERPRET="1") == "False False False"

@@ -31,6 +31,10 @@ def subprocess_env():
     return env
 
 
+#: These tests share a module-scoped fixture: one process runs them all (``--dist loadgroup``).
+pytestmark = pytest.mark.xdist_group("test_toy_train")
+
+
 @pytest.fixture(scope="module")
 def straight():
     """Single-process runs, trained once for the tests that compare with them: {(arm, steps): (state, result)}."""
