@@ -17,6 +17,49 @@ DEVICE = runtime.DEVICE
 ON_GPU = not runtime.INTERPRET
 
 
+def patch_the_language_once_per_launch() -> None:
+    """Triton's interpreter patches ``triton.language`` for the interpreter at each launch (and undoes it after),
+    and again at every call of a ``@triton.jit`` helper inside the kernel: ``inspect.getmembers`` over the language's
+    modules, a quarter of the CPU time of the kernels here, which call their shared helpers in their inner loops.
+    Inside a launch, a helper whose language modules (``triton.language``, ``triton.language.core``) are patched
+    already skips it. Where the interpreter has not these pieces, nothing changes."""
+    if not runtime.INTERPRET:
+        return
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    patch_lang, launch = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "GridExecutor", None)
+    scope_type = getattr(interpreter, "_LangPatchScope", None)
+    if not (callable(patch_lang) and callable(getattr(launch, "__call__", None)) and scope_type is not None):
+        return
+    state = {"launches": 0, "patched": set()}
+
+    def patch_once(fn):
+        langs = {name for name, module in (("tl", tl), ("core", tl.core))
+                 if any(value is module for value in fn.__globals__.values())}
+        if state["launches"] and langs <= state["patched"]:
+            return scope_type()                  # nothing to undo: the launch's own patching stands
+        scope = patch_lang(fn)
+        if state["launches"]:
+            state["patched"] |= langs
+        return scope
+
+    def launch_call(self, *args, _call=launch.__call__, **kwargs):
+        state["launches"] += 1
+        try:
+            return _call(self, *args, **kwargs)
+        finally:
+            state["launches"] -= 1
+            if not state["launches"]:
+                state["patched"] = set()
+
+    interpreter._patch_lang = patch_once
+    launch.__call__ = launch_call
+
+
+patch_the_language_once_per_launch()
+
+
 def rand(*shape, dtype=torch.float32, device=DEVICE, scale=1.0):
     """Fresh standard-normal values (never zeros), times ``scale``."""
     return (torch.randn(*shape, dtype=torch.float64) * scale).to(dtype=dtype, device=device)

@@ -65,7 +65,7 @@ def test_causal_lengths_and_kernels(N, cq, ck, two_phase, poisoned_outputs):
 
 
 @pytest.mark.parametrize("N,cq,ck,causal,dtype,Hq,Hkv,D,B", [
-    (70, 6, 11, True, torch.float16, 4, 2, 24, 2),  # the copy engine's loads, GQA, a batch of two for dW
+    (45, 6, 11, True, torch.float16, 4, 2, 24, 2),  # the copy engine's loads, GQA, a batch of two for dW
     (45, 2, 9, False, torch.float32, 2, 1, 16, 1),
     (33, 3, 3, False, torch.float16, 3, 3, 16, 1),
     (40, 5, 3, True, torch.float16, 2, 1, 96, 1),  # d = 96 inside a 128-wide tile: pieces past the head dim
@@ -79,7 +79,7 @@ def test_dtypes_gqa_and_noncausal(N, cq, ck, causal, dtype, Hq, Hkv, D, B, two_p
 def test_gq_in_several_blocks_of_rows(causal, poisoned_outputs):
     """Each chunk's part of Gq made in blocks of one chunk of rows (the first reaching back cq - 1 rows): a row's
     fold reads cq - 1 rows past its block, which its block makes too."""
-    run_case(planned("two_phase", chunk=32, gq_bytes=1), 150, 6, 11, causal, torch.float32)
+    run_case(planned("two_phase", chunk=32, gq_bytes=1), 80, 6, 11, causal, torch.float32)  # three blocks
 
 
 def test_gq_blocks_from_their_byte_budget():
@@ -90,7 +90,7 @@ def test_gq_blocks_from_their_byte_budget():
     assert conv_two_phase.gq_block_rows(4096, 768, 128) == 128
 
 
-@pytest.mark.parametrize("chunk", [32, 64, 1024])
+@pytest.mark.parametrize("chunk", [32, 1024])
 def test_chunks_change_nothing_but_rounding(chunk):
     """One chunk or several: the same gradients as the one-pass kernels, to fp32 rounding."""
     q, k, v = rand_qkv(1, 2, 1, 90, 90, 16)
@@ -299,10 +299,10 @@ def test_launches_kept_per_signature_serve_new_inputs(path, poisoned_outputs, mo
     monkeypatch.setattr(CallLaunches, "run", counting_run)
     fn = (planned("one_pass") if path == "one_pass"
           else planned("two_phase", chunk=32, dq_far_kernel=path == "dq_far_kernel"))
-    run_case(fn, 100, 6, 11, True, torch.float32)
+    run_case(fn, 40, 6, 11, True, torch.float32)  # two chunks of 32 keys
     first = len(made)
     assert first > 0 and len(conv.BACKWARD_LAUNCHES) == 1
-    run_case(fn, 100, 6, 11, True, torch.float32)  # new random inputs, the same signature
+    run_case(fn, 40, 6, 11, True, torch.float32)  # new random inputs, the same signature
     assert len(made) == first and len(conv.BACKWARD_LAUNCHES) == 1
-    run_case(fn, 99, 6, 11, True, torch.float32)  # another signature: its own launches
+    run_case(fn, 39, 6, 11, True, torch.float32)  # another signature: its own launches
     assert len(made) > first and len(conv.BACKWARD_LAUNCHES) == 2
