@@ -2,11 +2,11 @@
 
 Notation of :mod:`mta.conv_backward`. Where the ``cq`` shifted query tiles do not fit on chip (d = 128), the
 one-pass kernels of :mod:`mta.conv_backward` make ``C`` against a held ``[rows, cq' d]`` block in narrow tiles, far
-below the forward's rate. Here a program owns a key tile of a chunk of keys and a kv head, and walks the query
-tiles of each query head of its group in the forward's 128 x 128 tiles, the score product's depth streamed
+below the forward's rate. Here a program owns a key tile of a chunk of keys and a query head, and walks its query
+tiles in the forward's 128 x 128 tiles, the score product's depth streamed
 through the copy engine as the forward streams it, its operands swapped (keys as rows, ``C^T = Kf Q_shift^T``, as
 Triton's fused-attention tutorial makes its dK/dV). ``P^T`` then is the left operand of ``dV += P^T dO`` as it
-comes out of its product, ``dV`` is summed over the group in registers, and
+comes out of its product, the head's part of ``dV`` is summed in registers, and
 ``dC_far`` is stored, rows-major (its tile transposed back), to a 16-bit scratch of one chunk (the one-pass kernels
 round ``dC`` to the inputs' dtype for their products too): the dQ side then reads rows of it shifted by whole
 rows (:mod:`mta.conv_dq_kernels`), and ``U = dC_far^T Q_shift`` is a plain GEMM over the chunk, whose right
@@ -99,22 +99,24 @@ def conv_dc_kernel(Q, KF, V, DO, LSE, DELTA, CD, DCS, DV, QD, KFD, DOD, DCD,
                    stride_kfb, stride_kfh, stride_kfa, stride_kfn, stride_kfd,
                    stride_dob, stride_doh, stride_dom, stride_dod,
                    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                   stride_sb, stride_sm, n_q, n_k, c0, row0, num_kv_heads, group_size, scale, N_BUCKET,
+                   stride_sb, stride_sm, n_q, n_k, c0, row0, num_heads, group_size, scale, N_BUCKET,
                    CAUSAL: tl.constexpr, CQ: tl.constexpr, CK: tl.constexpr, E: tl.constexpr,
                    E_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, WIDTH: tl.constexpr):
     """``DCS[b * Hq + h, i - row0, j - c0] = dC_far[i, j]`` (dO's dtype; rows-major) for the key tile ``pid``-th
-    of the chunk of keys from ``c0``, every query head ``h`` of kv head ``kv_h``'s group and every row ``i`` from
+    of the chunk of keys from ``c0``, query head ``h`` (kv head ``h // group_size``) and every row ``i`` from
     ``row0`` (the chunk's first key when causal, else 0): made where the row sees the key, 0 where it does not (the
-    future, and the near diagonals, which :func:`mta.conv_backward.conv_near_kernel` takes). ``DV`` (v's dtype):
-    ``dV = sum over the group of P^T dO`` for the tile's keys, complete. ``KF``, ``CD``: the forward's folded keys
-    and diagonal scores; ``QD``, ``KFD``, ``DOD``, ``DCD``: TMA descriptors over ``q``, ``KF``, ``dO`` and the
-    scratch (``[B * Hq, rows, keys]``, boxes of the tile), or all None (pointer loads and stores).
+    future, and the near diagonals, which :func:`mta.conv_backward.conv_near_kernel` takes). ``DV [B, Hq, N, D]``:
+    head ``h``'s part of ``dV``, ``P^T dO`` for the tile's keys (the launcher sums a GQA group's parts; with no
+    groups it is ``dv``). ``KF``, ``CD``: the forward's folded keys and diagonal scores; ``QD``, ``KFD``, ``DOD``,
+    ``DCD``: TMA descriptors over ``q``, ``KF``, ``dO`` and the scratch (``[B * Hq, rows, keys]``, boxes of the
+    tile), or all None (pointer loads and stores).
 
-    Grid: ``(keys of the chunk / BLOCK_N, B * Hkv)``, heaviest (first) key tiles first.
+    Grid: ``(keys of the chunk / BLOCK_N, B * Hq)``, heaviest (first) key tiles first: a program per query head,
+    so that a chunk of a few key tiles still fills the GPU where a batch has few kv heads.
     """
     n = n_q
-    pid_n, pid_bkv, b, kv_h, _ = program_coordinates(num_kv_heads, 1, HEAVY_LAST=False)
+    pid_n, bh, b, h, kv_h = program_coordinates(num_heads, group_size, HEAVY_LAST=False)
     j0 = c0 + pid_n * BLOCK_N
     offs_k = j0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -124,39 +126,35 @@ def conv_dc_kernel(Q, KF, V, DO, LSE, DELTA, CD, DCS, DV, QD, KFD, DOD, DCD,
                 mask=k_ok[:, None] & d_ok[None, :], other=0.0)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     qk_scale = scale * LOG2E
-    b32 = b.to(tl.int32)  # descriptor coordinates
     # Rows before `start` see none of these keys; from `m_full` on, every row is at least E past all of them.
     start, m_full = query_tile_bounds(j0, n, 0, E, CAUSAL, BLOCK_M, BLOCK_N)
-    for g in range(0, group_size):
-        h = kv_h * group_size + g
-        bh = b * num_kv_heads * group_size + h
-        dcs_base = DCS + bh * stride_sb
-        for i0 in range(row0, start, BLOCK_M):  # the future of every key of the tile: zeros for the GEMMs
-            offs_m = i0 + tl.arange(0, BLOCK_M)
-            zeros = tl.zeros([BLOCK_N, BLOCK_M], dtype=DCS.dtype.element_ty)
-            if TMA:
-                DCD.store([bh.to(tl.int32), i0 - row0, j0 - c0], zeros.reshape(1, BLOCK_M, BLOCK_N))
-            else:
-                tl.store(dcs_base + (offs_k - c0)[:, None] + (offs_m - row0)[None, :] * stride_sm, zeros,
-                         mask=k_ok[:, None] & (offs_m < start)[None, :])
-        q_base = Q + b * stride_qb + h * stride_qh
-        kf_base = KF + b * stride_kfb + h * stride_kfh
-        do_base = DO + b * stride_dob + h * stride_doh
-        lse_base = LSE + bh * n
-        delta_base = DELTA + bh * n
-        cd_base = CD + bh * n * E_PAD
-        h32, bh32 = h.to(tl.int32), bh.to(tl.int32)
-        dv = _dc_query_tiles(dv, v, DCD, dcs_base, stride_sm, c0, row0, q_base, kf_base, do_base, lse_base,
-                             delta_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd, stride_dom,
-                             stride_dod, QD, KFD, DOD, cd_base, b32, h32, bh32, j0, offs_k, offs_d, start, m_full, n,
-                             qk_scale, CAUSAL, False, TMA, CQ, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N,
-                             PRECISION)
-        dv = _dc_query_tiles(dv, v, DCD, dcs_base, stride_sm, c0, row0, q_base, kf_base, do_base, lse_base,
-                             delta_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd, stride_dom,
-                             stride_dod, QD, KFD, DOD, cd_base, b32, h32, bh32, j0, offs_k, offs_d, m_full, n, n,
-                             qk_scale, False, not CAUSAL, TMA, CQ, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N,
-                             PRECISION)
-    tl.store(DV + b * stride_dvb + kv_h * stride_dvh + offs_k[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+    dcs_base = DCS + bh * stride_sb
+    for i0 in range(row0, start, BLOCK_M):  # the future of every key of the tile: zeros for the GEMMs
+        offs_m = i0 + tl.arange(0, BLOCK_M)
+        zeros = tl.zeros([BLOCK_N, BLOCK_M], dtype=DCS.dtype.element_ty)
+        if TMA:
+            DCD.store([bh.to(tl.int32), i0 - row0, j0 - c0], zeros.reshape(1, BLOCK_M, BLOCK_N))
+        else:
+            tl.store(dcs_base + (offs_k - c0)[:, None] + (offs_m - row0)[None, :] * stride_sm, zeros,
+                     mask=k_ok[:, None] & (offs_m < start)[None, :])
+    q_base = Q + b * stride_qb + h * stride_qh
+    kf_base = KF + b * stride_kfb + h * stride_kfh
+    do_base = DO + b * stride_dob + h * stride_doh
+    lse_base = LSE + bh * n
+    delta_base = DELTA + bh * n
+    cd_base = CD + bh * n * E_PAD
+    b32, h32, bh32 = b.to(tl.int32), h.to(tl.int32), bh.to(tl.int32)  # descriptor coordinates
+    dv = _dc_query_tiles(dv, v, DCD, dcs_base, stride_sm, c0, row0, q_base, kf_base, do_base, lse_base,
+                         delta_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd, stride_dom,
+                         stride_dod, QD, KFD, DOD, cd_base, b32, h32, bh32, j0, offs_k, offs_d, start, m_full, n,
+                         qk_scale, CAUSAL, False, TMA, CQ, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N,
+                         PRECISION)
+    dv = _dc_query_tiles(dv, v, DCD, dcs_base, stride_sm, c0, row0, q_base, kf_base, do_base, lse_base,
+                         delta_base, stride_qm, stride_qd, stride_kfa, stride_kfn, stride_kfd, stride_dom,
+                         stride_dod, QD, KFD, DOD, cd_base, b32, h32, bh32, j0, offs_k, offs_d, m_full, n, n,
+                         qk_scale, False, not CAUSAL, TMA, CQ, E, E_PAD, D, BLOCK_D, WIDTH, BLOCK_M, BLOCK_N,
+                         PRECISION)
+    tl.store(DV + b * stride_dvb + h * stride_dvh + offs_k[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
              dv.to(DV.dtype.element_ty), mask=k_ok[:, None] & d_ok[None, :])
 
 

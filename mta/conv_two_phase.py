@@ -7,7 +7,8 @@ makes ``C`` again. Here the backward walks chunks of keys, and for each:
 
 1. one Triton kernel (:mod:`mta.conv_dc_kernels`) makes ``C`` with the forward's streamed pieces, then ``P``,
    ``dP``, ``dC`` and its far part, stores ``dC_far`` for the chunk's keys in a 16-bit rows-major scratch, and
-   sums ``dV = P^T dO`` over the GQA group in registers: the chunk's ``dv``, complete;
+   sums ``dV = P^T dO`` of a query head in registers: the chunk's ``dv``, complete (a GQA group's heads' parts
+   are summed once after the last chunk);
 2. the dK side: one GEMM, ``U = dC_far^T Qshift`` (the shifted queries side by side, ``cq d`` wide), written once,
    and :func:`mta.conv_backward.conv_dk_fold_kernel` folds it into ``dk`` and the far part of ``dW`` as soon as
    the keys it reads are made (a key reads ``U`` rows ``c - pk .. c + pk``: this chunk's and the previous one's);
@@ -216,6 +217,8 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     # dq's parts, summed over chunks (the dq kernel's first chunk writes every row; the GEMM path adds to zeros)
     dq_sum = (torch.empty if far_kernel else torch.zeros)((B, Hq, N, D), device=q.device, dtype=torch.float32)
     dk, dv = empty_contiguous(k), empty_contiguous(v)
+    # phase 1 runs a program per query head: a GQA group's parts of dv, in fp32, are summed after the chunks
+    dv_parts = dv if Hq == Hkv else torch.empty((B, Hq, N, D), device=q.device, dtype=torch.float32)
     dq_rows, dq_warps = _measured_tile(DQ_FOLD_TILE, block_d) or post_pass_tile(block_d, 64, warps=4)
     # U leaves cuBLAS in the inputs' dtype on a GPU (fp32 on the CPU: _product)
     fold_rows = dk_fold_launch(plan.dk_fold_by_product, q.dtype if q.is_cuda else torch.float32, block_d, ck,
@@ -251,10 +254,11 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
         dcs = scratch[:, :N - row0, :c1 - c0]
         dcd = _scratch_descriptor(dcs, tile) if descriptors[0] is not None else None
         launches.run(("dc", chunk), lambda q, kf, v, do, lse, delta, cd, dcs, dv, *descriptors: Launch(
-            conv_dc_kernel, (cdiv(c1 - c0, tile["BLOCK_N"]), B * Hkv),
+            conv_dc_kernel, (cdiv(c1 - c0, tile["BLOCK_N"]), B * Hq),
             (q, kf, v, do, lse, delta, cd, dcs, dv, *descriptors, *q.stride(), *v.stride(), *kf.stride(),
-             *do.stride(), *dv.stride(), dcs.stride(0), dcs.stride(1), N, N, c0, row0, Hkv, Hq // Hkv, scale,
-             tuning.size_bucket(N)), {**constexprs, **tile}), q, kf, v, do, lse, delta, cd, dcs, dv, *descriptors, dcd)
+             *do.stride(), *dv.stride(), dcs.stride(0), dcs.stride(1), N, N, c0, row0, Hq, Hq // Hkv, scale,
+             tuning.size_bucket(N)), {**constexprs, **tile}), q, kf, v, do, lse, delta, cd, dcs, dv_parts, *descriptors,
+            dcd)
         # dK side: U = dC_far^T Qshift for the chunk's keys, written once; key c's fold reads U rows c - pk ..
         # c + pk, so the keys within pk of the chunk's end wait for the next chunk.
         u = _product(dcs.transpose(1, 2), qs[:, row0:])  # [B * Hq, keys, cq * D]
@@ -289,5 +293,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
                                                               *dq_sum.stride()),
             dict(n=N, cur0=0, cur1=0, f0=0, f1=N, num_heads=Hq, group_size=Hq // Hkv, scale=scale, ACCUMULATE=True,
                  BLOCK_R=dq_rows, num_warps=dq_warps, **fold_meta)), dq_sum, g, k, dq_sum, dq)
+    if dv_parts is not dv:
+        dv.copy_(dv_parts.view(B, Hkv, Hq // Hkv, N, D).sum(2))
     del kf, kf_cat, qs, prev, scratch
     return dq if dq is not None else dq_sum.to(q.dtype), dk, dv
