@@ -20,7 +20,8 @@ makes ``C`` again. Here the backward walks chunks of keys, and for each:
    so a block is made ``cq - 1`` rows longer.
 
 ``C`` is made once: ``cq' + 2`` product units in the Triton kernel, ``2 cq'`` in phase 2. Extra memory: the
-scratch (:data:`mta.conv_plan.SCRATCH_BYTES`, or one tile of keys of every head where that is more), two chunks of ``U``, one block of ``Gq`` (:attr:`mta.conv_plan.ConvPlan.gq_bytes`) where GEMMs make it, the fp32
+scratch (:data:`mta.conv_plan.SCRATCH_BYTES`, or where that is more, a tile of keys of every head, or enough key
+tiles of every head for :data:`PHASE_ONE_PROGRAMS_PER_SM` programs an SM), two chunks of ``U``, one block of ``Gq`` (:attr:`mta.conv_plan.ConvPlan.gq_bytes`) where GEMMs make it, the fp32
 running ``dq``, and the folded keys and shifted queries laid out for the products (each ``cq`` times q's size):
 O(N). Deterministic: every output row has one owner, and the products, folds and sums over chunks run in a fixed
 order. Rounding: ``Gq`` and ``U`` leave cuBLAS in the inputs' dtype, and phase 1 sums the score product in other
@@ -38,6 +39,7 @@ from .tma import descriptor, stream_descriptors
 from .conv_backward import conv_dk_fold_kernel, conv_dk_fold_product_kernel, conv_dq_fold_kernel
 from .conv_dc_kernels import conv_dc_kernel, shifted_queries_kernel
 from .conv_dq_kernels import conv_dq_far_kernel
+from .decode import sm_count
 from .launch import CallLaunches, Launch, cdiv, empty_contiguous, next_power_of_2
 
 #: ``(rows, warps)`` of the dK fold's pointer-kernel programs on a GPU up to 128-wide head dims: 8 rows on one
@@ -46,6 +48,10 @@ DK_FOLD_TILE = (8, 1)
 #: ``(rows, warps)`` of the dQ fold's programs on a GPU up to 128-wide head dims: 16 rows on 4 warps, the fastest
 #: on Hopper at d = 64 and 128 (elsewhere :func:`mta.conv_plan.post_pass_tile`'s).
 DQ_FOLD_TILE = (16, 4)
+#: Fewest phase-1 programs per SM that a chunk of keys gives (two waves), though the scratch then passes
+#: :data:`mta.conv_plan.SCRATCH_BYTES`: on Hopper a chunk of a few key tiles leaves SMs idle (at B 1, 8 heads,
+#: N = 16384, d = 64, 64 programs make a forward + backward 13.2 ms, 256 make it 9.8 ms: ``docs/decisions.md``).
+PHASE_ONE_PROGRAMS_PER_SM = 2
 #: ``(keys, warps)`` of the product dK fold's programs: 16 keys on 2 warps, the fastest on Hopper at d = 64, 128.
 DK_FOLD_PRODUCT_TILE = (16, 2)
 
@@ -108,12 +114,17 @@ def fold_dk(u, prev, prev0: int, c0: int, f0: int, f1: int, g, q, k, w, dk, dwf,
     (launches or CallLaunches()).run(name, make, u, u if prev is None else prev, g, q, k, w, dk, dwf)
 
 
-def chunk_size(batch_heads: int, n: int, tile: dict, halo: int, chunk: int | None = None) -> int:
+def chunk_size(batch_heads: int, n: int, tile: dict, halo: int, chunk: int | None = None,
+               programs: int = 0) -> int:
     """Keys per chunk: ``chunk`` where given, else as many as :data:`mta.conv_plan.SCRATCH_BYTES` of 16-bit ``dC_far`` hold
-    for ``batch_heads`` heads of ``n`` rows; a multiple of both tile sides and at least ``halo`` (the keys a fold
-    reads past its own)."""
+    for ``batch_heads`` heads of ``n`` rows, or, where that is more, enough key tiles for phase 1 to run ``programs``
+    programs (a tile of keys of each head is one); a multiple of both tile sides and at least ``halo`` (the keys a
+    fold reads past its own)."""
     step = max(tile["BLOCK_M"], tile["BLOCK_N"])
-    rows = chunk if chunk is not None else SCRATCH_BYTES // (2 * batch_heads * max(n, 1))
+    if chunk is not None:
+        rows = chunk
+    else:
+        rows = max(SCRATCH_BYTES // (2 * batch_heads * max(n, 1)), tile["BLOCK_N"] * cdiv(programs, batch_heads))
     rows = max(rows // step * step, step * cdiv(max(halo, 1), step))
     return min(rows, step * cdiv(n, step))
 
@@ -205,7 +216,7 @@ def two_phase_sides(do, q, k, v, lse, delta, kf_held, cd, g, w, causal: bool, sc
     block_d = meta["BLOCK_D"]
     tile = phase_one_tile(block_d, q.dtype, causal)
     constexprs = {name: meta[name] for name in ("CAUSAL", "CQ", "CK", "E", "E_PAD", "D", "BLOCK_D", "PRECISION")}
-    size = chunk_size(B * Hq, N, tile, 2 * pk, plan.chunk)
+    size = chunk_size(B * Hq, N, tile, 2 * pk, plan.chunk, PHASE_ONE_PROGRAMS_PER_SM * sm_count(q.device))
     scratch = torch.empty((B * Hq, N, size), device=q.device, dtype=q.dtype)  # a chunk's rows x its keys
     descriptors = _descriptors(q, v, kf, do, tile, block_d, plan.copy_engine)
     e_past = ck + cq - 3

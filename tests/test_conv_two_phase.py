@@ -273,6 +273,17 @@ def test_chunk_from_the_scratch_budget():
     assert conv_two_phase.chunk_size(4096, 65536, tile, 10) == 128
 
 
+def test_chunk_gives_phase_one_its_programs():
+    """Where the scratch budget holds few key tiles, the chunk grows to give phase 1 its programs (a key tile of
+    each head is one): 264 programs are 9 tiles of 32 heads (2 x 16 at 8192 rows) and 33 tiles of 8 heads at 16384
+    rows; never past the sequence."""
+    tile = {"BLOCK_M": 128, "BLOCK_N": 128}
+    assert conv_two_phase.chunk_size(32, 8192, tile, 10, programs=264) == 9 * 128
+    assert conv_two_phase.chunk_size(8, 16384, tile, 10, programs=264) == 33 * 128
+    assert conv_two_phase.chunk_size(8, 8192, tile, 10, programs=8) == 2048  # the budget's, more than asked
+    assert conv_two_phase.chunk_size(1, 1000, tile, 10, programs=264) == 1024
+
+
 def test_shifted_queries_side_by_side():
     q = rand(2, 3, 7, 4)
     qs = conv_two_phase.shifted_queries_side_by_side(q, 3).view(2, 3, 7, 3, 4)
