@@ -326,10 +326,13 @@ def _forward_launches(q, k, v, w, kf, p, cd, o, lse, causal: bool, scale: float,
                            boxes, no_diagonals)
 
 
-def plan_of(q: torch.Tensor, weight: torch.Tensor, causal: bool) -> ConvPlan:
-    """:func:`mta.conv_plan.plan_conv` for ``q [B, Hq, N, D]`` and ``weight [Hq, cq, ck]``, on q's GPU."""
+def plan_of(q: torch.Tensor, weight: torch.Tensor, causal: bool, graphs: bool = True) -> ConvPlan:
+    """:func:`mta.conv_plan.plan_conv` for ``q [B, Hq, N, D]`` and ``weight [Hq, cq, ck]``, on q's GPU.
+    ``graphs``: False for the custom ops (:mod:`mta.ops`), which ``torch.compile``'s code calls: under
+    ``mode="reduce-overhead"`` inductor captures the whole step, and a graph of ours captured while inductor warms
+    up would keep its static copies in inductor's memory pool, which inductor refuses."""
     family = None if q.device.type != "cuda" else tuning.gpu_family(q.device)
-    return plan_conv(q.dtype, q.shape[-1], tuple(weight.shape[1:]), causal, family)
+    return plan_conv(q.dtype, q.shape[-1], tuple(weight.shape[1:]), causal, family, graphs)
 
 
 def _one_stage_for_groups(config: dict) -> dict:
@@ -595,14 +598,7 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     fp16 each ``Kf_a`` entry must stay under 65504 in magnitude (keys of 3000 under a 1 x 33 kernel of ones
     already overflow, to NaN rows).
     """
-    _, Hq, _, Nq, Nk, D = check_kernel_inputs(q, k, v)
-    if Nq != Nk:
-        raise ValueError(f"conv attention needs as many queries as keys, got Nq={Nq}, Nk={Nk}")
-    cq, ck = check_weight(weight, num_heads=Hq, device=q.device)
-    causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
-    if cq > MAX_CQ or ck > MAX_CK:
-        raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={MAX_CQ} and ck={MAX_CK} here")
-    scale = resolve_scale(scale, D)
+    causal, scale, return_lse = check_conv_call(q, k, v, weight, causal, scale, return_lse)
     if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) keeps the launchers out of the graph
         o, lse = torch.ops.mta.conv_attention(q, k, v, weight, causal, scale)
         return (o, lse) if return_lse else o
@@ -613,3 +609,16 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     else:  # inference: the kernels alone, without autograd's bookkeeping
         o, lse = conv_attention_forward(q, k, v, weight, causal, scale, plan)
     return (o, lse) if return_lse else o
+
+
+def check_conv_call(q, k, v, weight, causal, scale, return_lse) -> tuple[bool, float, bool]:
+    """:func:`conv_attention`'s inputs checked (a clear error for each problem): ``(causal, scale, return_lse)``
+    resolved."""
+    _, Hq, _, Nq, Nk, D = check_kernel_inputs(q, k, v)
+    if Nq != Nk:
+        raise ValueError(f"conv attention needs as many queries as keys, got Nq={Nq}, Nk={Nk}")
+    cq, ck = check_weight(weight, num_heads=Hq, device=q.device)
+    causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
+    if cq > MAX_CQ or ck > MAX_CK:
+        raise ValueError(f"kernel {cq} x {ck} is not supported: at most cq={MAX_CQ} and ck={MAX_CK} here")
+    return causal, resolve_scale(scale, D), return_lse

@@ -88,14 +88,15 @@ class ConvPlan:
 
 @functools.lru_cache(maxsize=256)
 def plan_conv(dtype: torch.dtype, head_dim: int, kernel_size: tuple[int, int], causal: bool,
-              family: str | None = None) -> ConvPlan:
+              family: str | None = None, graphs: bool = True) -> ConvPlan:
     """The plan for inputs of ``dtype`` and ``head_dim`` under a ``(cq, ck)`` kernel. ``family``: the GPU family
     (:func:`mta.tuning.gpu_family`: ``"hopper"``, ``"other"``, ``"interpreter"``); default this machine's.
+    ``graphs``: whether the call may replay CUDA graphs of its own (not where ``torch.compile``'s code calls it).
 
     The rules, top to bottom:
 
-    * on a GPU, repeated call signatures replay CUDA graphs (their launches' Python costs more than the GPU's work
-      at the lengths a model trains at: ``docs/decisions.md``);
+    * on a GPU, with ``graphs``, repeated call signatures replay CUDA graphs (their launches' Python costs more than
+      the GPU's work at the lengths a model trains at: ``docs/decisions.md``);
     * 16-bit inputs on a GPU: folds and past scores by products on the tensor cores (fp32 keeps exact per-element
       sums; the interpreter's 16-bit products are not exact);
     * backward on a GPU where no fused tile fits on chip (:func:`backward_fits`): chunked, in PyTorch;
@@ -112,11 +113,11 @@ def plan_conv(dtype: torch.dtype, head_dim: int, kernel_size: tuple[int, int], c
         backward = "chunked"
     elif dtype == torch.bfloat16 and family == "hopper" and cq >= MIN_QUERY_SHIFTS:
         return ConvPlan(fold_by_product=by_product, past_by_product=by_product, backward="two_phase",
-                        dq_far_kernel=block_d == 128, dk_fold_by_product=True, replay_graphs=True)
+                        dq_far_kernel=block_d == 128, dk_fold_by_product=True, replay_graphs=graphs)
     else:
         backward = "one_pass"
     return ConvPlan(fold_by_product=by_product, past_by_product=by_product, backward=backward,
-                    keys_as_rows_tile=keys_as_rows_tile(cq, block_d, dtype, family), replay_graphs=on_gpu)
+                    keys_as_rows_tile=keys_as_rows_tile(cq, block_d, dtype, family), replay_graphs=on_gpu and graphs)
 
 
 def fit_backward_tile(config: dict, owned: str, streamed: str, cq: int, block_d: int, elem_bytes: int) -> dict:

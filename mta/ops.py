@@ -54,8 +54,10 @@ def _transformed() -> bool:
 @torch.library.custom_op("mta::conv_attention", mutates_args=())
 def _conv_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, causal: bool,
                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    # The public function checks the inputs; under the op autograd is off, so it only runs the forward.
-    return _conv.conv_attention(q, k, v, weight, causal=causal, scale=scale, return_lse=True)
+    # Checked as the public function checks them; under the op autograd is off, so only the forward runs, with
+    # no CUDA graphs of its own (mta.conv.plan_of).
+    causal, scale, _ = _conv.check_conv_call(q, k, v, weight, causal, scale, True)
+    return _conv.conv_attention_forward(q, k, v, weight, causal, scale, _conv.plan_of(q, weight, causal, graphs=False))
 
 
 @_conv_attention_op.register_fake
@@ -68,7 +70,8 @@ def _(q, k, v, weight, causal, scale):
 def _conv_attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 o: torch.Tensor, lse: torch.Tensor, weight: torch.Tensor, causal: bool,
                                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv, dweight = _conv.conv_attention_backward(do, q, k, v, o, lse, weight, causal, scale)
+    dq, dk, dv, dweight = _conv.conv_attention_backward(do, q, k, v, o, lse, weight, causal, scale,
+                                                        _conv.plan_of(q, weight, causal, graphs=False))
     return dq, dk, dv, dweight.to(weight.dtype)
 
 
