@@ -260,15 +260,15 @@ def conv_attention_forward(q, k, v, weight, causal: bool, scale: float, plan: Co
 @dataclass(frozen=True, eq=False)
 class ForwardLaunches:
     """The forward's launches for one call signature (:data:`FORWARD_PLANS`): the fold, the past and diagonal
-    scores (None where no diagonal needs them), the fused kernel, the TMA boxes of ``q, kf, v`` (None without the
-    copy engine), and the all-zero diagonal scores that the fused kernel reads where none are needed."""
+    scores (None where no diagonal needs them), the fused kernel and the TMA boxes of ``q, kf, v`` (None without the
+    copy engine). It keeps no tensor: one made at a signature's first call, which may run inside
+    ``torch.compile``'s warm-up, would stay in inductor's memory pool, which inductor refuses."""
 
     fold: LaunchPlan
     past: LaunchPlan | None
     diagonal: LaunchPlan | None
     fused: LaunchPlan
     boxes: tuple | None
-    no_diagonals: torch.Tensor
 
 
 #: :class:`ForwardLaunches` per call signature: everything the launches depend on but the tensors' addresses.
@@ -301,8 +301,8 @@ def planned_forward(q, k, v, weight, causal: bool, scale: float, plan: ConvPlan)
     if diagonals:
         launches.past(q, k, p)
         launches.diagonal(p, w, cd)
-    else:
-        cd = launches.no_diagonals
+    else:  # the all-zero diagonal scores that the fused kernel reads where none are needed
+        cd = torch.zeros(16, device=q.device, dtype=torch.float32)
     qd = kfd = vd = None
     if launches.boxes is not None:
         qd, kfd, vd = (descriptor(t, box) for t, box in zip((q, kf, v), launches.boxes))
@@ -314,16 +314,16 @@ def _forward_launches(q, k, v, w, kf, p, cd, o, lse, causal: bool, scale: float,
     check_kernel_device(q=q, k=k, weight=w)
     cq, ck = w.shape[1:]
     past = diagonal = None
-    no_diagonals = torch.zeros(16, device=q.device, dtype=torch.float32)
     if cd is not None:
         _, e_past = diagonal_reach(cq, ck)
         past = past_scores_launch(q, k, p, e_past, plan.past_by_product).plan(3)
         diagonal = diagonal_scores_launch(p, w, cd).plan(3)
-    fused = conv_forward_launch(q, v, kf, no_diagonals if cd is None else cd, o, lse, (cq, ck), causal, scale, plan)
+    cd = torch.zeros(16, device=q.device, dtype=torch.float32) if cd is None else cd  # made, not kept
+    fused = conv_forward_launch(q, v, kf, cd, o, lse, (cq, ck), causal, scale, plan)
     descriptors = fused.args[6:9]
     boxes = None if descriptors[0] is None else tuple(list(d.block_shape) for d in descriptors)
     return ForwardLaunches(fold_keys_launch(k, w, kf, plan.fold_by_product).plan(3), past, diagonal, fused.plan(9),
-                           boxes, no_diagonals)
+                           boxes)
 
 
 def plan_of(q: torch.Tensor, weight: torch.Tensor, causal: bool, graphs: bool = True) -> ConvPlan:
