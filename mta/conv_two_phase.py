@@ -48,9 +48,10 @@ DK_FOLD_TILE = (8, 1)
 #: ``(rows, warps)`` of the dQ fold's programs on a GPU up to 128-wide head dims: 16 rows on 4 warps, the fastest
 #: on Hopper at d = 64 and 128 (elsewhere :func:`mta.conv_plan.post_pass_tile`'s).
 DQ_FOLD_TILE = (16, 4)
-#: Fewest phase-1 programs per SM that a chunk of keys gives (two waves), though the scratch then passes
-#: :data:`mta.conv_plan.SCRATCH_BYTES`: on Hopper a chunk of a few key tiles leaves SMs idle (at B 1, 8 heads,
-#: N = 16384, d = 64, 64 programs make a forward + backward 13.2 ms, 256 make it 9.8 ms: ``docs/decisions.md``).
+#: Phase-1 programs per SM that a chunk of keys is made long enough for (two waves; evened out over the chunks, a
+#: chunk may give a few less), though the scratch then passes :data:`mta.conv_plan.SCRATCH_BYTES`: on Hopper a
+#: chunk of a few key tiles leaves SMs idle (at B 1, 8 heads, N = 16384, d = 64, 64 programs make a forward +
+#: backward 13.2 ms, 256 make it 9.8 ms: ``docs/decisions.md``).
 PHASE_ONE_PROGRAMS_PER_SM = 2
 #: ``(keys, warps)`` of the product dK fold's programs: 16 keys on 2 warps, the fastest on Hopper at d = 64, 128.
 DK_FOLD_PRODUCT_TILE = (16, 2)
@@ -118,15 +119,17 @@ def chunk_size(batch_heads: int, n: int, tile: dict, halo: int, chunk: int | Non
                programs: int = 0) -> int:
     """Keys per chunk: ``chunk`` where given, else as many as :data:`mta.conv_plan.SCRATCH_BYTES` of 16-bit ``dC_far`` hold
     for ``batch_heads`` heads of ``n`` rows, or, where that is more, enough key tiles for phase 1 to run ``programs``
-    programs (a tile of keys of each head is one); a multiple of both tile sides and at least ``halo`` (the keys a
-    fold reads past its own)."""
+    programs (a tile of keys of each head is one), then evened out over as many chunks; a multiple of both tile
+    sides and at least ``halo`` (the keys a fold reads past its own)."""
     step = max(tile["BLOCK_M"], tile["BLOCK_N"])
+    least = step * cdiv(max(halo, 1), step)
     if chunk is not None:
-        rows = chunk
-    else:
-        rows = max(SCRATCH_BYTES // (2 * batch_heads * max(n, 1)), tile["BLOCK_N"] * cdiv(programs, batch_heads))
-    rows = max(rows // step * step, step * cdiv(max(halo, 1), step))
-    return min(rows, step * cdiv(n, step))
+        return min(max(chunk // step * step, least), step * cdiv(n, step))
+    rows = max(SCRATCH_BYTES // (2 * batch_heads * max(n, 1)), tile["BLOCK_N"] * cdiv(programs, batch_heads))
+    rows = min(max(rows // step * step, least), step * cdiv(n, step))
+    # Even chunks: N = 8192 in 1024-key chunks, not seven of 1152 and one of 128 (a tail chunk costs a whole
+    # chunk's launches for a sliver of the work)
+    return max(step * cdiv(cdiv(n, cdiv(n, rows)), step), least)
 
 
 def gq_block_rows(batch_heads: int, width: int, chunk: int, budget: int = GQ_BYTES) -> int:

@@ -273,13 +273,15 @@ def test_chunk_from_the_scratch_budget():
     assert conv_two_phase.chunk_size(4096, 65536, tile, 10) == 128
 
 
-def test_chunk_gives_phase_one_its_programs():
+def test_chunk_gives_phase_one_its_programs_in_even_chunks():
     """Where the scratch budget holds few key tiles, the chunk grows to give phase 1 its programs (a key tile of
-    each head is one): 264 programs are 9 tiles of 32 heads (2 x 16 at 8192 rows) and 33 tiles of 8 heads at 16384
-    rows; never past the sequence."""
+    each head is one), then is evened out over as many chunks: 264 programs are 9 tiles of 32 heads (2 x 16 at 8192
+    rows), which 8 chunks of 1024 keys cover, and 33 tiles of 8 heads at 16384 rows, 4 chunks of 4096 keys; never
+    past the sequence."""
     tile = {"BLOCK_M": 128, "BLOCK_N": 128}
-    assert conv_two_phase.chunk_size(32, 8192, tile, 10, programs=264) == 9 * 128
-    assert conv_two_phase.chunk_size(8, 16384, tile, 10, programs=264) == 33 * 128
+    assert conv_two_phase.chunk_size(32, 8192, tile, 10, programs=264) == 1024
+    assert conv_two_phase.chunk_size(8, 16384, tile, 10, programs=264) == 4096
+    assert conv_two_phase.chunk_size(96, 8192, tile, 10, programs=264) == 384  # 3 tiles of 96 heads
     assert conv_two_phase.chunk_size(8, 8192, tile, 10, programs=8) == 2048  # the budget's, more than asked
     assert conv_two_phase.chunk_size(1, 1000, tile, 10, programs=264) == 1024
 
