@@ -162,10 +162,11 @@ def test_reduce_overhead_training_of_layers_of_one_signature(fresh_graphs):
         model.zero_grad(set_to_none=True)
         return grads
 
-    want = gradients(loss_of)
+    want = gradients(loss_of)  # eagerly: the second layer's calls are captured (one signature)
+    graphs = len(conv.FORWARD_GRAPHS), len(conv.BACKWARD_GRAPHS)
     compiled = torch.compile(loss_of, mode="reduce-overhead")
     for step in range(4):  # warm-up, recording, then replays
         got = gradients(compiled)
         for (name, _), a, b in zip(model.named_parameters(), got, want):
             assert (a - b).norm() <= 2e-2 * b.norm(), f"step {step}: {name}"
-    assert len(conv.FORWARD_GRAPHS) == 0 and len(conv.BACKWARD_GRAPHS) == 0
+    assert (len(conv.FORWARD_GRAPHS), len(conv.BACKWARD_GRAPHS)) == graphs  # none captured by the compiled steps
