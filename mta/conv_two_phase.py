@@ -21,7 +21,8 @@ makes ``C`` again. Here the backward walks chunks of keys, and for each:
 
 ``C`` is made once: ``cq' + 2`` product units in the Triton kernel, ``2 cq'`` in phase 2. Extra memory: the
 scratch (:data:`mta.conv_plan.SCRATCH_BYTES`, or where that is more, a tile of keys of every head, or enough key
-tiles of every head for :data:`PHASE_ONE_PROGRAMS_PER_SM` programs an SM), two chunks of ``U``, one block of ``Gq`` (:attr:`mta.conv_plan.ConvPlan.gq_bytes`) where GEMMs make it, the fp32
+tiles of every head for :data:`PHASE_ONE_PROGRAMS_PER_SM` programs an SM, up to
+:data:`mta.conv_plan.SCRATCH_MAX_BYTES`), two chunks of ``U``, one block of ``Gq`` (:attr:`mta.conv_plan.ConvPlan.gq_bytes`) where GEMMs make it, the fp32
 running ``dq``, and the folded keys and shifted queries laid out for the products (each ``cq`` times q's size):
 O(N). Deterministic: every output row has one owner, and the products, folds and sums over chunks run in a fixed
 order. Rounding: ``Gq`` and ``U`` leave cuBLAS in the inputs' dtype, and phase 1 sums the score product in other
@@ -34,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from . import runtime, tuning
-from .conv_plan import GQ_BYTES, SCRATCH_BYTES, ConvPlan, post_pass_tile
+from .conv_plan import GQ_BYTES, SCRATCH_BYTES, SCRATCH_MAX_BYTES, ConvPlan, post_pass_tile
 from .tma import descriptor, stream_descriptors
 from .conv_backward import conv_dk_fold_kernel, conv_dk_fold_product_kernel, conv_dq_fold_kernel
 from .conv_dc_kernels import conv_dc_kernel, shifted_queries_kernel
@@ -119,13 +120,16 @@ def chunk_size(batch_heads: int, n: int, tile: dict, halo: int, chunk: int | Non
                programs: int = 0) -> int:
     """Keys per chunk: ``chunk`` where given, else as many as :data:`mta.conv_plan.SCRATCH_BYTES` of 16-bit ``dC_far`` hold
     for ``batch_heads`` heads of ``n`` rows, or, where that is more, enough key tiles for phase 1 to run ``programs``
-    programs (a tile of keys of each head is one), then evened out over as many chunks; a multiple of both tile
+    programs (a tile of keys of each head is one) as far as :data:`mta.conv_plan.SCRATCH_MAX_BYTES` hold, then
+    evened out over as many chunks; a multiple of both tile
     sides and at least ``halo`` (the keys a fold reads past its own)."""
     step = max(tile["BLOCK_M"], tile["BLOCK_N"])
     least = step * cdiv(max(halo, 1), step)
     if chunk is not None:
         return min(max(chunk // step * step, least), step * cdiv(n, step))
-    rows = max(SCRATCH_BYTES // (2 * batch_heads * max(n, 1)), tile["BLOCK_N"] * cdiv(programs, batch_heads))
+    row_bytes = 2 * batch_heads * max(n, 1)  # a key of every head
+    rows = max(SCRATCH_BYTES // row_bytes, min(tile["BLOCK_N"] * cdiv(programs, batch_heads),
+                                               SCRATCH_MAX_BYTES // row_bytes))
     rows = min(max(rows // step * step, least), step * cdiv(n, step))
     # Even chunks: N = 8192 in 1024-key chunks, not seven of 1152 and one of 128 (a tail chunk costs a whole
     # chunk's launches for a sliver of the work)

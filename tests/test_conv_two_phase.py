@@ -282,6 +282,8 @@ def test_chunk_gives_phase_one_its_programs_in_even_chunks():
     assert conv_two_phase.chunk_size(32, 8192, tile, 10, programs=264) == 1024
     assert conv_two_phase.chunk_size(8, 16384, tile, 10, programs=264) == 4096
     assert conv_two_phase.chunk_size(96, 8192, tile, 10, programs=264) == 384  # 3 tiles of 96 heads
+    # 1 GiB of scratch at most: 8 heads of 65536 rows hold 1024 keys, not the 4224 asked
+    assert conv_two_phase.chunk_size(8, 65536, tile, 10, programs=264) == 1024
     assert conv_two_phase.chunk_size(8, 8192, tile, 10, programs=8) == 2048  # the budget's, more than asked
     assert conv_two_phase.chunk_size(1, 1000, tile, 10, programs=264) == 1024
 
