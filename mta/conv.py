@@ -602,13 +602,17 @@ def conv_attention(q, k, v, weight, *, causal: bool = True, scale: float | None 
     if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) keeps the launchers out of the graph
         o, lse = torch.ops.mta.conv_attention(q, k, v, weight, causal, scale)
         return (o, lse) if return_lse else o
-    plan = plan_of(q, weight, causal)
+    o, lse = planned_conv_attention(q, k, v, weight, causal, scale, plan_of(q, weight, causal))
+    return (o, lse) if return_lse else o
+
+
+def planned_conv_attention(q, k, v, weight, causal: bool, scale: float, plan: ConvPlan):
+    """``(o, lse)`` of checked inputs by ``plan``: through :class:`ConvAttention` where autograd (or a forward-mode
+    tangent, which its ``jvp`` refuses by name) needs it, else the kernels alone, without autograd's bookkeeping."""
     if needs_autograd(q, k, v, weight):
         compile_conv_ahead(q, k, v, weight, causal, scale, plan)
-        o, lse = ConvAttention.run(q, k, v, weight, causal, scale, plan)
-    else:  # inference: the kernels alone, without autograd's bookkeeping
-        o, lse = conv_attention_forward(q, k, v, weight, causal, scale, plan)
-    return (o, lse) if return_lse else o
+        return ConvAttention.run(q, k, v, weight, causal, scale, plan)
+    return conv_attention_forward(q, k, v, weight, causal, scale, plan)
 
 
 def check_conv_call(q, k, v, weight, causal, scale, return_lse) -> tuple[bool, float, bool]:

@@ -54,10 +54,10 @@ def _transformed() -> bool:
 @torch.library.custom_op("mta::conv_attention", mutates_args=())
 def _conv_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, causal: bool,
                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    # Checked as the public function checks them; under the op autograd is off, so only the forward runs, with
-    # no CUDA graphs of its own (mta.conv.plan_of).
+    # Checked and run as the public function runs them (under the op autograd is off, so only the forward runs;
+    # a forward-mode tangent is refused by name), with no CUDA graphs of its own (mta.conv.plan_of).
     causal, scale, _ = _conv.check_conv_call(q, k, v, weight, causal, scale, True)
-    return _conv.conv_attention_forward(q, k, v, weight, causal, scale, _conv.plan_of(q, weight, causal, graphs=False))
+    return _conv.planned_conv_attention(q, k, v, weight, causal, scale, _conv.plan_of(q, weight, causal, graphs=False))
 
 
 @_conv_attention_op.register_fake

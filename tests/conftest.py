@@ -116,7 +116,8 @@ def chunked_by_default(monkeypatch) -> None:
 
     import mta.conv
     plan_of = mta.conv.plan_of
-    monkeypatch.setattr(mta.conv, "plan_of", lambda *a: dataclasses.replace(plan_of(*a), backward="chunked"))
+    monkeypatch.setattr(mta.conv, "plan_of",
+                        lambda *a, **kw: dataclasses.replace(plan_of(*a, **kw), backward="chunked"))
 
 
 __all__ = ["DEVICE", "ON_GPU", "mta", "rand", "rand_qkv", "rel_err"]
