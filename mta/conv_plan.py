@@ -28,7 +28,8 @@ SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 MIN_QUERY_SHIFTS = 3
 #: Bytes of ``dC_far`` scratch (one chunk of keys of every head) the two-phase backward allocates, unless phase 1
 #: needs longer chunks to fill the GPU (:data:`mta.conv_two_phase.PHASE_ONE_PROGRAMS_PER_SM`, up to
-#: :data:`SCRATCH_MAX_BYTES`); a chunk is at least one tile. At 6 x 11, bf16, N = 8192: 1024 keys of 16 heads (d = 128), 2048 of 8.
+#: :data:`SCRATCH_MAX_BYTES`); a chunk is at least one tile. At 6 x 11, bf16, N = 8192 it holds 1024 keys of 16
+#: heads (d = 128), 2048 of 8.
 SCRATCH_BYTES = 256 * 2 ** 20
 #: Most bytes the scratch grows to where phase 1 needs longer chunks: at B 1, 8 heads of 16384 rows, 4096 keys.
 SCRATCH_MAX_BYTES = 2 ** 30

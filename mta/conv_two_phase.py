@@ -22,9 +22,9 @@ makes ``C`` again. Here the backward walks chunks of keys, and for each:
 ``C`` is made once: ``cq' + 2`` product units in the Triton kernel, ``2 cq'`` in phase 2. Extra memory: the
 scratch (:data:`mta.conv_plan.SCRATCH_BYTES`, or where that is more, a tile of keys of every head, or enough key
 tiles of every head for :data:`PHASE_ONE_PROGRAMS_PER_SM` programs an SM, up to
-:data:`mta.conv_plan.SCRATCH_MAX_BYTES`), two chunks of ``U``, one block of ``Gq`` (:attr:`mta.conv_plan.ConvPlan.gq_bytes`) where GEMMs make it, the fp32
-running ``dq``, and the folded keys and shifted queries laid out for the products (each ``cq`` times q's size):
-O(N). Deterministic: every output row has one owner, and the products, folds and sums over chunks run in a fixed
+:data:`mta.conv_plan.SCRATCH_MAX_BYTES`), two chunks of ``U``, one block of ``Gq``
+(:attr:`mta.conv_plan.ConvPlan.gq_bytes`) where GEMMs make it, the fp32 running ``dq``, and the folded keys and
+shifted queries laid out for the products (each ``cq`` times q's size): O(N). Deterministic: every output row has one owner, and the products, folds and sums over chunks run in a fixed
 order. Rounding: ``Gq`` and ``U`` leave cuBLAS in the inputs' dtype, and phase 1 sums the score product in other
 pieces than the forward that made the lse, so at logits of order 1e3 ``P`` is off by their fp32 rounding (fp32
 inputs, forced: ``dv`` near 4e-4 from float64 where the one-pass kernels give 1e-6), well under bf16's own rounding.
@@ -118,11 +118,11 @@ def fold_dk(u, prev, prev0: int, c0: int, f0: int, f1: int, g, q, k, w, dk, dwf,
 
 def chunk_size(batch_heads: int, n: int, tile: dict, halo: int, chunk: int | None = None,
                programs: int = 0) -> int:
-    """Keys per chunk: ``chunk`` where given, else as many as :data:`mta.conv_plan.SCRATCH_BYTES` of 16-bit ``dC_far`` hold
-    for ``batch_heads`` heads of ``n`` rows, or, where that is more, enough key tiles for phase 1 to run ``programs``
-    programs (a tile of keys of each head is one) as far as :data:`mta.conv_plan.SCRATCH_MAX_BYTES` hold, then
-    evened out over as many chunks; a multiple of both tile
-    sides and at least ``halo`` (the keys a fold reads past its own)."""
+    """Keys per chunk: ``chunk`` where given, else as many as :data:`mta.conv_plan.SCRATCH_BYTES` of 16-bit
+    ``dC_far`` hold for ``batch_heads`` heads of ``n`` rows, or, where that is more, enough key tiles for phase 1 to
+    run ``programs`` programs (a tile of keys of each head is one) as far as :data:`mta.conv_plan.SCRATCH_MAX_BYTES`
+    hold, then evened out over as many chunks; a multiple of both tile sides and at least ``halo`` (the keys a fold
+    reads past its own)."""
     step = max(tile["BLOCK_M"], tile["BLOCK_N"])
     least = step * cdiv(max(halo, 1), step)
     if chunk is not None:
