@@ -19,15 +19,15 @@ makes ``C`` again. Here the backward walks chunks of keys, and for each:
    :func:`mta.conv_backward.conv_dq_fold_kernel` (``ACCUMULATE``): row ``r`` reads ``Gq`` rows ``r .. r + cq - 1``,
    so a block is made ``cq - 1`` rows longer.
 
-``C`` is made once: ``cq' + 2`` product units in the Triton kernel, ``2 cq'`` in phase 2. Extra memory: the
-scratch (:data:`mta.conv_plan.SCRATCH_BYTES`, or where that is more, a tile of keys of every head, or enough key
-tiles of every head for :data:`PHASE_ONE_PROGRAMS_PER_SM` programs an SM, up to
-:data:`mta.conv_plan.SCRATCH_MAX_BYTES`), two chunks of ``U``, one block of ``Gq``
-(:attr:`mta.conv_plan.ConvPlan.gq_bytes`) where GEMMs make it, the fp32 running ``dq``, and the folded keys and
-shifted queries laid out for the products (each ``cq`` times q's size): O(N). Deterministic: every output row has
-one owner, and the products, folds and sums over chunks run in a fixed order. Rounding: ``Gq`` and ``U`` leave cuBLAS in the inputs' dtype, and phase 1 sums the score product in other
-pieces than the forward that made the lse, so at logits of order 1e3 ``P`` is off by their fp32 rounding (fp32
-inputs, forced: ``dv`` near 4e-4 from float64 where the one-pass kernels give 1e-6), well under bf16's own rounding.
+``C`` is made once: ``cq' + 2`` product units in the Triton kernel, ``2 cq'`` in phase 2. Extra memory: the scratch
+(:data:`mta.conv_plan.SCRATCH_BYTES`, or where that is more, a tile of keys of every head, or enough key tiles of
+every head for :data:`PHASE_ONE_PROGRAMS_PER_SM` programs an SM, up to :data:`mta.conv_plan.SCRATCH_MAX_BYTES`), two
+chunks of ``U``, one block of ``Gq`` (:attr:`mta.conv_plan.ConvPlan.gq_bytes`) where GEMMs make it, the fp32 running
+``dq``, and the folded keys and shifted queries laid out for the products (each ``cq`` times q's size): O(N).
+Deterministic: every output row has one owner, and the products, folds and sums over chunks run in a fixed order.
+Rounding: ``Gq`` and ``U`` leave cuBLAS in the inputs' dtype, and phase 1 sums the score product in other pieces
+than the forward that made the lse, so at logits of order 1e3 ``P`` is off by their fp32 rounding (fp32 inputs,
+forced: ``dv`` near 4e-4 from float64 where the one-pass kernels give 1e-6), well under bf16's own rounding.
 """
 
 from __future__ import annotations
