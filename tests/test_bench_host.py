@@ -68,13 +68,29 @@ def test_the_loop_times_calls_back_to_back_and_leaves_the_synchronisations_out()
     device = FakeDevice()
     # 2 warm-up calls, then three loops of 4 calls taking 1, 3 and 2 us each.
     costs = [1.0] * 2 + [1e-6] * 4 + [3e-6] * 4 + [2e-6] * 4
-    samples = hb.host_time_samples_us(device.call(costs), calls=4, repeats=3, warmup=2, clock=device.clock,
+    samples = hb.host_time_samples_us({"a": device.call(costs)}, calls=4, repeats=3, warmup=2, clock=device.clock,
                                       synchronize=device.synchronize)
-    assert samples == pytest.approx([1.0, 3.0, 2.0])
+    assert samples.keys() == {"a"} and samples["a"] == pytest.approx([1.0, 3.0, 2.0])
     loop = ["sync", "clock", *["call"] * 4, "clock", "sync"]
     assert device.log == ["call"] * 2 + loop * 3  # nothing synchronises between calls nor inside the clocks
     with pytest.raises(ValueError, match="calls >= 1"):
-        hb.host_time_samples_us(lambda: None, calls=0, synchronize=lambda: None)
+        hb.host_time_samples_us({"a": lambda: None}, calls=0, synchronize=lambda: None)
+
+
+def test_the_loops_of_the_calls_alternate_round_by_round():
+    device = FakeDevice()
+
+    def named(name, seconds):
+        call = device.call(seconds)
+        return lambda: (device.log.append(name), call())
+    samples = hb.host_time_samples_us({"a": named("a", 2e-6), "b": named("b", 1e-6)}, calls=2, repeats=3, warmup=1,
+                                      clock=device.clock, synchronize=device.synchronize)
+    assert list(samples) == ["a", "b"]
+    assert samples["a"] == pytest.approx([2.0] * 3) and samples["b"] == pytest.approx([1.0] * 3)
+    names = [entry for entry in device.log if entry in ("a", "b")]
+    assert names == ["a", "b"] + ["a", "a", "b", "b"] * 3  # the warm-up in the dict's order, then loops a, b, a, b
+    loop = ["sync", "clock", *["call"] * 2, "clock", "sync"]
+    assert [entry for entry in device.log if entry not in ("a", "b")] == ["call"] * 2 + loop * 6
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answer: a GPU captures the call")

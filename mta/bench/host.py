@@ -8,8 +8,10 @@ whole cache (``enable_gqa=True``, no mask), and for the layer's step the same la
 
 * CPU time per call (:func:`host_time_samples_us`): :data:`CALLS` calls back to back with no synchronisation
   between them, ``perf_counter`` around the loop alone (synchronised before it; the synchronisation after it is not
-  timed), over :data:`CALLS`; the median of :data:`REPEATS` loops after :data:`WARMUP` untimed calls. Where the GPU
-  takes longer than the host, the host still only queues: this is the host's share, not the wall time.
+  timed), over :data:`CALLS`; the median of :data:`REPEATS` loops after :data:`WARMUP` untimed calls. mta's and
+  SDPA's loops alternate (mta, SDPA, mta, ...), so drift in the host's speed during the run weighs on both sides of
+  the ratio alike. Where the GPU takes longer than the host, the host still only queues: this is the host's share,
+  not the wall time.
 * GPU work per call (:func:`graph_time_us`): the call captured in a CUDA graph (after warm-up calls on a side
   stream), replayed :data:`CALLS` times between two CUDA events; None where the call cannot be captured.
 * Launches per call (:func:`launches_per_call`): the kernels, memsets and copies the GPU runs for one call, as the
@@ -191,26 +193,30 @@ def step_calls(shape: HostShape, device, dtype: torch.dtype, randn: Callable[...
 
 # --- timing ---------------------------------------------------------------------------------------------------
 
-def host_time_samples_us(call: Call, *, calls: int = CALLS, repeats: int = REPEATS, warmup: int = WARMUP,
-                         clock: Callable[[], float] = time.perf_counter,
-                         synchronize: Optional[Callable[[], None]] = None) -> list[float]:
-    """Microseconds of host time per call, one sample per loop of ``calls`` calls back to back: ``warmup`` untimed
-    calls, then ``repeats`` times: synchronize, ``clock`` around the loop alone, synchronize (untimed).
+def host_time_samples_us(calls_by_name: dict[str, Call], *, calls: int = CALLS, repeats: int = REPEATS,
+                         warmup: int = WARMUP, clock: Callable[[], float] = time.perf_counter,
+                         synchronize: Optional[Callable[[], None]] = None) -> dict[str, list[float]]:
+    """``{name: samples}``: microseconds of host time per call, one sample per loop of ``calls`` calls back to back.
+    First ``warmup`` untimed calls of each call (in the dict's order), then ``repeats`` rounds; in each round, for
+    each name in order: synchronize, ``clock`` around that name's loop alone, synchronize (untimed). The loops of
+    the names alternate so that a host whose speed drifts during the run slows them alike, and their ratio holds.
     ``synchronize``: default ``torch.cuda.synchronize`` (tests give fakes, and a fake ``clock``)."""
     if calls < 1 or repeats < 1 or warmup < 0:
         raise ValueError(f"need calls >= 1, repeats >= 1 and warmup >= 0, got calls={calls}, repeats={repeats}, "
                          f"warmup={warmup}")
     synchronize = synchronize or torch.cuda.synchronize
-    for _ in range(warmup):
-        call()
-    samples = []
-    for _ in range(repeats):
-        synchronize()
-        start = clock()
-        for _ in range(calls):
+    for call in calls_by_name.values():
+        for _ in range(warmup):
             call()
-        samples.append((clock() - start) * 1e6 / calls)
-        synchronize()
+    samples = {name: [] for name in calls_by_name}
+    for _ in range(repeats):
+        for name, call in calls_by_name.items():
+            synchronize()
+            start = clock()
+            for _ in range(calls):
+                call()
+            samples[name].append((clock() - start) * 1e6 / calls)
+            synchronize()
     return samples
 
 
@@ -297,21 +303,21 @@ def host_tables(data: dict) -> list[tuple]:
                ("mta launches", "{:.0f}", measured("mta", "launches")),
                ("SDPA launches", "{:.0f}", measured("sdpa", "launches"))]
     return [(f"Host time per call, {cfg['dtype']}, microseconds: CPU is the host's time per call of {cfg['calls']} "
-             f"calls back to back with no synchronisation between them (median of {cfg['repeats']} loops), GPU the "
-             "work per call of the call replayed as a CUDA graph (- where it cannot be captured), launches the "
-             "kernels, memsets and copies the GPU runs for one call (- where not counted). SDPA: the same call through "
-             "F.scaled_dot_product_attention (the step: the same layer built on SDPA). The target: mta's CPU time "
-             "at most that multiple of SDPA's:", columns, case_rows(data["results"]))]
+             f"calls back to back with no synchronisation between them (median of {cfg['repeats']} loops, mta's and "
+             "SDPA's alternating), GPU the work per call of the call replayed as a CUDA graph (- where it cannot be "
+             "captured), launches the kernels, memsets and copies the GPU runs for one call (- where not counted). "
+             "SDPA: the same call through F.scaled_dot_product_attention (the step: the same layer built on SDPA). "
+             "The target: mta's CPU time at most that multiple of SDPA's:", columns, case_rows(data["results"]))]
 
 
 # --- the benchmark --------------------------------------------------------------------------------------------
 
 class HostBenchmark(Benchmark):
     """Host (CPU) time per call of mta's public functions and of MultiTokenAttention.step, bf16, as a user's loop
-    sees it (20 calls back to back, no synchronisation between them, the median of 7 loops), beside the GPU work
-    per call (CUDA-graph replay), against the same call through PyTorch SDPA (the step: the same layer built on
-    SDPA). Records each case's ratio to SDPA and its target (pass or missed) without failing on it. About 2 minutes
-    on an H200, most of it compiling."""
+    sees it (20 calls back to back, no synchronisation between them, the median of 7 loops, mta's and SDPA's
+    alternating), beside the GPU work per call (CUDA-graph replay), against the same call through PyTorch SDPA (the
+    step: the same layer built on SDPA). Records each case's ratio to SDPA and its target (pass or missed) without
+    failing on it. About 2 minutes on an H200, most of it compiling."""
 
     name, out = "host", "figures/bench_host.json"
     help = "host time per call back to back of each public function and the layer's step vs SDPA's same call"
@@ -326,7 +332,7 @@ class HostBenchmark(Benchmark):
 
     def __init__(self, calls: int = CALLS, repeats: int = REPEATS, *,
                  call_maker: Callable[[HostShape, object], dict[str, Call]] = make_calls,
-                 host_timer: Callable[..., list[float]] = host_time_samples_us,
+                 host_timer: Callable[..., dict[str, list[float]]] = host_time_samples_us,
                  graph_timer: Callable[..., tuple] = graph_time_us,
                  launch_counter: Callable[[Call], tuple] = launches_per_call):
         """The defaults are the benchmark; tests replace the calls and the timers."""
@@ -346,7 +352,8 @@ class HostBenchmark(Benchmark):
             "warmup": WARMUP,
             "cpu_time": "per call: perf_counter around `calls` calls back to back, no synchronisation between them "
                         "(synchronize before the loop; the one after it untimed), over `calls`; median of `repeats` "
-                        "loops after `warmup` untimed calls",
+                        "loops after `warmup` untimed calls; the loops of mta and SDPA alternate (mta, sdpa, mta, "
+                        "...), so drift in the host's speed weighs on both alike",
             "gpu_work": f"per call: CUDA graph of one call (captured after {GRAPH_WARMUP} calls on a side stream), "
                         "replayed `calls` times between two CUDA events after one untimed replay; None where the "
                         "capture fails",
@@ -368,8 +375,8 @@ class HostBenchmark(Benchmark):
         return host_tables(data)
 
     def measure_shape(self, shape: HostShape, tools: Tools) -> list[dict]:
-        """CPU time of both calls, their launches, then their GPU work, SDPA's first: a capture that fails (mta's,
-        if any) comes after every other measurement of the case."""
+        """CPU time of both calls (their loops alternating), their launches, then their GPU work, SDPA's first: a
+        capture that fails (mta's, if any) comes after every other measurement of the case."""
         records = {impl: {"impl": impl, **asdict(shape), "case": shape.label(), "cpu_us": None,
                           "cpu_us_samples": None, "gpu_us": None, "gpu_error": None, "launches": None,
                           "launches_error": None, "status": "ok", "error": None}
@@ -380,10 +387,17 @@ class HostBenchmark(Benchmark):
             calls = {}
             for record in records.values():
                 record.update(status="oom" if is_oom(exc) else "error", error=describe_error(exc))
+        try:
+            samples = self.host_timer(calls, calls=self.calls, repeats=self.repeats, warmup=WARMUP)
+        except Exception as exc:  # noqa: BLE001
+            samples = {}
+            for impl in calls:
+                records[impl].update(status="oom" if is_oom(exc) else "error", error=describe_error(exc))
         for impl, call in calls.items():
+            if records[impl]["status"] != "ok":
+                continue
             try:
-                samples = self.host_timer(call, calls=self.calls, repeats=self.repeats, warmup=WARMUP)
-                records[impl].update(cpu_us=statistics.median(samples), cpu_us_samples=samples)
+                records[impl].update(cpu_us=statistics.median(samples[impl]), cpu_us_samples=samples[impl])
                 records[impl]["launches"], records[impl]["launches_error"] = self.launch_counter(call)
             except Exception as exc:  # noqa: BLE001
                 records[impl].update(status="oom" if is_oom(exc) else "error", error=describe_error(exc))

@@ -406,8 +406,9 @@ def plot_host(source: Union[str, Path, dict]):
     fig.legend(handles, labels, loc="lower center", ncol=3, bbox_to_anchor=(0.5, 0), frameon=False, fontsize=8)
     cfg = data["config"]
     return titled(fig, f"Host time per call, {cfg.get('calls', '?')} calls back to back (median of "
-                       f"{cfg.get('repeats', '?')} loops), {cfg.get('dtype', '?')}: mta against SDPA; ratio: mta's "
-                       "CPU time over SDPA's", data, bottom=0.35 / (1.8 + 0.45 * len(cases)))
+                       f"{cfg.get('repeats', '?')} loops, mta's and SDPA's alternating), {cfg.get('dtype', '?')}:\n"
+                       "mta against SDPA; ratio: mta's CPU time over SDPA's", data,
+                  bottom=0.35 / (1.8 + 0.45 * len(cases)))
 
 
 def _points(records: list[dict], key: str, scale: float = 1.0, positive: bool = False,

@@ -75,9 +75,9 @@ longer than the GPU's work (small problems, one decode step), it is the larger o
 - `python -m mta.bench startup`: seconds a user waits on the first call of each public kernel function in a fresh
   Python process, with an empty and with a warm Triton cache.
 - `python -m mta.bench host`: the host's time per call of each public function and of the layer's decode step, 20
-  calls back to back with no synchronisation between them, beside the GPU work per call (CUDA-graph replay) and
-  the launches per call (kernels, memsets and copies), against the same call through SDPA in the same run; the
-  ratios the project targets are recorded, pass or missed.
+  calls back to back with no synchronisation between them (mta's and SDPA's loops alternating), beside the GPU work
+  per call (CUDA-graph replay) and the launches per call (kernels, memsets and copies), against the same call
+  through SDPA in the same run; the ratios the project targets are recorded, pass or missed.
 - `python -m mta.bench model`: tokens/s of a 12-layer decoder with MTA (6 x 11) in every fourth layer against the
   same model with plain attention through `mta`'s kernels and through SDPA: a training step (forward, backward,
   AdamW, bf16 autocast) eager and under `torch.compile(mode="reduce-overhead")`, and greedy generation eager and
