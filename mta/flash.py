@@ -18,8 +18,8 @@ from .checks import check_causal, resolve_scale
 from .differentiable_once import FORWARD_MODE_MESSAGE, differentiable_once
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
-from .launch import (Launch, LaunchPlans, batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks, dot_precision,
-                     empty_contiguous, head_dim_block, tiled_launch, wants_gradients,
+from .launch import (Launch, LaunchPlans, batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks,
+                     dot_precision, empty_contiguous, head_dim_block, tensor_facts, tiled_launch, wants_gradients,
                      within_int32_indexing)
 from .tuning import size_bucket
 
@@ -32,14 +32,61 @@ def flash_forward(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, to
     o = empty_contiguous(q)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if q.shape[2] > 0:
-        signature = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal, scale)
-        FORWARD_PLANS.get(signature, lambda: flash_forward_launch(q, k, v, o, lse, causal, scale).plan(5))(
-            q, k, v, o, lse)
+        FORWARD_PLANS.get(forward_plan_signature(q, k, v, causal, scale),
+                          lambda: flash_forward_launch(q, k, v, o, lse, causal, scale).plan(5))(q, k, v, o, lse)
     return o, lse
 
 
 #: The forward's launch per call signature (everything it depends on but the addresses of q, k, v, o and lse).
 FORWARD_PLANS = LaunchPlans()
+
+
+def forward_plan_signature(q, k, v, causal: bool, scale: float) -> tuple:
+    """The key of the forward's launch in :data:`FORWARD_PLANS`."""
+    return q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal, scale
+
+
+#: The forwards of inference calls whose inputs passed the checks, by :func:`call_signature`: a later call of the
+#: same signature passes them again, and runs its forward at once (:func:`checked_forward`).
+CHECKED_FORWARDS = LaunchPlans()
+
+
+def call_signature(q, k, v, causal, scale, return_lse):
+    """What the checks and the forward's launch of a :func:`flash_attention` call depend on: each tensor's shape,
+    strides, dtype and device, each other argument's type and value (``True == 1``, but only a bool is a flag).
+    None where a call always takes the checked way: while traced (the custom op), under ``torch.func``'s
+    transforms, or where an argument is no tensor or no hashable value (the checks name it)."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return None
+    try:
+        signature = (*tensor_facts(q), *tensor_facts(k), *tensor_facts(v), type(causal), causal, type(scale), scale,
+                     type(return_lse), return_lse)
+        hash(signature)
+    except (AttributeError, TypeError):
+        return None
+    return signature
+
+
+def checked_forward(q, k, v, causal: bool, scale: float):
+    """The forward of a checked call as a function of new ``q, k, v`` of the same signature, returning ``(o, lse)``:
+    the two allocations and the kept launch, none of :func:`flash_forward`'s decisions, which the signature fixes.
+    None where :func:`flash_forward` takes another way at this signature (chunks of the batch, contiguous copies
+    for int32 indexing, no query) or has kept no launch."""
+    if (batch_chunks(q.shape[0], q.shape[1]) is not None or q.shape[2] == 0
+            or any(a is not b for a, b in zip(within_int32_indexing(q, k, v), (q, k, v)))):
+        return None
+    plan = FORWARD_PLANS.find(forward_plan_signature(q, k, v, causal, scale))
+    if plan is None:
+        return None
+    shape, device, dtype = q.shape, q.device, q.dtype
+    like_q = q.is_contiguous()  # empty_like keeps q's strides: o contiguous, as the launch was made for
+
+    def forward(q, k, v):
+        o = torch.empty_like(q) if like_q else torch.empty(shape, dtype=dtype, device=device)
+        lse = torch.empty(shape[:3], dtype=torch.float32, device=device)
+        plan(q, k, v, o, lse)
+        return o, lse
+    return forward
 
 
 def flash_forward_launch(q, k, v, o, lse, causal: bool, scale: float) -> Launch:
@@ -257,15 +304,21 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only.
     fp32 inputs get fp32-accurate products (three TF32 products each, :func:`mta.launch.dot_precision`).
     """
+    signature = call_signature(q, k, v, causal, scale, return_lse)
+    if (forward := CHECKED_FORWARDS.find(signature)) is not None and not needs_autograd(q, k, v):
+        o, lse = forward(q, k, v)  # inference whose signature passed the checks: at once
+        return (o, lse) if return_lse else o
     D = check_kernel_inputs(q, k, v)[5]
     causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
-    scale = resolve_scale(scale, D)
+    scale_value = resolve_scale(scale, D)
     if torch.compiler.is_compiling():  # traced: the custom op (mta.ops) keeps the launchers out of the graph
-        o, lse = torch.ops.mta.flash_attention(q, k, v, causal, scale)
+        o, lse = torch.ops.mta.flash_attention(q, k, v, causal, scale_value)
         return (o, lse) if return_lse else o
     if needs_autograd(q, k, v):
-        compile_flash_ahead(q, k, v, causal, scale)
-        o, lse = FlashAttention.run(q, k, v, causal, scale)
+        compile_flash_ahead(q, k, v, causal, scale_value)
+        o, lse = FlashAttention.run(q, k, v, causal, scale_value)
     else:  # inference: the kernel alone, without autograd's bookkeeping
-        o, lse = flash_forward(q, k, v, causal, scale)
+        o, lse = flash_forward(q, k, v, causal, scale_value)
+        if signature is not None and (forward := checked_forward(q, k, v, causal, scale_value)) is not None:
+            CHECKED_FORWARDS.keep(signature, forward)
     return (o, lse) if return_lse else o

@@ -1,6 +1,7 @@
-"""Decode calls whose signature passed the checks run again at once (``CHECKED_CALLS`` of :mod:`mta.decode` and
-:mod:`mta.conv_decode`): the same answers as checked calls on fresh inputs, and any input that differs from a
-checked signature is checked again."""
+"""Decode calls and inference calls of ``mta.flash_attention`` whose signature passed the checks run again at once
+(``CHECKED_CALLS`` of :mod:`mta.decode` and :mod:`mta.conv_decode`, ``CHECKED_FORWARDS`` of :mod:`mta.flash`): the
+same answers as checked calls on fresh inputs, and any input that differs from a checked signature is checked
+again."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 import mta
 from conftest import DEVICE, close_in_norm as close, rand
-from mta import conv_decode, decode
+from mta import conv_decode, decode, flash
 from test_conv_decode import caches, reference as conv_reference
 from test_decode import ragged_cache, reference
 
@@ -118,3 +119,60 @@ def test_a_split_launch_the_gpu_refuses_runs_the_rows_form_and_is_not_kept(monke
         out = mta.conv_decode_attention(q, k, v, weight, num_queries=2)
         assert close(out, conv_reference(q, k, v, weight, [NMAX] * B, 2), 2e-5)
     assert conv_decode.call_signature(q, k, v, None, weight, 2, None, None) not in conv_decode.CHECKED_CALLS._plans
+
+
+def flash_reference(q, k, v, causal):
+    """``(o, lse)`` of float64 attention on the CPU."""
+    return mta.naive_attention(*(x.detach().cpu().double() for x in (q, k, v)), causal=causal, return_lse=True)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_a_repeated_flash_inference_call_runs_its_checked_forward_on_new_inputs(layout, poisoned_outputs,
+                                                                                  monkeypatch):
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: empty_like(*a, **kw).fill_(float("nan")))
+
+    def inputs():  # [B, N, H, D] memory viewed as [B, H, N, D] where transposed, as a model's projections give it
+        if layout == "transposed":
+            return [rand(2, 37, h, 24, dtype=DTYPE).transpose(1, 2) for h in (4, 2, 2)]
+        return [rand(2, h, 37, 24, dtype=DTYPE) for h in (4, 2, 2)]
+    for step in range(3):  # the first call is checked and kept; the others run from the signature
+        q, k, v = inputs()
+        o, lse = mta.flash_attention(q, k, v, causal=True, return_lse=True)
+        ref, ref_lse = flash_reference(q, k, v, causal=True)
+        assert o.is_contiguous() and close(o, ref, 4e-3) and close(lse, ref_lse, 1e-4), step
+        assert flash.call_signature(q, k, v, True, None, True) in flash.CHECKED_FORWARDS._plans
+        assert close(mta.flash_attention(q, k, v, causal=True), ref, 4e-3), step  # return_lse its own signature
+
+
+def test_flash_inputs_that_differ_from_a_checked_call_are_checked_again():
+    q, k, v = (rand(1, h, 20, 16, dtype=DTYPE) for h in (2, 1, 1))
+    for _ in range(2):
+        mta.flash_attention(q, k, v, causal=True, scale=0.5)
+    with pytest.raises(TypeError, match="causal"):  # True == 1, but only a bool is a flag
+        mta.flash_attention(q, k, v, causal=1, scale=0.5)
+    with pytest.raises(TypeError, match="return_lse"):
+        mta.flash_attention(q, k, v, causal=True, scale=0.5, return_lse=1)
+    with pytest.raises(ValueError, match="scale"):
+        mta.flash_attention(q, k, v, causal=True, scale=float("nan"))
+    with pytest.raises(TypeError, match="share a dtype"):
+        mta.flash_attention(q.float(), k, v, causal=True, scale=0.5)
+
+
+def test_a_checked_flash_signature_still_gives_gradients():
+    q, k, v = (rand(1, h, 20, 16, dtype=DTYPE) for h in (2, 1, 1))
+    for _ in range(2):  # inference calls keep the signature
+        mta.flash_attention(q, k, v, causal=True)
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    mta.flash_attention(q, k, v, causal=True).square().sum().backward()
+    q64, k64, v64 = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
+    mta.naive_attention(q64, k64, v64, causal=True).square().sum().backward()
+    for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert got is not None and close(got, want, 8e-3)
+
+
+def test_no_query_keeps_no_forward():
+    q, k, v = rand(1, 2, 0, 16, dtype=DTYPE), rand(1, 1, 5, 16, dtype=DTYPE), rand(1, 1, 5, 16, dtype=DTYPE)
+    for _ in range(2):
+        assert mta.flash_attention(q, k, v).shape == (1, 2, 0, 16)
+    assert flash.call_signature(q, k, v, False, None, False) not in flash.CHECKED_FORWARDS._plans
