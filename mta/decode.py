@@ -17,7 +17,7 @@ from . import runtime, tuning
 from .checks import check_count, is_int_list, resolve_scale
 from .decode_kernels import decode_combine_kernel, decode_split_kernel, decode_stream_kernel
 from .launch import (INT32_INDEX_LIMIT, Launch, LaunchPlan, LaunchPlans, batch_chunks, cdiv, check_kernel_inputs,
-                     dot_precision, head_dim_block, index_span, next_power_of_2, tensor_facts)
+                     checked_signature, dot_precision, head_dim_block, index_span, next_power_of_2)
 
 #: Most new queries per call (rows of a decode tile: query heads of a group x new queries).
 MAX_NEW_QUERIES = 16
@@ -709,21 +709,13 @@ CHECKED_CALLS = LaunchPlans()
 
 
 def call_signature(q, k_cache, v_cache, cache_seqlens, *arguments):
-    """What the checks and the plan of a decode call depend on: the shapes, strides, dtypes and devices of the
-    tensors (the lengths' too, or None; ``arguments`` may hold more), each other argument's type and value. None
-    outside plain eager calls (a trace takes the custom op; ``torch.func``'s transforms are refused) or where the
-    lengths are not a tensor or None (a list is checked at every call)."""
-    if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
-            or not (cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor))):
+    """What the checks and the plan of a decode call depend on (:func:`mta.launch.checked_signature` of its
+    arguments; ``arguments`` may hold more than the tensors and the lengths). None where
+    :func:`~mta.launch.checked_signature` gives none, or where the lengths are not a tensor or None (a list is
+    checked at every call)."""
+    if not (cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor)):
         return None
-    try:
-        signature = (*tensor_facts(q), *tensor_facts(k_cache), *tensor_facts(v_cache),
-                     None if cache_seqlens is None else tensor_facts(cache_seqlens),
-                     *(tensor_facts(a) if isinstance(a, torch.Tensor) else (type(a), a) for a in arguments))
-        hash(signature)
-    except (AttributeError, TypeError):  # not a tensor, or an argument no number is (a list): the checks name it
-        return None
-    return signature
+    return checked_signature(q, k_cache, v_cache, cache_seqlens, *arguments)
 
 
 def check_no_transforms(name: str) -> None:

@@ -19,7 +19,7 @@ from .differentiable_once import FORWARD_MODE_MESSAGE, differentiable_once
 from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
 from .flash_forward import flash_forward_kernel
 from .launch import (Launch, LaunchPlans, batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks,
-                     dot_precision, empty_contiguous, head_dim_block, tensor_facts, tiled_launch, wants_gradients,
+                     checked_signature, dot_precision, empty_contiguous, head_dim_block, tiled_launch, wants_gradients,
                      within_int32_indexing)
 from .tuning import size_bucket
 
@@ -46,25 +46,10 @@ def forward_plan_signature(q, k, v, causal: bool, scale: float) -> tuple:
     return q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal, scale
 
 
-#: The forwards of inference calls whose inputs passed the checks, by :func:`call_signature`: a later call of the
-#: same signature passes them again, and runs its forward at once (:func:`checked_forward`).
+#: The forwards of inference calls whose inputs passed the checks, by :func:`mta.launch.checked_signature` of the
+#: call's arguments: a later call of the same signature passes them again, and runs its forward at once
+#: (:func:`checked_forward`).
 CHECKED_FORWARDS = LaunchPlans()
-
-
-def call_signature(q, k, v, causal, scale, return_lse):
-    """What the checks and the forward's launch of a :func:`flash_attention` call depend on: each tensor's shape,
-    strides, dtype and device, each other argument's type and value (``True == 1``, but only a bool is a flag).
-    None where a call always takes the checked way: while traced (the custom op), under ``torch.func``'s
-    transforms, or where an argument is no tensor or no hashable value (the checks name it)."""
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return None
-    try:
-        signature = (*tensor_facts(q), *tensor_facts(k), *tensor_facts(v), type(causal), causal, type(scale), scale,
-                     type(return_lse), return_lse)
-        hash(signature)
-    except (AttributeError, TypeError):
-        return None
-    return signature
 
 
 def checked_forward(q, k, v, causal: bool, scale: float):
@@ -304,7 +289,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     Head dims 1 to 256; on the CPU (Triton's interpreter) fp16 and fp32 only.
     fp32 inputs get fp32-accurate products (three TF32 products each, :func:`mta.launch.dot_precision`).
     """
-    signature = call_signature(q, k, v, causal, scale, return_lse)
+    signature = checked_signature(q, k, v, causal, scale, return_lse)
     if (forward := CHECKED_FORWARDS.find(signature)) is not None and not needs_autograd(q, k, v):
         o, lse = forward(q, k, v)  # inference whose signature passed the checks: at once
         return (o, lse) if return_lse else o

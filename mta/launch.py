@@ -288,6 +288,21 @@ def tensor_facts(t: torch.Tensor) -> tuple:
     return t.shape, t.stride(), t.dtype, t.device
 
 
+def checked_signature(*arguments):
+    """What the checks and the plan of a public call depend on: each tensor's :func:`tensor_facts`, each other
+    argument's type and value (``True == 1``, but only a bool is a flag). None outside plain eager calls (a trace
+    takes the custom op; ``torch.func``'s transforms take the checked way) or where an argument is of no hashable
+    value (the checks name it)."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return None
+    try:
+        signature = tuple(tensor_facts(a) if isinstance(a, torch.Tensor) else (type(a), a) for a in arguments)
+        hash(signature)
+    except TypeError:
+        return None
+    return signature
+
+
 def tiled_launch(kernel_name: str, kernel, grid, args: tuple, meta: dict, *, dtype: torch.dtype, fit=None,
                  pre_hook=None, key=("N_BUCKET", "BLOCK_D", "CAUSAL"), n: int | None = None) -> Launch:
     """The :class:`Launch` of ``kernel`` with the table's tile (:func:`mta.tuning.config_for` with ``kernel_name``,

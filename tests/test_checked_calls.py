@@ -10,7 +10,7 @@ import torch
 
 import mta
 from conftest import DEVICE, close_in_norm as close, rand
-from mta import conv_decode, decode, flash
+from mta import conv_decode, decode, flash, launch
 from test_conv_decode import caches, reference as conv_reference
 from test_decode import ragged_cache, reference
 
@@ -141,7 +141,7 @@ def test_a_repeated_flash_inference_call_runs_its_checked_forward_on_new_inputs(
         o, lse = mta.flash_attention(q, k, v, causal=True, return_lse=True)
         ref, ref_lse = flash_reference(q, k, v, causal=True)
         assert o.is_contiguous() and close(o, ref, 4e-3) and close(lse, ref_lse, 1e-4), step
-        assert flash.call_signature(q, k, v, True, None, True) in flash.CHECKED_FORWARDS._plans
+        assert launch.checked_signature(q, k, v, True, None, True) in flash.CHECKED_FORWARDS._plans
         assert close(mta.flash_attention(q, k, v, causal=True), ref, 4e-3), step  # return_lse its own signature
 
 
@@ -175,4 +175,4 @@ def test_no_query_keeps_no_forward():
     q, k, v = rand(1, 2, 0, 16, dtype=DTYPE), rand(1, 1, 5, 16, dtype=DTYPE), rand(1, 1, 5, 16, dtype=DTYPE)
     for _ in range(2):
         assert mta.flash_attention(q, k, v).shape == (1, 2, 0, 16)
-    assert flash.call_signature(q, k, v, False, None, False) not in flash.CHECKED_FORWARDS._plans
+    assert launch.checked_signature(q, k, v, False, None, False) not in flash.CHECKED_FORWARDS._plans
