@@ -198,6 +198,6 @@ def test_the_paper_preset_is_the_papers_run():
     assert all(block.attn.kernel_size == (2, 9) for block in model.blocks)
     assert toy.deviations(paper) == toy.ALWAYS_DEVIATES
     short = toy.deviations(toy.PAPER_PRESETS["paper-short"])
-    assert "train.steps: 6000 (paper: 100000)" in short and not any(d.startswith("model.") for d in short)
+    assert "train.steps: 20000 (paper: 100000)" in short and not any(d.startswith("model.") for d in short)
     w = model.blocks[0].attn.q_proj.weight
     assert w.abs().max() <= 3 * 256 ** -0.5 and abs(w.std().item() - 0.0625) < 0.01   # truncated at 3 sigma
