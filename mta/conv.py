@@ -178,9 +178,16 @@ def diagonal_scores_launch(p: torch.Tensor, w: torch.Tensor, cd: torch.Tensor) -
                   dict(CQ=cq, CK=ck, E=e, E_PAD=cd.shape[-1], EP_PAD=p.shape[-1], BLOCK_R=block_r, num_warps=4))
 
 
+def unread_stand_in(device: torch.device) -> torch.Tensor:
+    """A 16-float fp32 tensor passed where a kernel takes the diagonal scores ``CD`` or the near score gradients
+    ``G`` but reads none (not causal, or no diagonal within the mask's reach: ``E = 0``). Left unfilled: a fill
+    would be one more launch per call; tests that allocate every ``torch.empty`` as NaN show that it is never read."""
+    return torch.empty(16, device=device, dtype=torch.float32)
+
+
 def conv_prepasses(q, k, weight, causal: bool, plan: ConvPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(kf, cd)``: the folded keys (:func:`fold_keys`) and, when causal, the diagonal scores
-    (:func:`diagonal_scores`; a dummy when no diagonal needs them)."""
+    (:func:`diagonal_scores`; :func:`unread_stand_in` when no diagonal needs them)."""
     w = weight.detach().float().contiguous()
     plan = plan or plan_of(q, weight, causal)
     kf = fold_keys(k.detach(), w, q.shape[1], by_product=plan.fold_by_product)
@@ -188,7 +195,7 @@ def conv_prepasses(q, k, weight, causal: bool, plan: ConvPlan | None = None) -> 
     if causal and e > 0:
         cd = diagonal_scores(q.detach(), k.detach(), w, by_product=plan.past_by_product)
     else:  # no mask before the convolution (or a 1 x 1 kernel): the folded scores are exact
-        cd = torch.zeros(16, device=q.device, dtype=torch.float32)
+        cd = unread_stand_in(q.device)
     return kf, cd
 
 
@@ -301,8 +308,8 @@ def planned_forward(q, k, v, weight, causal: bool, scale: float, plan: ConvPlan)
     if diagonals:
         launches.past(q, k, p)
         launches.diagonal(p, w, cd)
-    else:  # the all-zero diagonal scores that the fused kernel reads where none are needed
-        cd = torch.zeros(16, device=q.device, dtype=torch.float32)
+    else:
+        cd = unread_stand_in(q.device)
     qd = kfd = vd = None
     if launches.boxes is not None:
         qd, kfd, vd = (descriptor(t, box) for t, box in zip((q, kf, v), launches.boxes))
@@ -318,7 +325,7 @@ def _forward_launches(q, k, v, w, kf, p, cd, o, lse, causal: bool, scale: float,
         _, e_past = diagonal_reach(cq, ck)
         past = past_scores_launch(q, k, p, e_past, plan.past_by_product).plan(3)
         diagonal = diagonal_scores_launch(p, w, cd).plan(3)
-    cd = torch.zeros(16, device=q.device, dtype=torch.float32) if cd is None else cd  # made, not kept
+    cd = unread_stand_in(q.device) if cd is None else cd  # made, not kept
     fused = conv_forward_launch(q, v, kf, cd, o, lse, (cq, ck), causal, scale, plan)
     descriptors = fused.args[6:9]
     boxes = None if descriptors[0] is None else tuple(list(d.block_shape) for d in descriptors)
@@ -408,7 +415,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, pla
         cd = torch.empty((B, Hq, N, _pad16(e)), device=dev, dtype=torch.float32)
         launches.run("diagonal", diagonal_scores_launch, pq, w, cd)
     else:
-        cd = torch.zeros(16, device=dev, dtype=torch.float32)
+        cd = unread_stand_in(dev)
     e_pad = _pad16(e)
 
     delta = empty_contiguous(lse)
@@ -433,7 +440,7 @@ def _fused_backward(do, q, k, v, o, lse, weight, causal: bool, scale: float, pla
         del pv
         dw_parts.append(dwn)
     else:
-        g = torch.zeros(16, device=dev, dtype=torch.float32)
+        g = unread_stand_in(dev)
 
     if two_phase:
         dq, dk, dv = conv_two_phase.two_phase_sides(do, q, k, v, lse, delta, kf, cd, g, w, causal, scale, near, meta,
