@@ -10,8 +10,8 @@ weight decay, lr 1e-4 constant (the code's "constant" schedule ignores its warmu
 per-sequence error on 1000 held-out samples every 1000 steps. The paper reports 51.6% error for the Transformer
 and 0.1% for MTA (3 seeds). ``paper-short`` is that task and model trained for 20,000 steps with lr 1e-3 (500
 warmup steps, cosine decay to 1e-4): three seeds per arm side by side fit half an hour of one H200, which the
-paper's 100k steps do not (``docs/decisions.md`` has the measured step times). ``gpu`` is
-the course's smaller run (16 blocks, width 128), ``cpu`` a tiny one for Triton's interpreter.
+paper's 100k steps do not (``docs/decisions.md`` has the measured step times). ``gpu`` is the course's smaller
+run (16 blocks, width 128), ``cpu`` a tiny one for Triton's interpreter.
 
 What the paper does and these runs cannot (:func:`deviations`, written into the results as ``deviations``):
 
