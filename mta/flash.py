@@ -16,7 +16,7 @@ import torch.autograd.forward_ad as forward_ad
 
 from .checks import check_causal, resolve_scale
 from .differentiable_once import FORWARD_MODE_MESSAGE, differentiable_once
-from .flash_backward import flash_dkdv_kernel, flash_dq_kernel, rowsum_do_o_kernel
+from .flash_backward import flash_dkdv_kernel, flash_dq_kernel
 from .flash_forward import flash_forward_kernel
 from .launch import (Launch, LaunchPlans, batch_chunks, cdiv, check_kernel_inputs, compile_ahead, concat_chunks,
                      checked_signature, dot_precision, empty_contiguous, head_dim_block, tiled_launch, wants_gradients,
@@ -50,6 +50,11 @@ def forward_plan_signature(q, k, v, causal: bool, scale: float) -> tuple:
 #: call's arguments: a later call of the same signature passes them again, and runs its forward at once
 #: (:func:`checked_forward`).
 CHECKED_FORWARDS = LaunchPlans()
+
+
+#: The resolved scale of each call whose inputs passed the checks and that went through the autograd Function, by
+#: :func:`mta.launch.checked_signature`: a later such call of the same signature goes through it at once.
+CHECKED_TRAINING = LaunchPlans()
 
 
 def checked_forward(q, k, v, causal: bool, scale: float):
@@ -87,45 +92,55 @@ def flash_forward_launch(q, k, v, o, lse, causal: bool, scale: float) -> Launch:
 
 
 def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
-    """Launch the ``D`` pre-pass, the dK/dV kernel and the dQ kernel; return ``dq, dk, dv``."""
-    if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
-        return concat_chunks(chunks, flash_backward, (do, q, k, v, o, lse), causal, scale)
-    compile_ahead("flash_backward", lambda *x: flash_backward(*x, scale), do, q, k, v, o, lse, causal)
-    do, q, k, v, o = within_int32_indexing(do, q, k, v, o)
+    """Launch the dQ kernel (which also makes ``D``) and the dK/dV kernel; return ``dq, dk, dv``.
+
+    A call signature seen before runs its kept launches at once: the decisions below depend only on what the
+    signature holds."""
+    signature = backward_signature(do, q, k, v, o, causal, scale)
+    launches = BACKWARD_PLANS.find(signature)
+    if launches is None:
+        if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
+            return concat_chunks(chunks, flash_backward, (do, q, k, v, o, lse), causal, scale)
+        compile_ahead("flash_backward", lambda *x: flash_backward(*x, scale), do, q, k, v, o, lse, causal)
+        indexed = within_int32_indexing(do, q, k, v, o)
+        if any(a is not b for a, b in zip(indexed, (do, q, k, v, o))):  # contiguous copies: their own signature
+            return flash_backward(*indexed, lse, causal, scale)
+        if q.shape[2] == 0 or k.shape[2] == 0:
+            return empty_contiguous(q).zero_(), empty_contiguous(k).zero_(), empty_contiguous(v).zero_()
     dq, dk, dv = empty_contiguous(q), empty_contiguous(k), empty_contiguous(v)
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    delta = empty_contiguous(lse)
-    signature = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), o.stride(), q.dtype, q.device,
-                 causal, scale)
-    rowsum, dkdv, dq_side = BACKWARD_PLANS.get(signature, lambda: backward_launches(do, q, k, v, o, lse, delta, dq,
-                                                                                   dk, dv, causal, scale))
-    rowsum(o, do, delta)
+    delta = torch.empty(lse.shape, device=lse.device, dtype=torch.float32)
+    if launches is None:
+        launches = BACKWARD_PLANS.keep(signature, backward_launches(do, q, k, v, o, lse, delta, dq, dk, dv, causal,
+                                                                    scale))
+    dq_side, dkdv = launches
+    dq_side(q, k, v, o, do, lse, delta, dq)  # first: it makes D, which dK/dV reads
     dkdv(q, k, v, do, lse, delta, dk, dv)
-    dq_side(q, k, v, do, lse, delta, dq)
     return dq, dk, dv
 
 
+def backward_signature(do, q, k, v, o, causal: bool, scale: float) -> tuple:
+    """The key of the backward's launches in :data:`BACKWARD_PLANS`: everything they depend on but the tensors'
+    addresses (``do`` has ``o``'s shape and dtype, ``lse`` is contiguous, as autograd and the forward give
+    them)."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), o.stride(), q.dtype, q.device,
+            causal, scale)
+
+
 def backward_launches(do, q, k, v, o, lse, delta, dq, dk, dv, causal: bool, scale: float):
-    """The backward's three :class:`mta.launch.LaunchPlan` s: the ``D`` pre-pass (``delta = rowsum(do * o)``), the
-    dK/dV kernel and the dQ kernel, on the tensors they take first."""
+    """The backward's two :class:`mta.launch.LaunchPlan` s on the tensors they take first, in launch order: the dQ
+    kernel, which also stores ``delta = rowsum(do * o)``, and the dK/dV kernel, which reads it."""
     B, Hq, Hkv, Nq, Nk, D = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
-    block_d = head_dim_block(D)
-    rowsum_block = 64
-    rowsum = Launch(rowsum_do_o_kernel, (cdiv(Nq, rowsum_block), B * Hq),
-                    (o, do, delta, *o.stride(), *do.stride(), Nq, Hq),
-                    dict(D=D, BLOCK_D=block_d, BLOCK_M=rowsum_block)).plan(3)
     bucket = size_bucket(max(Nq, Nk))
-    meta = dict(CAUSAL=causal, D=D, BLOCK_D=block_d, PRECISION=dot_precision(q.dtype))
+    meta = dict(CAUSAL=causal, D=D, BLOCK_D=head_dim_block(D), PRECISION=dot_precision(q.dtype))
+    dq_side = tiled_launch("flash_dq", flash_dq_kernel, lambda tile: (cdiv(Nq, tile["BLOCK_M"]), B * Hq),
+                           (q, k, v, o, do, lse, delta, dq,
+                            *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
+                            Nq, Nk, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype).plan(8)
     dkdv = tiled_launch("flash_dkdv", flash_dkdv_kernel, lambda tile: (cdiv(Nk, tile["BLOCK_N"]), B * Hkv),
                         (q, k, v, do, lse, delta, dk, dv,
                          *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
                          Nq, Nk, Hkv, Hq // Hkv, scale, bucket), meta, dtype=q.dtype).plan(8)
-    dq_side = tiled_launch("flash_dq", flash_dq_kernel, lambda tile: (cdiv(Nq, tile["BLOCK_M"]), B * Hq),
-                           (q, k, v, do, lse, delta, dq,
-                            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-                            Nq, Nk, Hq, Hq // Hkv, scale, bucket), meta, dtype=q.dtype).plan(7)
-    return rowsum, dkdv, dq_side
+    return dq_side, dkdv
 
 
 #: The backward's launches per call signature (everything they depend on but the tensors' addresses).
@@ -290,8 +305,12 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     fp32 inputs get fp32-accurate products (three TF32 products each, :func:`mta.launch.dot_precision`).
     """
     signature = checked_signature(q, k, v, causal, scale, return_lse)
-    if (forward := CHECKED_FORWARDS.find(signature)) is not None and not needs_autograd(q, k, v):
-        o, lse = forward(q, k, v)  # inference whose signature passed the checks: at once
+    if signature is not None and not needs_autograd(q, k, v):
+        if (forward := CHECKED_FORWARDS.find(signature)) is not None:
+            o, lse = forward(q, k, v)  # inference whose signature passed the checks: at once
+            return (o, lse) if return_lse else o
+    elif (scale_value := CHECKED_TRAINING.find(signature)) is not None:
+        o, lse = FlashAttention.run(q, k, v, causal, scale_value)  # its checks passed, its kernels are compiled
         return (o, lse) if return_lse else o
     D = check_kernel_inputs(q, k, v)[5]
     causal, return_lse = check_causal(causal), check_causal(return_lse, "return_lse")
@@ -302,6 +321,8 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     if needs_autograd(q, k, v):
         compile_flash_ahead(q, k, v, causal, scale_value)
         o, lse = FlashAttention.run(q, k, v, causal, scale_value)
+        if signature is not None:
+            CHECKED_TRAINING.keep(signature, scale_value)
     else:  # inference: the kernel alone, without autograd's bookkeeping
         o, lse = flash_forward(q, k, v, causal, scale_value)
         if signature is not None and (forward := checked_forward(q, k, v, causal, scale_value)) is not None:

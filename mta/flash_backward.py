@@ -1,4 +1,4 @@
-"""FlashAttention-2 backward in Triton: ``D`` pre-pass, a dK/dV kernel, a dQ kernel.
+"""FlashAttention-2 backward in Triton: a dQ kernel, then a dK/dV kernel.
 
 Nothing of size N x N is stored: each kernel recomputes the probabilities
 ``P = exp(scale * Q K^T - lse)`` tile by tile from the log-sum-exp the forward
@@ -10,6 +10,11 @@ gradient is ``dS = P * (dP - D)`` (chapter 03 derives it), and
 dK/dV sum over query rows and dQ over keys, so each gets its own kernel whose
 program owns the rows it writes: no atomics. For grouped-query attention the
 dK/dV program of a kv head also loops over the query heads that read it.
+
+``D`` needs no launch of its own: a dQ program holds its rows of ``dO`` and
+loads their rows of ``O``, makes their ``D`` and stores it, and the dK/dV
+kernel, launched after it, reads every row's. :func:`rowsum_do_o_kernel`, the
+same sum as a pre-pass, serves the MTA backward, whose first kernel needs ``D``.
 """
 
 from __future__ import annotations
@@ -147,16 +152,18 @@ def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, 
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
-def flash_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
+def flash_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ,
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd,
+                    stride_ob, stride_oh, stride_om, stride_od,
                     stride_dob, stride_doh, stride_dom, stride_dod,
                     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                     n_q, n_k, num_heads, group_size, scale, N_BUCKET,
                     CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dQ for ``BLOCK_M`` queries of one head.
+    """dQ for ``BLOCK_M`` queries of one head, and their ``D = rowsum(dO * O)``, stored to ``DELTA [B * Hq,
+    n_q]`` (fp32) for the dK/dV kernel.
 
     Grid: ``(cdiv(n_q, BLOCK_M), B * Hq)``, heaviest (last) query tiles first (:mod:`mta.launch_order`).
     """
@@ -170,8 +177,11 @@ def flash_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                 mask=mask, other=0.0)
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                  mask=mask, other=0.0)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=mask, other=0.0)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # D_i = dO_i . O_i
+    tl.store(DELTA + pid_bh * n_q + offs_m, delta, mask=row_ok)
     lse2 = tl.load(LSE + pid_bh * n_q + offs_m, mask=row_ok, other=float("inf")) * LOG2E
-    delta = tl.load(DELTA + pid_bh * n_q + offs_m, mask=row_ok, other=0.0)
     k_base = K + b * stride_kb + kv_h * stride_kh
     v_base = V + b * stride_vb + kv_h * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

@@ -1,7 +1,7 @@
-"""Decode calls and inference calls of ``mta.flash_attention`` whose signature passed the checks run again at once
-(``CHECKED_CALLS`` of :mod:`mta.decode` and :mod:`mta.conv_decode`, ``CHECKED_FORWARDS`` of :mod:`mta.flash`): the
-same answers as checked calls on fresh inputs, and any input that differs from a checked signature is checked
-again."""
+"""Decode calls and calls of ``mta.flash_attention`` whose signature passed the checks run again at once
+(``CHECKED_CALLS`` of :mod:`mta.decode` and :mod:`mta.conv_decode`, ``CHECKED_FORWARDS`` and ``CHECKED_TRAINING`` of
+:mod:`mta.flash`, and the flash backward's ``BACKWARD_PLANS``): the same answers as checked calls on fresh inputs,
+and any input that differs from a checked signature is checked again."""
 
 from __future__ import annotations
 
@@ -169,6 +169,48 @@ def test_a_checked_flash_signature_still_gives_gradients():
     mta.naive_attention(q64, k64, v64, causal=True).square().sum().backward()
     for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
         assert got is not None and close(got, want, 8e-3)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_a_repeated_flash_training_call_runs_from_its_signature_with_exact_gradients(layout, poisoned_outputs,
+                                                                                     monkeypatch):
+    """The second and third calls skip the checks (counted) and the backward's decisions, and still give the
+    float64 reference's output and gradients on their own new inputs, every buffer the launchers allocate NaN."""
+    checked = []
+    check = flash.check_kernel_inputs
+    monkeypatch.setattr(flash, "check_kernel_inputs", lambda *a: checked.append(1) or check(*a))
+
+    def inputs():
+        if layout == "transposed":
+            return [rand(2, 37, h, 24, dtype=DTYPE).transpose(1, 2).requires_grad_() for h in (4, 2, 2)]
+        return [rand(2, h, 37, 24, dtype=DTYPE).requires_grad_() for h in (4, 2, 2)]
+    for step in range(3):
+        q, k, v = inputs()
+        do = rand(2, 4, 37, 24, dtype=DTYPE)
+        o = mta.flash_attention(q, k, v, causal=True)
+        o.backward(do)
+        q64, k64, v64 = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
+        ref = mta.naive_attention(q64, k64, v64, causal=True)
+        ref.backward(do.cpu().double())
+        assert close(o, ref, 4e-3), step
+        for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+            assert close(got, want, 8e-3), step
+        assert launch.checked_signature(q, k, v, True, None, False) in flash.CHECKED_TRAINING._plans
+    assert len(checked) == 1
+
+
+def test_flash_training_inputs_that_differ_from_a_checked_call_are_checked_again():
+    q, k, v = (rand(1, h, 20, 16, dtype=DTYPE).requires_grad_() for h in (2, 1, 1))
+    for _ in range(2):
+        mta.flash_attention(q, k, v, causal=True, scale=0.5).sum().backward()
+    with pytest.raises(TypeError, match="causal"):  # True == 1, but only a bool is a flag
+        mta.flash_attention(q, k, v, causal=1, scale=0.5)
+    with pytest.raises(ValueError, match="scale"):
+        mta.flash_attention(q, k, v, causal=True, scale=float("nan"))
+    with pytest.raises(TypeError, match="share a dtype"):
+        mta.flash_attention(q.float(), k, v, causal=True, scale=0.5)
+    with pytest.raises(ValueError, match="head dim"):
+        mta.flash_attention(q, k[..., :8], v[..., :8], causal=True, scale=0.5)
 
 
 def test_no_query_keeps_no_forward():

@@ -154,6 +154,23 @@ def test_bitwise_deterministic():
             assert torch.equal(x, y), (name, causal)
 
 
+def test_the_backward_launches_the_dq_kernel_then_the_dkdv_kernel(monkeypatch):
+    """Two launches a backward, the dQ kernel first: it stores ``D`` (no pre-pass of its own), which the dK/dV
+    kernel reads; at a signature seen before too."""
+    from mta import flash, launch
+    launched = []
+    run = launch.LaunchPlan.__call__
+    monkeypatch.setattr(launch.LaunchPlan, "__call__",
+                        lambda plan, *t: launched.append(plan.kernel.__name__) or run(plan, *t))
+    q, k, v = (x.requires_grad_() for x in rand_qkv(1, 4, 2, 33, 33, 24))
+    for _ in range(2):
+        o = mta.flash_attention(q, k, v, causal=True)
+        launched.clear()
+        o.backward(torch.randn_like(o))
+        assert launched == ["flash_dq_kernel", "flash_dkdv_kernel"]
+    assert len(flash.BACKWARD_PLANS) > 0
+
+
 def flash_method_in_fp32(q, k, v, do, scale):
     """``(o, lse, dq, dk, dv)``, causal, by the flash method in plain fp32 torch: ``P = exp(S - lse)`` from an
     fp32 ``lse``, ``dS = P (dP - Delta)`` with ``Delta`` from ``O``."""
