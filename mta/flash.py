@@ -94,13 +94,13 @@ def flash_forward_launch(q, k, v, o, lse, causal: bool, scale: float) -> Launch:
 def flash_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     """Launch the dQ kernel (which also makes ``D``) and the dK/dV kernel; return ``dq, dk, dv``.
 
-    A call signature seen before runs its kept launches at once: the decisions below depend only on what the
-    signature holds."""
+    A call signature seen before runs its kept launches at once: the decisions after the lookup depend only on what
+    the signature holds."""
+    if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
+        return concat_chunks(chunks, flash_backward, (do, q, k, v, o, lse), causal, scale)
     signature = backward_signature(do, q, k, v, o, causal, scale)
     launches = BACKWARD_PLANS.find(signature)
     if launches is None:
-        if (chunks := batch_chunks(q.shape[0], q.shape[1])) is not None:  # more programs than a grid axis takes
-            return concat_chunks(chunks, flash_backward, (do, q, k, v, o, lse), causal, scale)
         compile_ahead("flash_backward", lambda *x: flash_backward(*x, scale), do, q, k, v, o, lse, causal)
         indexed = within_int32_indexing(do, q, k, v, o)
         if any(a is not b for a, b in zip(indexed, (do, q, k, v, o))):  # contiguous copies: their own signature
